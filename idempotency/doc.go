@@ -1,0 +1,19 @@
+// Package idempotency decides which RPC methods may be sent more than once,
+// and (on the server) makes retried writes safe by deduplicating them on an
+// idempotency key.
+//
+// # Method policy
+//
+// [Lookup] resolves a full method name ("/pkg.Service/Method") to a [Policy]
+// through the global protobuf registry: the standard method option
+// idempotency_level (NO_SIDE_EFFECTS or IDEMPOTENT) makes a method
+// repeatable, and the (stormguard.v1.method) option tunes retries and
+// hedging, or marks a method with side effects that the server deduplicates
+// (retry_with_key). A method the registry does not know, or a malformed
+// name, resolves to an unmarked Policy: exactly one attempt. For protos you
+// cannot annotate, a [Resolver] with overrides marks methods or whole
+// services idempotent.
+//
+// Policies are cached per method after the first lookup; a cached lookup
+// takes no lock and allocates nothing.
+package idempotency
