@@ -1,0 +1,422 @@
+package idempotency_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/stormguard/stormguard/idempotency"
+)
+
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+func fingerprint(method, req string) idempotency.Fingerprint {
+	return idempotency.Fingerprint{Method: method, RequestHash: sha256.Sum256([]byte(req))}
+}
+
+func okRecord(fp idempotency.Fingerprint, resp string) *idempotency.Record {
+	return &idempotency.Record{Fingerprint: fp, Response: []byte(resp), Trailer: metadata.Pairs("x-receipt", resp)}
+}
+
+var bg = context.Background()
+
+// claimComplete claims scope and completes it with a record of resp.
+func claimComplete(t testing.TB, s idempotency.Store, scope string, fp idempotency.Fingerprint, resp string) {
+	t.Helper()
+	c, err := s.Claim(bg, scope, fp)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.Owned, c.State, scope)
+	require.NoError(t, s.Complete(bg, c, okRecord(fp, resp)))
+}
+
+func TestMemoryStoreClaimCompleteReplay(t *testing.T) {
+	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{})
+	fp := fingerprint("/p.S/Charge", "req")
+
+	c, err := s.Claim(bg, "k", fp)
+	require.NoError(t, err)
+	assert.Equal(t, idempotency.Owned, c.State)
+	assert.Equal(t, fp, c.Holder)
+	assert.Equal(t, idempotency.MemoryStats{Entries: 1, InFlight: 1, Bytes: idempotency.EntryOverhead + 1 + 11}, s.Stats())
+
+	// A duplicate, even of another request, sees it in flight with its holder.
+	other := fingerprint("/p.S/Refund", "x")
+	dup, err := s.Claim(bg, "k", other)
+	require.NoError(t, err)
+	assert.Equal(t, idempotency.InFlight, dup.State)
+	assert.Equal(t, fp, dup.Holder)
+
+	rec := okRecord(fp, "resp")
+	require.NoError(t, s.Complete(bg, c, rec))
+	done, err := s.Claim(bg, "k", fp)
+	require.NoError(t, err)
+	assert.Equal(t, idempotency.Done, done.State)
+	assert.Equal(t, fp, done.Holder)
+	assert.Same(t, rec, done.Record)
+	st := s.Stats()
+	assert.Equal(t, 1, st.Entries)
+	assert.Zero(t, st.InFlight)
+	assert.Equal(t, idempotency.EntryOverhead+1+11+rec.Size(), st.Bytes)
+
+	// The claim is finished: it cannot be completed or released again.
+	assert.Equal(t, codes.Internal, status.Code(s.Complete(bg, c, rec)))
+	assert.Equal(t, codes.Internal, status.Code(s.Release(bg, c)))
+	// Only owned claims of this store complete.
+	assert.Equal(t, codes.Internal, status.Code(s.Complete(bg, done, rec)))
+	assert.Equal(t, codes.Internal, status.Code(s.Release(bg, idempotency.Claim{State: idempotency.Owned, Token: "x"})))
+	c2, err := idempotency.NewMemoryStore(idempotency.MemoryConfig{}).Claim(bg, "k2", fp)
+	require.NoError(t, err)
+	assert.Equal(t, codes.Internal, status.Code(s.Complete(bg, c2, rec)))
+	_, err = s.Wait(bg, c2)
+	assert.Equal(t, codes.Internal, status.Code(err))
+}
+
+func TestMemoryStoreCompleteChecksRecord(t *testing.T) {
+	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{})
+	fp := fingerprint("/p.S/Charge", "req")
+	c, err := s.Claim(bg, "k", fp)
+	require.NoError(t, err)
+	assert.Equal(t, codes.Internal, status.Code(s.Complete(bg, c, nil)))
+	assert.Equal(t, codes.Internal, status.Code(s.Complete(bg, c, okRecord(fingerprint("/p.S/Charge", "other"), "x"))))
+	// Still owned: it can be released.
+	require.NoError(t, s.Release(bg, c))
+	assert.Equal(t, idempotency.MemoryStats{}, s.Stats())
+}
+
+func TestMemoryStoreRelease(t *testing.T) {
+	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{})
+	fp := fingerprint("/p.S/Charge", "req")
+	c, err := s.Claim(bg, "k", fp)
+	require.NoError(t, err)
+	require.NoError(t, s.Release(bg, c))
+	assert.Equal(t, idempotency.MemoryStats{}, s.Stats())
+	// The next attempt owns it again.
+	c, err = s.Claim(bg, "k", fp)
+	require.NoError(t, err)
+	assert.Equal(t, idempotency.Owned, c.State)
+}
+
+func TestMemoryStoreWait(t *testing.T) {
+	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{})
+	fp := fingerprint("/p.S/Charge", "req")
+
+	t.Run("completed", func(t *testing.T) {
+		owner, err := s.Claim(bg, "done", fp)
+		require.NoError(t, err)
+		dup, err := s.Claim(bg, "done", fp)
+		require.NoError(t, err)
+		got := make(chan *idempotency.Record)
+		go func() {
+			rec, err := s.Wait(bg, dup)
+			assert.NoError(t, err)
+			got <- rec
+		}()
+		rec := okRecord(fp, "r")
+		require.NoError(t, s.Complete(bg, owner, rec))
+		assert.Same(t, rec, <-got)
+		// Waiting again on a finished execution returns at once.
+		again, err := s.Wait(bg, dup)
+		require.NoError(t, err)
+		assert.Same(t, rec, again)
+	})
+	t.Run("released", func(t *testing.T) {
+		owner, err := s.Claim(bg, "rel", fp)
+		require.NoError(t, err)
+		dup, err := s.Claim(bg, "rel", fp)
+		require.NoError(t, err)
+		got := make(chan *idempotency.Record)
+		go func() {
+			rec, err := s.Wait(bg, dup)
+			assert.NoError(t, err)
+			got <- rec
+		}()
+		require.NoError(t, s.Release(bg, owner))
+		assert.Nil(t, <-got)
+	})
+	t.Run("context", func(t *testing.T) {
+		owner, err := s.Claim(bg, "ctx", fp)
+		require.NoError(t, err)
+		dup, err := s.Claim(bg, "ctx", fp)
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(bg)
+		cancel()
+		_, err = s.Wait(ctx, dup)
+		assert.Equal(t, codes.Canceled, status.Code(err))
+		dctx, dcancel := context.WithDeadline(bg, time.Now().Add(-time.Second))
+		defer dcancel()
+		_, err = s.Wait(dctx, dup)
+		assert.Equal(t, codes.DeadlineExceeded, status.Code(err))
+		require.NoError(t, s.Release(bg, owner))
+	})
+	t.Run("record survives eviction", func(t *testing.T) {
+		small := idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxEntries: 1})
+		owner, err := small.Claim(bg, "a", fp)
+		require.NoError(t, err)
+		dup, err := small.Claim(bg, "a", fp)
+		require.NoError(t, err)
+		rec := okRecord(fp, "r")
+		require.NoError(t, small.Complete(bg, owner, rec))
+		claimComplete(t, small, "b", fp, "evicts a") // a is gone from the map
+		assert.Equal(t, uint64(1), small.Stats().Evictions)
+		got, err := small.Wait(bg, dup)
+		require.NoError(t, err)
+		assert.Same(t, rec, got)
+	})
+}
+
+func TestMemoryStoreConcurrentClaimOneOwner(t *testing.T) {
+	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{})
+	fp := fingerprint("/p.S/Charge", "req")
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	states := map[idempotency.ClaimState]int{}
+	for range 50 {
+		wg.Go(func() {
+			c, err := s.Claim(bg, "k", fp)
+			assert.NoError(t, err)
+			mu.Lock()
+			states[c.State]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, map[idempotency.ClaimState]int{idempotency.Owned: 1, idempotency.InFlight: 49}, states)
+}
+
+func TestMemoryStoreTTL(t *testing.T) {
+	clock := newClock()
+	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{TTL: time.Hour, Now: clock.Now})
+	fp := fingerprint("/p.S/Charge", "req")
+	claimComplete(t, s, "a", fp, "r")
+	clock.Advance(30 * time.Minute)
+	claimComplete(t, s, "b", fp, "r")
+
+	// A hit at 59m59s does not extend the TTL.
+	clock.Advance(29*time.Minute + 59*time.Second)
+	c, err := s.Claim(bg, "a", fp)
+	require.NoError(t, err)
+	assert.Equal(t, idempotency.Done, c.State)
+
+	clock.Advance(time.Second) // a is exactly TTL old
+	c, err = s.Claim(bg, "a", fp)
+	require.NoError(t, err)
+	assert.Equal(t, idempotency.Owned, c.State, "expired: first sight again")
+	require.NoError(t, s.Release(bg, c))
+	st := s.Stats()
+	assert.Equal(t, uint64(1), st.Expirations)
+	assert.Equal(t, 1, st.Entries)
+
+	// Expiry is lazy but complete: claiming any key drops b once it is old.
+	clock.Advance(30 * time.Minute)
+	c, err = s.Claim(bg, "z", fp)
+	require.NoError(t, err)
+	require.NoError(t, s.Release(bg, c))
+	assert.Equal(t, idempotency.MemoryStats{Expirations: 2}, s.Stats())
+}
+
+func TestMemoryStoreLRU(t *testing.T) {
+	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxEntries: 3})
+	fp := fingerprint("/p.S/Charge", "req")
+	for _, k := range []string{"a", "b", "c"} {
+		claimComplete(t, s, k, fp, k)
+	}
+	c, err := s.Claim(bg, "a", fp) // a hit makes a recently used
+	require.NoError(t, err)
+	require.Equal(t, idempotency.Done, c.State)
+
+	claimComplete(t, s, "d", fp, "d") // evicts b, the least recently used
+	state := func(k string) idempotency.ClaimState {
+		c, err := s.Claim(bg, k, fp)
+		require.NoError(t, err)
+		if c.State == idempotency.Owned {
+			require.NoError(t, s.Release(bg, c))
+		}
+		return c.State
+	}
+	assert.Equal(t, idempotency.Done, state("a"))
+	assert.Equal(t, idempotency.Done, state("c"))
+	assert.Equal(t, idempotency.Done, state("d"))
+	assert.Equal(t, idempotency.Owned, state("b"))
+	assert.Equal(t, uint64(2), s.Stats().Evictions) // b for d, then a (now least recently used) for the probe of b
+}
+
+func TestMemoryStoreInFlightNeverEvicted(t *testing.T) {
+	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxEntries: 2})
+	fp := fingerprint("/p.S/Charge", "req")
+	a, err := s.Claim(bg, "a", fp)
+	require.NoError(t, err)
+	b, err := s.Claim(bg, "b", fp)
+	require.NoError(t, err)
+
+	_, err = s.Claim(bg, "c", fp)
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err))
+	assert.Equal(t, idempotency.MemoryStats{Entries: 2, InFlight: 2, Bytes: 2 * (idempotency.EntryOverhead + 1 + 11), Busy: 1}, s.Stats())
+
+	// Once a completes, it is the one evicted for c; b stays in flight.
+	require.NoError(t, s.Complete(bg, a, okRecord(fp, "a")))
+	c, err := s.Claim(bg, "c", fp)
+	require.NoError(t, err)
+	assert.Equal(t, idempotency.Owned, c.State)
+	dup, err := s.Claim(bg, "b", fp)
+	require.NoError(t, err)
+	assert.Equal(t, idempotency.InFlight, dup.State)
+	require.NoError(t, s.Complete(bg, b, okRecord(fp, "b")))
+	require.NoError(t, s.Release(bg, c))
+}
+
+func TestMemoryStoreBytesBound(t *testing.T) {
+	const maxBytes = 8 << 10
+	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxBytes: maxBytes})
+	fp := fingerprint("/p.S/Charge", "req")
+	big := string(make([]byte, 1500))
+	for i := range 100 {
+		claimComplete(t, s, strconv.Itoa(i), fp, big)
+		st := s.Stats()
+		require.LessOrEqual(t, st.Bytes, int64(maxBytes))
+	}
+	st := s.Stats()
+	assert.Greater(t, st.Evictions, uint64(90))
+	assert.Zero(t, st.Oversized)
+	assert.Equal(t, 100-int(st.Evictions), st.Entries)
+}
+
+func TestMemoryStoreOversizedRecord(t *testing.T) {
+	const maxBytes = 4 << 10
+	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxBytes: maxBytes})
+	fp := fingerprint("/p.S/Charge", "req")
+	claimComplete(t, s, "small", fp, "ok")
+
+	c, err := s.Claim(bg, "huge", fp)
+	require.NoError(t, err)
+	require.NoError(t, s.Complete(bg, c, okRecord(fp, string(make([]byte, maxBytes)))))
+	st := s.Stats()
+	assert.Equal(t, uint64(1), st.Oversized)
+	assert.Zero(t, st.Evictions, "a record that cannot fit does not evict others")
+	assert.LessOrEqual(t, st.Bytes, int64(maxBytes))
+
+	// The key is not free again: the request ran; its replay is a tombstone.
+	c, err = s.Claim(bg, "huge", fp)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.Done, c.State)
+	assert.Equal(t, codes.Internal, c.Record.Code)
+	assert.Contains(t, c.Record.Message, "too large")
+	assert.Empty(t, c.Record.Response)
+	assert.Equal(t, fp, c.Record.Fingerprint)
+}
+
+func TestMemoryStoreRecordDoesNotFitBesideInFlight(t *testing.T) {
+	inflight := int64(idempotency.EntryOverhead + 1 + 11)
+	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxBytes: 2*inflight + 100})
+	fp := fingerprint("/p.S/Charge", "req")
+	a, err := s.Claim(bg, "a", fp)
+	require.NoError(t, err)
+	b, err := s.Claim(bg, "b", fp)
+	require.NoError(t, err)
+	// 150 bytes would fit alone, not beside b, which is never evicted.
+	require.NoError(t, s.Complete(bg, a, &idempotency.Record{Fingerprint: fp, Response: make([]byte, 150)}))
+	assert.Equal(t, uint64(1), s.Stats().Oversized)
+	require.NoError(t, s.Complete(bg, b, &idempotency.Record{Fingerprint: fp, Response: make([]byte, 90)}))
+	st := s.Stats()
+	assert.Equal(t, uint64(1), st.Oversized)
+	assert.Equal(t, 2*inflight+90, st.Bytes)
+}
+
+// TestMemoryStoreFlood sends 100k unique keys into a store bounded at 10k
+// entries (and, in the second case, at fewer bytes than 10k records take)
+// and checks the bounds after every operation.
+func TestMemoryStoreFlood(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		maxBytes int64
+	}{
+		{"entries bound", 0},
+		{"bytes bound", 2 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const keys, maxEntries, workers = 100_000, 10_000, 8
+			s := idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxEntries: maxEntries, MaxBytes: tc.maxBytes})
+			maxBytes := tc.maxBytes
+			if maxBytes == 0 {
+				maxBytes = idempotency.DefaultMaxBytes
+			}
+			fp := fingerprint("/echo.v1.EchoService/Charge", "req")
+			var wg sync.WaitGroup
+			for w := range workers {
+				wg.Go(func() {
+					for i := w; i < keys; i += workers {
+						key := idempotency.NewKey()
+						c, err := s.Claim(bg, key, fp)
+						if err != nil || c.State != idempotency.Owned {
+							t.Errorf("claim %d: %v %v", i, c.State, err)
+							return
+						}
+						rec := okRecord(fp, string(make([]byte, 100+i%200)))
+						if err := s.Complete(bg, c, rec); err != nil {
+							t.Error(err)
+							return
+						}
+						if st := s.Stats(); st.Entries > maxEntries || st.Bytes > maxBytes || st.InFlight > workers {
+							t.Errorf("after %d keys: %+v", i, st)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			st := s.Stats()
+			t.Logf("%+v", st)
+			assert.Zero(t, st.InFlight)
+			assert.Zero(t, st.Oversized)
+			assert.Equal(t, uint64(keys-st.Entries), st.Evictions)
+			if tc.maxBytes == 0 {
+				assert.Equal(t, maxEntries, st.Entries)
+			} else {
+				assert.Less(t, st.Entries, maxEntries)
+				assert.Greater(t, st.Bytes, maxBytes-1000)
+			}
+		})
+	}
+}
+
+func TestClaimStateString(t *testing.T) {
+	assert.Equal(t, "OWNED", idempotency.Owned.String())
+	assert.Equal(t, "IN_FLIGHT", idempotency.InFlight.String())
+	assert.Equal(t, "DONE", idempotency.Done.String())
+	assert.Equal(t, "ClaimState(7)", idempotency.ClaimState(7).String())
+}
+
+func TestRecordSize(t *testing.T) {
+	r := &idempotency.Record{
+		Response: make([]byte, 10),
+		Message:  "abc",
+		Header:   metadata.Pairs("k", "vv"),
+		Trailer:  metadata.Pairs("kk", "v", "kk", "w"),
+	}
+	assert.Equal(t, int64(10+3+(1+16+2+16)+(2+16+1+16+1+16)), r.Size())
+}
