@@ -121,6 +121,13 @@ func (c *Client) Downstream(remaining time.Duration) time.Duration {
 // sent. When ctx has no deadline, no header is sent, and a stale one is
 // removed: the header only ever states this call's deadline.
 //
+// The value is computed when AttemptContext runs. If the attempt then waits
+// (for a connection to be set up, or with grpc.WaitForReady), the header
+// overstates the time left by that wait, while grpc-timeout, written by the
+// transport when the stream starts, does not: a stormguard server takes the
+// tighter of the two, so its deadline is never late, but the wait eats into
+// the margin.
+//
 // The common case (a deadline and no stale header) costs the allocations
 // of one metadata.AppendToOutgoingContext; values of 10 s and more add the
 // header string.

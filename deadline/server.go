@@ -2,6 +2,7 @@ package deadline
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"time"
 
@@ -32,8 +33,9 @@ type ServerConfig struct {
 
 // ServerStats counts what a [Server] did. The zero value is no activity.
 type ServerStats struct {
-	// Refused counts calls answered DeadlineExceeded on arrival, without
-	// running the handler.
+	// Refused counts calls answered on arrival without running the
+	// handler: DeadlineExceeded (deadline passed, or less than
+	// MinRemaining left) or Canceled (the caller already left).
 	Refused uint64
 	// Malformed counts calls whose header was ignored: not a plain
 	// non-negative decimal of at most 10 digits, or more than one value.
@@ -82,6 +84,7 @@ func (s *Server) Stats() ServerStats {
 var (
 	errPassed = status.Error(codes.DeadlineExceeded, "stormguard: deadline passed before the call reached the handler")
 	errShort  = status.Error(codes.DeadlineExceeded, "stormguard: less than the server's minimum time left on arrival")
+	errGone   = status.Error(codes.Canceled, "stormguard: the call was cancelled before it reached the handler")
 )
 
 // Apply is the server building block, run on arrival with the incoming
@@ -90,7 +93,15 @@ var (
 // when the handler is done. When the effective deadline has already passed,
 // or less than MinRemaining is left, it returns ctx, a no-op cancel and a
 // status error with codes.DeadlineExceeded, and counts a refusal: the
-// handler must not run.
+// handler must not run. A ctx that is already cancelled (the caller left
+// before the handler started) is refused the same way, with
+// codes.Canceled.
+//
+// The header is relative: Apply measures it from the moment it runs. Run it
+// on arrival, before anything that may queue or block (install the
+// interceptor first in the chain); time spent before it is charged to the
+// grpc-timeout deadline, which grpc measures from arrival, but not to the
+// header's.
 //
 // With no header, or a header that is not tighter, Apply returns ctx itself
 // and allocates nothing itself (grpc's metadata.ValueFromIncomingContext
@@ -127,6 +138,15 @@ func (s *Server) apply(ctx context.Context) (context.Context, context.CancelFunc
 			}
 			return ctx, noop, false, errShort
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		// The caller left (grpc cancelled the stream) before the handler
+		// started: nobody would wait for its work.
+		s.refused.Add(1)
+		if errors.Is(err, context.DeadlineExceeded) {
+			return ctx, noop, false, errPassed
+		}
+		return ctx, noop, false, errGone
 	}
 	if !tighten {
 		return ctx, noop, false, nil

@@ -99,6 +99,22 @@ func TestServerApply(t *testing.T) {
 	}
 }
 
+func TestServerRefusesWhenCallerLeft(t *testing.T) {
+	s := deadline.NewServer(deadline.ServerConfig{})
+	gone, cancel := context.WithCancel(incoming(time.Time{}, "500"))
+	cancel()
+	_, done, err := s.Apply(gone)
+	done()
+	assert.Equal(t, codes.Canceled, status.Code(err))
+
+	expired, cancel := context.WithDeadline(incoming(time.Time{}), time.Now().Add(-time.Second))
+	defer cancel()
+	_, done, err = s.Apply(expired)
+	done()
+	assert.Equal(t, codes.DeadlineExceeded, status.Code(err))
+	assert.Equal(t, deadline.ServerStats{Refused: 2}, s.Stats())
+}
+
 func TestServerStatsAccumulate(t *testing.T) {
 	s := deadline.NewServer(deadline.ServerConfig{Now: fixed(base)})
 	for _, v := range []string{"1", "x", "0", "2", "+3"} {
