@@ -48,7 +48,8 @@ type ClientConfig struct {
 // receive that answer instead of timing out blind. A server that does not
 // read the header is bound by grpc-timeout alone.
 //
-// Create a Client with [NewClient]; it is immutable and safe for concurrent
+// Create a Client with [NewClient]; the zero Client behaves as
+// NewClient(ClientConfig{}). A Client is immutable and safe for concurrent
 // use, also by concurrent attempts (hedges) of one call.
 type Client struct {
 	min, def, margin time.Duration
@@ -65,11 +66,14 @@ func NewClient(c ClientConfig) *Client {
 	case f > MaxMarginFraction:
 		f = MaxMarginFraction
 	}
-	now := c.Now
-	if now == nil {
-		now = time.Now
+	return &Client{min: max(c.MinRemaining, 0), def: max(c.DefaultTimeout, 0), margin: max(c.Margin, 0), frac: f, now: c.Now}
+}
+
+func (c *Client) clock() time.Time {
+	if c.now == nil {
+		return time.Now()
 	}
-	return &Client{min: max(c.MinRemaining, 0), def: max(c.DefaultTimeout, 0), margin: max(c.Margin, 0), frac: f, now: now}
+	return c.now()
 }
 
 // noop is the CancelFunc returned when there is nothing to cancel; a
@@ -97,7 +101,7 @@ func (c *Client) callContext(ctx context.Context) (context.Context, context.Canc
 	if _, ok := ctx.Deadline(); ok {
 		return ctx, noop, false
 	}
-	ctx, cancel := context.WithDeadline(ctx, c.now().Add(c.def))
+	ctx, cancel := context.WithDeadline(ctx, c.clock().Add(c.def))
 	return ctx, cancel, true
 }
 
@@ -172,7 +176,7 @@ func (c *Client) Unary() grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		ctx, cancel, _ := c.callContext(ctx)
 		defer cancel()
-		ctx, err := c.AttemptContext(ctx, c.now())
+		ctx, err := c.AttemptContext(ctx, c.clock())
 		if err != nil {
 			return err
 		}
@@ -189,7 +193,7 @@ func (c *Client) Unary() grpc.UnaryClientInterceptor {
 func (c *Client) Stream() grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 		ctx, cancel, applied := c.callContext(ctx)
-		ctx, err := c.AttemptContext(ctx, c.now())
+		ctx, err := c.AttemptContext(ctx, c.clock())
 		if err != nil {
 			cancel()
 			return nil, err

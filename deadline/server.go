@@ -58,8 +58,10 @@ type ServerStats struct {
 // grpc-timeout deadline still applies) and counted; a value above
 // [MaxHeader] is clamped to it.
 //
-// Create a Server with [NewServer]; it is safe for concurrent use, and its
-// counters are updated atomically.
+// Create a Server with [NewServer]; the zero Server behaves as
+// NewServer(ServerConfig{}). A Server is safe for concurrent use, and its
+// counters are updated atomically. A Server must not be copied after first
+// use.
 type Server struct {
 	min                           time.Duration
 	now                           func() time.Time
@@ -68,11 +70,7 @@ type Server struct {
 
 // NewServer returns a Server configured by c.
 func NewServer(c ServerConfig) *Server {
-	now := c.Now
-	if now == nil {
-		now = time.Now
-	}
-	return &Server{min: max(c.MinRemaining, 0), now: now}
+	return &Server{min: max(c.MinRemaining, 0), now: c.Now}
 }
 
 // Stats returns a snapshot of the counters. Each counter is read
@@ -112,7 +110,12 @@ func (s *Server) Apply(ctx context.Context) (context.Context, context.CancelFunc
 }
 
 func (s *Server) apply(ctx context.Context) (context.Context, context.CancelFunc, bool, error) {
-	now := s.now()
+	var now time.Time
+	if s.now == nil {
+		now = time.Now()
+	} else {
+		now = s.now()
+	}
 	eff, has := ctx.Deadline()
 	tighten := false
 	switch vals := metadata.ValueFromIncomingContext(ctx, MetadataKey); len(vals) {

@@ -115,6 +115,24 @@ func TestServerRefusesWhenCallerLeft(t *testing.T) {
 	assert.Equal(t, deadline.ServerStats{Refused: 2}, s.Stats())
 }
 
+func TestZeroValues(t *testing.T) {
+	var c deadline.Client
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	out, err := c.AttemptContext(ctx, time.Now())
+	require.NoError(t, err)
+	assert.Len(t, metadata.ValueFromOutgoingContext(out, deadline.MetadataKey), 1)
+	call, done := c.CallContext(context.Background())
+	done()
+	assert.Equal(t, context.Background(), call)
+
+	var s deadline.Server
+	_, done, err = s.Apply(incoming(time.Time{}, "0"))
+	done()
+	assert.Equal(t, codes.DeadlineExceeded, status.Code(err))
+	assert.Equal(t, deadline.ServerStats{Refused: 1}, s.Stats())
+}
+
 func TestServerStatsAccumulate(t *testing.T) {
 	s := deadline.NewServer(deadline.ServerConfig{Now: fixed(base)})
 	for _, v := range []string{"1", "x", "0", "2", "+3"} {
