@@ -1,0 +1,228 @@
+package deadline
+
+import (
+	"context"
+	"math"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// MaxMarginFraction caps [ClientConfig.MarginFraction].
+const MaxMarginFraction = 0.9
+
+// ClientConfig configures a [Client]. The zero value propagates the
+// deadline unchanged, fails fast only on an already expired deadline and
+// gives calls without a deadline none. Negative durations count as zero.
+type ClientConfig struct {
+	// MinRemaining makes an attempt fail fast (DeadlineExceeded, nothing
+	// sent) when less than this is left of its deadline; 0: only when the
+	// deadline has already passed.
+	MinRemaining time.Duration
+	// DefaultTimeout is applied to calls whose context has no deadline;
+	// 0: none (such calls are sent without a deadline and without the
+	// header).
+	DefaultTimeout time.Duration
+	// Margin is subtracted from the time written into the header.
+	Margin time.Duration
+	// MarginFraction of the remaining time is subtracted from the header as
+	// well; clamped to [0, MaxMarginFraction]; NaN counts as 0.
+	MarginFraction float64
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Client is the client side of deadline propagation: it fails attempts
+// fast that have (almost) no time left, gives calls without a deadline a
+// default one, and writes the time left, less a margin, into the
+// [MetadataKey] header of every attempt.
+//
+// The context deadline stays the primary carrier: grpc sends it as
+// grpc-timeout, and the Client never changes an attempt's own deadline. The
+// margin shrinks only the value written into the header, so that a
+// stormguard server downstream gives up (and answers DeadlineExceeded)
+// before its caller does, and the caller still has the margin left to
+// receive that answer instead of timing out blind. A server that does not
+// read the header is bound by grpc-timeout alone.
+//
+// Create a Client with [NewClient]; the zero Client behaves as
+// NewClient(ClientConfig{}). A Client is immutable and safe for concurrent
+// use, also by concurrent attempts (hedges) of one call.
+type Client struct {
+	min, def, margin time.Duration
+	frac             float64
+	now              func() time.Time
+}
+
+// NewClient returns a Client configured by c.
+func NewClient(c ClientConfig) *Client {
+	f := c.MarginFraction
+	switch {
+	case math.IsNaN(f) || f < 0:
+		f = 0
+	case f > MaxMarginFraction:
+		f = MaxMarginFraction
+	}
+	return &Client{min: max(c.MinRemaining, 0), def: max(c.DefaultTimeout, 0), margin: max(c.Margin, 0), frac: f, now: c.Now}
+}
+
+func (c *Client) clock() time.Time {
+	if c.now == nil {
+		return time.Now()
+	}
+	return c.now()
+}
+
+// noop is the CancelFunc returned when there is nothing to cancel; a
+// package-level func value, so returning it does not allocate.
+var noop context.CancelFunc = func() {}
+
+var (
+	errExpired = status.Error(codes.DeadlineExceeded, "stormguard: deadline exceeded before the attempt was sent")
+	errTooLate = status.Error(codes.DeadlineExceeded, "stormguard: less than the minimum time left before the deadline; attempt not sent")
+)
+
+// CallContext is the once-per-logical-call step: it returns ctx with the
+// configured DefaultTimeout applied (measured from the Client's clock) when
+// ctx has no deadline, and ctx itself (with a no-op cancel) otherwise. The
+// caller must call cancel when the call is over.
+func (c *Client) CallContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel, _ := c.callContext(ctx)
+	return ctx, cancel
+}
+
+func (c *Client) callContext(ctx context.Context) (context.Context, context.CancelFunc, bool) {
+	if c.def <= 0 {
+		return ctx, noop, false
+	}
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, noop, false
+	}
+	ctx, cancel := context.WithDeadline(ctx, c.clock().Add(c.def))
+	return ctx, cancel, true
+}
+
+// Downstream returns the time written into the header for an attempt with
+// remaining time left: remaining less Margin and less MarginFraction of
+// remaining, and never below zero.
+func (c *Client) Downstream(remaining time.Duration) time.Duration {
+	d := remaining - c.margin - time.Duration(float64(remaining)*c.frac)
+	return max(d, 0)
+}
+
+// AttemptContext is the once-per-attempt step, to be called right before
+// the attempt is sent, with the current time.
+//
+// When ctx has a deadline with less than MinRemaining left, or none at
+// all, it returns ctx and a status error with codes.DeadlineExceeded: the
+// attempt must not be sent. Otherwise it returns ctx with the outgoing
+// [MetadataKey] header set to Downstream(time left), in whole milliseconds
+// rounded down. A header already present in the outgoing metadata (say, a
+// proxy copied its incoming metadata) is replaced, so exactly one value is
+// sent. When ctx has no deadline, no header is sent, and a stale one is
+// removed: the header only ever states this call's deadline.
+//
+// The value is computed when AttemptContext runs. If the attempt then waits
+// (for a connection to be set up, or with grpc.WaitForReady), the header
+// overstates the time left by that wait, while grpc-timeout, written by the
+// transport when the stream starts, does not: a stormguard server takes the
+// tighter of the two, so its deadline is never late, but the wait eats into
+// the margin.
+//
+// The common case (a deadline and no stale header) costs the allocations
+// of one metadata.AppendToOutgoingContext; values of 10 s and more add the
+// header string.
+func (c *Client) AttemptContext(ctx context.Context, now time.Time) (context.Context, error) {
+	dl, ok := ctx.Deadline()
+	// ValueFromOutgoingContext allocates only when it finds a value.
+	stale := metadata.ValueFromOutgoingContext(ctx, MetadataKey) != nil
+	if !ok {
+		if stale {
+			ctx = replaceHeader(ctx, "", false)
+		}
+		return ctx, nil
+	}
+	left := dl.Sub(now)
+	if left <= 0 {
+		return ctx, errExpired
+	}
+	if left < c.min {
+		return ctx, errTooLate
+	}
+	v := FormatHeader(c.Downstream(left))
+	if stale {
+		return replaceHeader(ctx, v, true), nil
+	}
+	return metadata.AppendToOutgoingContext(ctx, MetadataKey, v), nil
+}
+
+// replaceHeader rebuilds the outgoing metadata of ctx with the header set
+// to v (set) or removed (!set).
+func replaceHeader(ctx context.Context, v string, set bool) context.Context {
+	md, _ := metadata.FromOutgoingContext(ctx) // a copy, keys lower-cased
+	delete(md, MetadataKey)
+	if set {
+		md[MetadataKey] = []string{v}
+	}
+	return metadata.NewOutgoingContext(ctx, md)
+}
+
+// Unary returns the unary client interceptor: CallContext, then
+// AttemptContext, then the call (not sent when AttemptContext fails).
+func (c *Client) Unary() grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		ctx, cancel, _ := c.callContext(ctx)
+		defer cancel()
+		ctx, err := c.AttemptContext(ctx, c.clock())
+		if err != nil {
+			return err
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+}
+
+// Stream returns the stream client interceptor: CallContext, then
+// AttemptContext, then the stream (not opened when AttemptContext fails).
+// When a DefaultTimeout was applied, its context is released when the
+// stream ends (RecvMsg returns an error, or the single response of a
+// non-server-streaming method arrived) or, for a stream the caller
+// abandons, when the timeout expires.
+func (c *Client) Stream() grpc.StreamClientInterceptor {
+	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		ctx, cancel, applied := c.callContext(ctx)
+		ctx, err := c.AttemptContext(ctx, c.clock())
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		cs, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		if !applied {
+			return cs, nil
+		}
+		return &cancelStream{ClientStream: cs, cancel: cancel, serverStreams: desc.ServerStreams}, nil
+	}
+}
+
+// cancelStream releases the default-timeout context when the stream ends.
+type cancelStream struct {
+	grpc.ClientStream
+	cancel        context.CancelFunc
+	serverStreams bool
+}
+
+func (s *cancelStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	// Without server streaming, grpc finishes the stream once the one
+	// response arrived.
+	if err != nil || !s.serverStreams {
+		s.cancel()
+	}
+	return err
+}
