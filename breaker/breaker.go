@@ -22,19 +22,22 @@ type Breaker struct {
 	// word is gen<<2 | state. It is written only under mu and read without
 	// a lock by the closed-state fast paths.
 	word atomic.Uint64
+	// consec is the run of failures while closed: written under mu, reset
+	// by lock-free successes.
+	consec atomic.Int64
 
 	// Set by New before the Breaker is shared; never written afterwards.
 	now    func() time.Time // nil: the monotonic clock
 	epoch  time.Time        // instant 0 of the breaker's own time line
+	width  time.Duration    // window bucket width; 0: the default's
 	target string
 
 	mu     sync.Mutex
 	inited bool
 	s      settings
 
-	// closed
-	win    window
-	consec int64 // failures in a row
+	// closed; a success in the newest bucket is counted without mu
+	win window
 
 	// open
 	openUntil time.Duration // since epoch
@@ -66,6 +69,7 @@ func New(c Config) *Breaker {
 		b.epoch = c.Now()
 	}
 	b.init(c)
+	b.width = b.s.width
 	return b
 }
 
@@ -108,8 +112,9 @@ func (b *Breaker) Target() string { return b.target }
 
 // Ticket is the admission of one attempt by Admit. Report its outcome with
 // Done or Ignore, once: later reports through the same Ticket are no-ops,
-// even concurrent ones. A Ticket is a small value; do not copy it after
-// Admit returns it (each copy could report once). The zero Ticket, which
+// even concurrent ones. A Ticket is a small value that may be stored where
+// the caller likes (a struct field, a slice), but keep one copy and report
+// through it: the once-only guarantee holds per copy. The zero Ticket, which
 // Admit returns with ErrOpen, ignores reports.
 type Ticket struct {
 	b        *Breaker
@@ -121,8 +126,9 @@ type Ticket struct {
 // ErrOpen and a zero Ticket, and the attempt must not be made. Otherwise the
 // caller makes the attempt and reports its outcome on the Ticket.
 //
-// Admit and Ticket.Done never allocate; on a closed breaker Admit takes no
-// lock. It is the fast path under Allow.
+// Admit and Ticket.Done never allocate. On a closed breaker, Admit and the
+// report of a success take no lock (a failure does). Admit is the fast path
+// under Allow.
 func (b *Breaker) Admit() (Ticket, error) {
 	if w := b.word.Load(); w&stateMask == uint64(StateClosed) {
 		return Ticket{b: b, gen: w >> 2}, nil
@@ -198,27 +204,40 @@ func (b *Breaker) admitSlow() (Ticket, error) {
 
 // report records an outcome for an attempt admitted in generation gen.
 func (b *Breaker) report(gen uint64, failed, ignored bool) {
-	if b.word.Load()>>2 != gen {
+	w := b.word.Load()
+	if w>>2 != gen {
 		return // stale: no lock needed
 	}
+	closed := State(w&stateMask) == StateClosed
+	if closed && ignored {
+		return
+	}
 	now := b.clock() // outside the lock: the clock may be slow
+	if closed && !failed && b.win.addSuccess(b.bucket(now)) {
+		// The common case takes no lock. (Were the breaker to go
+		// through a whole open/half-open/closed cycle between the check
+		// of gen above and this count, the stale success would land in
+		// the new window: a benign race that can only delay opening by
+		// one success.)
+		if b.consec.Load() != 0 {
+			b.consec.Store(0)
+		}
+		return
+	}
 	b.lock()
-	w := b.word.Load()
+	w = b.word.Load()
 	if w>>2 != gen {
 		b.unlock()
 		return
 	}
 	switch State(w & stateMask) {
 	case StateClosed:
-		if ignored {
-			break
-		}
 		b.win.add(b.bucket(now), failed)
 		if !failed {
-			b.consec = 0
+			b.consec.Store(0)
 			break
 		}
-		b.consec++
+		b.consec.Add(1)
 		if b.tripped() {
 			b.toOpen(now, false)
 		}
@@ -280,17 +299,22 @@ func (b *Breaker) deliver() {
 	}
 }
 
-// bucket returns the window bucket number of instant now.
+// bucket returns the window bucket number of instant now. It takes no lock:
+// width is fixed by New (or is the default's, for a zero Breaker).
 func (b *Breaker) bucket(now time.Duration) int64 {
-	return int64(now / b.s.width)
+	w := b.width
+	if w == 0 {
+		w = DefaultWindow / windowBuckets
+	}
+	return int64(now / w)
 }
 
 // tripped reports whether the closed-state evidence calls for opening.
 func (b *Breaker) tripped() bool {
-	if b.s.consecutive > 0 && b.consec >= b.s.consecutive {
+	if b.s.consecutive > 0 && b.consec.Load() >= b.s.consecutive {
 		return true
 	}
-	a, f := b.win.attempts, b.win.failures
+	a, f := b.win.totals()
 	return a >= b.s.minAttempts && float64(f)/float64(a) >= b.s.ratio
 }
 
@@ -329,7 +353,7 @@ func (b *Breaker) toOpen(now time.Duration, probeFailed bool) {
 // toClosed closes the breaker with fresh counts.
 func (b *Breaker) toClosed() {
 	b.win.clear()
-	b.consec = 0
+	b.consec.Store(0)
 	b.rounds = 0
 	b.setState(StateClosed)
 }
@@ -422,8 +446,8 @@ func (b *Breaker) Stats() Stats {
 	switch st {
 	case StateClosed:
 		b.win.advance(b.bucket(now))
-		s.Attempts, s.Failures = b.win.attempts, b.win.failures
-		s.ConsecutiveFailures = b.consec
+		s.Attempts, s.Failures = b.win.totals()
+		s.ConsecutiveFailures = b.consec.Load()
 	case StateOpen:
 		s.OpenUntil = b.toTime(b.openUntil)
 	case StateHalfOpen:

@@ -13,7 +13,9 @@ import (
 type snap struct {
 	gen       uint64
 	state     State
-	win       window
+	head      int64
+	attempts  int64
+	failures  int64
 	consec    int64
 	inflight  int
 	probeOK   int
@@ -25,7 +27,8 @@ func snapshot(b *Breaker) snap {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	w := b.word.Load()
-	return snap{w >> 2, State(w & stateMask), b.win, b.consec, b.inflight, b.probeOK, b.rounds, b.openUntil}
+	a, f := b.win.totals()
+	return snap{w >> 2, State(w & stateMask), b.win.head.Load(), a, f, b.consec.Load(), b.inflight, b.probeOK, b.rounds, b.openUntil}
 }
 
 type propTicket struct {
