@@ -430,8 +430,9 @@ type Stats struct {
 	Opened, Rejected uint64
 }
 
-// Stats returns a consistent snapshot of b, after applying any transition
-// that is due by the clock.
+// Stats returns a snapshot of b, after applying any transition that is due
+// by the clock. Successes being reported at the same moment may or may not
+// be included.
 func (b *Breaker) Stats() Stats {
 	b.lock()
 	now := b.clock()

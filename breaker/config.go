@@ -61,8 +61,8 @@ type Config struct {
 	// Window is the sliding window for FailureRatio, kept as 10 buckets of
 	// Window/10 each (so it slides in steps of Window/10, and the last
 	// 9 to 10 tenths are counted). It is also how long a half-open probe may
-	// go without reporting before it is presumed failed. ≤ 0 → 10s; a Window
-	// under 10ns is treated as 10ns.
+	// go without reporting before it is presumed failed. ≤ 0 → 10s; otherwise
+	// rounded down to a multiple of 10ns, and at least 10ns.
 	Window time.Duration
 	// ConsecutiveFailures also opens the breaker after this many failures in
 	// a row, whatever the window says. ≤ 0 → off.
@@ -79,9 +79,11 @@ type Config struct {
 	// matter).
 	Now func() time.Time
 	// OnStateChange, if not nil, is called after each state change, outside
-	// any lock, one call at a time, in the order of the transitions. It may
-	// call back into the breaker. It may run on the goroutine of a later
-	// call, after the call that caused the transition has returned.
+	// any lock, one call at a time per breaker, in the order of the
+	// transitions. It may call back into the breaker. It may run on the
+	// goroutine of a later call, after the call that caused the transition
+	// has returned. Breakers of one Registry share it and may call it
+	// concurrently.
 	OnStateChange func(target string, from, to State)
 
 	// Target names the breaker in OnStateChange and Target(). Registry.For
@@ -98,8 +100,10 @@ type Config struct {
 	// 0 or NaN → 0.2; negative → no jitter; above 1 → 1.
 	Jitter float64
 	// Rand returns the random number in [0, 1) used for jitter; values
-	// outside that range are clamped. nil → math/rand/v2's Float64. Tests
-	// may return a constant to make the half-open instant exact.
+	// outside [0, 1] are clamped (NaN → 0). It is called once per opening,
+	// and must be safe for concurrent use if breakers share it (a Registry
+	// does). nil → math/rand/v2's Float64. Tests may return a constant to
+	// make the half-open instant exact.
 	Rand func() float64
 }
 
