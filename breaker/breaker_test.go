@@ -697,3 +697,35 @@ func TestConcurrentUse(t *testing.T) {
 		t.Fatalf("last notified state %v, State() = %v", prev, s)
 	}
 }
+
+// TestHalfOpenConcurrentAdmissions: of many goroutines asking at once, a
+// half-open breaker admits exactly HalfOpenProbes.
+func TestHalfOpenConcurrentAdmissions(t *testing.T) {
+	const probes = 3
+	for round := range 20 {
+		clk := newClock()
+		b := New(Config{Now: clk.Now, MinAttempts: 1, HalfOpenProbes: probes, Jitter: -1})
+		done, _ := b.Allow()
+		done(true)
+		clk.Advance(5 * time.Second)
+		var admitted, refused atomic.Int32
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 50 {
+			wg.Go(func() {
+				<-start
+				if _, err := b.Admit(); err == nil {
+					admitted.Add(1)
+				} else if errors.Is(err, ErrOpen) {
+					refused.Add(1)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if admitted.Load() != probes || refused.Load() != 50-probes {
+			t.Fatalf("round %d: admitted %d, refused %d; want %d and %d",
+				round, admitted.Load(), refused.Load(), probes, 50-probes)
+		}
+	}
+}
