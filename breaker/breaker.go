@@ -25,6 +25,11 @@ type Breaker struct {
 	// consec is the run of failures while closed: written under mu, reset
 	// by lock-free successes.
 	consec atomic.Int64
+	// openUntil is when the open period ends, since epoch: written under mu
+	// before the state word, read without a lock to refuse quickly.
+	openUntil atomic.Int64
+	// rejected counts attempts refused with ErrOpen.
+	rejected atomic.Uint64
 
 	// Set by New before the Breaker is shared; never written afterwards.
 	now    func() time.Time // nil: the monotonic clock
@@ -40,17 +45,14 @@ type Breaker struct {
 	win window
 
 	// open
-	openUntil time.Duration // since epoch
-	rounds    int           // consecutive failed probe rounds: the open period's growth
+	rounds int // consecutive failed probe rounds: the open period's growth
 
 	// half-open
 	inflight  int           // probes admitted in this generation, not yet reported
 	probeOK   int           // probes that succeeded in this generation
 	lastProbe time.Duration // since epoch, when the newest probe was admitted
 
-	// lifetime counters
-	opened   uint64
-	rejected uint64
+	opened uint64 // transitions to open
 
 	// OnStateChange delivery: transitions queued under mu, delivered in
 	// order by whichever goroutine holds dispatching.
@@ -178,6 +180,11 @@ func noop(bool) {}
 // admitSlow is Admit when the breaker is not (or was not, a moment ago)
 // closed.
 func (b *Breaker) admitSlow() (Ticket, error) {
+	if b.word.Load()&stateMask == uint64(StateOpen) && b.clock() < b.openUntilD() {
+		// Open and not due to change: refuse without the lock.
+		b.rejected.Add(1)
+		return Ticket{}, ErrOpen
+	}
 	b.lock()
 	now := b.clock()
 	b.advance(now)
@@ -193,10 +200,10 @@ func (b *Breaker) admitSlow() (Ticket, error) {
 			b.lastProbe = now
 			t, err = Ticket{b: b, gen: w >> 2}, nil
 		} else {
-			b.rejected++
+			b.rejected.Add(1)
 		}
 	default:
-		b.rejected++
+		b.rejected.Add(1)
 	}
 	b.unlock()
 	return t, err
@@ -322,7 +329,7 @@ func (b *Breaker) tripped() bool {
 func (b *Breaker) advance(now time.Duration) {
 	switch State(b.word.Load() & stateMask) {
 	case StateOpen:
-		if now >= b.openUntil {
+		if now >= b.openUntilD() {
 			b.setState(StateHalfOpen)
 			b.inflight, b.probeOK = 0, 0
 		}
@@ -335,6 +342,8 @@ func (b *Breaker) advance(now time.Duration) {
 	}
 }
 
+func (b *Breaker) openUntilD() time.Duration { return time.Duration(b.openUntil.Load()) }
+
 // toOpen opens the breaker. probeFailed says it was a failed half-open
 // probe round, which lengthens the next open period.
 func (b *Breaker) toOpen(now time.Duration, probeFailed bool) {
@@ -345,7 +354,7 @@ func (b *Breaker) toOpen(now time.Duration, probeFailed bool) {
 	} else {
 		b.rounds = 0
 	}
-	b.openUntil = satAdd(now, b.s.jittered(b.s.openPeriod(b.rounds)))
+	b.openUntil.Store(int64(satAdd(now, b.s.jittered(b.s.openPeriod(b.rounds)))))
 	b.opened++
 	b.setState(StateOpen)
 }
@@ -391,7 +400,7 @@ func (b *Breaker) RetryAfter() time.Duration {
 	b.advance(now)
 	var d time.Duration
 	if State(b.word.Load()&stateMask) == StateOpen {
-		d = b.openUntil - now
+		d = b.openUntilD() - now
 	}
 	b.unlock()
 	return d
@@ -404,7 +413,7 @@ func (b *Breaker) OpenUntil() time.Time {
 	b.advance(b.clock())
 	var t time.Time
 	if State(b.word.Load()&stateMask) == StateOpen {
-		t = b.toTime(b.openUntil)
+		t = b.toTime(b.openUntilD())
 	}
 	b.unlock()
 	return t
@@ -442,7 +451,7 @@ func (b *Breaker) Stats() Stats {
 		State:             st,
 		FailedProbeRounds: b.rounds,
 		Opened:            b.opened,
-		Rejected:          b.rejected,
+		Rejected:          b.rejected.Load(),
 	}
 	switch st {
 	case StateClosed:
@@ -450,7 +459,7 @@ func (b *Breaker) Stats() Stats {
 		s.Attempts, s.Failures = b.win.totals()
 		s.ConsecutiveFailures = b.consec.Load()
 	case StateOpen:
-		s.OpenUntil = b.toTime(b.openUntil)
+		s.OpenUntil = b.toTime(b.openUntilD())
 	case StateHalfOpen:
 		s.ProbesInFlight, s.ProbeSuccesses = b.inflight, b.probeOK
 	}

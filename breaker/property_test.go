@@ -28,7 +28,7 @@ func snapshot(b *Breaker) snap {
 	defer b.mu.Unlock()
 	w := b.word.Load()
 	a, f := b.win.totals()
-	return snap{w >> 2, State(w & stateMask), b.win.head.Load(), a, f, b.consec.Load(), b.inflight, b.probeOK, b.rounds, b.openUntil}
+	return snap{w >> 2, State(w & stateMask), b.win.head.Load(), a, f, b.consec.Load(), b.inflight, b.probeOK, b.rounds, b.openUntilD()}
 }
 
 type propTicket struct {
