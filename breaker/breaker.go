@@ -101,6 +101,14 @@ func (b *Breaker) clock() time.Duration {
 	return time.Since(procEpoch)
 }
 
+// since converts a Time from b's clock to an instant on b's time line.
+func (b *Breaker) since(t time.Time) time.Duration {
+	if b.now == nil {
+		return t.Sub(procEpoch)
+	}
+	return t.Sub(b.epoch)
+}
+
 // toTime converts an instant on b's time line to a Time.
 func (b *Breaker) toTime(d time.Duration) time.Time {
 	if b.now == nil {
@@ -143,7 +151,16 @@ func (b *Breaker) Admit() (Ticket, error) {
 // Admit, or if the Ticket was already reported.
 func (t *Ticket) Done(failed bool) {
 	if t.b != nil && atomic.CompareAndSwapUint32(&t.reported, 0, 1) {
-		t.b.report(t.gen, failed, false)
+		t.b.report(t.gen, failed, false, t.b.clock())
+	}
+}
+
+// DoneAt is Done at time now, for callers that have just read the clock
+// themselves: now must come from the same clock as Config.Now (time.Now
+// when Config.Now is nil). It saves a clock read on the hot path.
+func (t *Ticket) DoneAt(failed bool, now time.Time) {
+	if t.b != nil && atomic.CompareAndSwapUint32(&t.reported, 0, 1) {
+		t.b.report(t.gen, failed, false, t.b.since(now))
 	}
 }
 
@@ -152,7 +169,7 @@ func (t *Ticket) Done(failed bool) {
 // half-open probe, its slot is freed for another.
 func (t *Ticket) Ignore() {
 	if t.b != nil && atomic.CompareAndSwapUint32(&t.reported, 0, 1) {
-		t.b.report(t.gen, false, true)
+		t.b.report(t.gen, false, true, 0)
 	}
 }
 
@@ -210,7 +227,7 @@ func (b *Breaker) admitSlow() (Ticket, error) {
 }
 
 // report records an outcome for an attempt admitted in generation gen.
-func (b *Breaker) report(gen uint64, failed, ignored bool) {
+func (b *Breaker) report(gen uint64, failed, ignored bool, now time.Duration) {
 	w := b.word.Load()
 	if w>>2 != gen {
 		return // stale: no lock needed
@@ -219,7 +236,9 @@ func (b *Breaker) report(gen uint64, failed, ignored bool) {
 	if closed && ignored {
 		return
 	}
-	now := b.clock() // outside the lock: the clock may be slow
+	if ignored {
+		now = b.clock() // outside the lock: the clock may be slow
+	}
 	if closed && !failed && b.win.addSuccess(b.bucket(now)) {
 		// The common case takes no lock. (Were the breaker to go
 		// through a whole open/half-open/closed cycle between the check

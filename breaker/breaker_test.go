@@ -729,3 +729,33 @@ func TestHalfOpenConcurrentAdmissions(t *testing.T) {
 		}
 	}
 }
+
+// DoneAt counts an outcome at the time it is given, like Done at that
+// time, and only once.
+func TestDoneAt(t *testing.T) {
+	clk := newClock()
+	b := New(Config{FailureRatio: 0.5, MinAttempts: 4, Window: 10 * time.Second, Jitter: -1, Now: clk.Now})
+	report := func(failed bool, at time.Time) {
+		tk, err := b.Admit()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tk.DoneAt(failed, at)
+		tk.DoneAt(failed, at) // counts once
+	}
+	start := clk.Now()
+	// Two old failures fall out of the window by the time of the next two.
+	report(true, start)
+	report(true, start)
+	clk.Advance(20 * time.Second)
+	report(true, clk.Now())
+	report(false, clk.Now())
+	report(false, clk.Now())
+	if s := b.Stats(); s.Attempts != 3 || s.Failures != 1 || b.State() != StateClosed {
+		t.Fatalf("after old failures expired: %+v", s)
+	}
+	report(true, clk.Now())
+	if s := b.Stats(); s.State != StateOpen || s.Opened != 1 {
+		t.Fatalf("2 of 4 failed within the window, want open: %+v", s)
+	}
+}
