@@ -102,27 +102,33 @@ type Stats struct {
 // for concurrent use; none starts a goroutine. A Budget must not be copied
 // after first use.
 type Budget struct {
-	now func() time.Time // written only by New: read without the lock
+	// now and epoch are written only by New, before b is shared, so they
+	// are read without the lock. Times are handled as offsets: nanoseconds
+	// since epoch (since processEpoch when now is nil).
+	now   func() time.Time
+	epoch time.Time
+	_     [32]byte // keep the read-only line apart from the locked state
 
-	mu    sync.Mutex
-	ready bool      // set up (false only in a zero Budget before first use)
-	epoch time.Time // offsets below are nanoseconds since epoch
-	last  int64     // the latest offset seen; time never goes backwards
-	edge  int64     // the next slot boundary of either window
+	// Everything below is guarded by mu, and ordered so that a call touches
+	// few cache lines: the state every call uses, then the slots.
+	mu       sync.Mutex
+	last     int64  // the latest offset seen; time never goes backwards
+	edge     int64  // the next slot boundary of either window
+	credit   uint64 // micro-retries credited per Deposit; 0: ratio off
+	ready    bool   // set up (false only in a zero Budget before first use)
+	useShort bool   // TTL > ShortWindow: the short window applies
+	floor    bool   // floor on
 
-	credit uint64 // micro-retries credited per Deposit; 0: ratio off
+	requests, granted, fromFloor, refused uint64
 
-	floor    bool  // floor on
+	sw, lw window // short and TTL ("long") windows
+
 	interval int64 // floor: nanoseconds per token (rounded up)
 	tau      int64 // floor: burst tolerance, (burst-1)*interval, rounded down
 	tat      int64 // floor: theoretical arrival time (GCRA)
 
-	sw, lw   window // short and TTL ("long") windows
-	useShort bool   // TTL > ShortWindow: the short window applies
-	short    [shortSlots]slot
-	long     [longSlots]slot
-
-	requests, granted, fromFloor, refused uint64
+	short [shortSlots]slot
+	long  [longSlots]slot
 }
 
 // slot counts the deposits and the ratio-funded withdrawals of one slot.
@@ -135,25 +141,42 @@ type window struct {
 	dep, grant         uint64
 }
 
+// processEpoch is the origin of offsets for Budgets on the default clock:
+// with it, reading the clock is time.Since, which reads only the monotonic
+// clock (time.Now reads two).
+var processEpoch = time.Now()
+
 // New returns a Budget configured by c (see Config for the defaults and for
-// what invalid values mean). It calls c.Now once, to start the clock.
+// what invalid values mean). If c.Now is not nil, New calls it once, to
+// start the clock.
 func New(c Config) *Budget {
-	b := &Budget{now: c.Now}
-	b.setup(c, b.clock())
+	b := &Budget{now: c.Now, epoch: processEpoch}
+	if c.Now != nil {
+		b.epoch = c.Now()
+	}
+	b.setup(c)
 	return b
 }
 
-func (b *Budget) clock() time.Time {
-	if b.now != nil {
-		return b.now()
+// clock reads the Budget's clock as an offset.
+func (b *Budget) clock() int64 {
+	if b.now == nil {
+		return int64(time.Since(processEpoch))
 	}
-	return time.Now()
+	return int64(b.now().Sub(b.epoch))
+}
+
+// offset converts now to an offset.
+func (b *Budget) offset(now time.Time) int64 {
+	if b.now == nil {
+		return int64(now.Sub(processEpoch))
+	}
+	return int64(now.Sub(b.epoch))
 }
 
 // setup applies c; b.mu must be held (or b not yet shared).
-func (b *Budget) setup(c Config, now time.Time) {
+func (b *Budget) setup(c Config) {
 	b.ready = true
-	b.epoch = now
 
 	ratio := c.Ratio
 	if ratio == 0 || math.IsNaN(ratio) || math.IsInf(ratio, 0) {
@@ -206,7 +229,7 @@ func (b *Budget) Deposit() {
 	if b == nil {
 		return
 	}
-	b.DepositAt(b.clock())
+	b.deposit(b.clock())
 }
 
 // DepositAt is Deposit at time now, which should come from the same clock as
@@ -216,8 +239,12 @@ func (b *Budget) DepositAt(now time.Time) {
 	if b == nil {
 		return
 	}
+	b.deposit(b.offset(now))
+}
+
+func (b *Budget) deposit(t int64) {
 	b.mu.Lock()
-	b.advance(now)
+	b.advance(t)
 	b.short[b.sw.idx].dep++
 	b.sw.dep++
 	b.long[b.lw.idx].dep++
@@ -235,7 +262,7 @@ func (b *Budget) Withdraw() bool {
 	if b == nil {
 		return true
 	}
-	return b.WithdrawAt(b.clock())
+	return b.withdraw(b.clock())
 }
 
 // WithdrawAt is Withdraw at time now, which should come from the same clock
@@ -245,8 +272,12 @@ func (b *Budget) WithdrawAt(now time.Time) bool {
 	if b == nil {
 		return true
 	}
+	return b.withdraw(b.offset(now))
+}
+
+func (b *Budget) withdraw(t int64) bool {
 	b.mu.Lock()
-	t := b.advance(now)
+	t = b.advance(t)
 	if b.credit != 0 && b.funded(&b.lw) && (!b.useShort || b.funded(&b.sw)) {
 		b.short[b.sw.idx].grant++
 		b.sw.grant++
@@ -277,10 +308,10 @@ func (b *Budget) Stats() Stats {
 	if b == nil {
 		return Stats{}
 	}
-	now := b.clock()
+	t := b.clock()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	t := b.advance(now)
+	t = b.advance(t)
 	bal := b.whole(&b.lw)
 	if b.useShort {
 		bal = min(bal, b.whole(&b.sw))
@@ -320,13 +351,12 @@ func (b *Budget) whole(w *window) uint64 {
 	return c - w.grant
 }
 
-// advance moves both windows to now and returns now as an offset; b.mu must
-// be held.
-func (b *Budget) advance(now time.Time) int64 {
+// advance moves both windows to offset t, or to the latest offset seen if
+// that is later, and returns the offset it moved to; b.mu must be held.
+func (b *Budget) advance(t int64) int64 {
 	if !b.ready {
-		b.setup(Config{}, now)
+		b.setup(Config{})
 	}
-	t := int64(now.Sub(b.epoch))
 	if t <= b.last {
 		return b.last
 	}
