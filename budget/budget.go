@@ -42,7 +42,8 @@ const (
 // have no effect on Budgets already made.
 type Config struct {
 	// Ratio is the number of retries plus hedges allowed per request
-	// (Deposit), over the last TTL and over the last second.
+	// (Deposit), over the last TTL and, if TTL is longer, over the last
+	// ShortWindow (one second).
 	//
 	// 0, NaN and ±Inf mean DefaultRatio (0.1). A negative Ratio means none:
 	// only the floor funds retries. Values above MaxRatio are lowered to it.
@@ -52,8 +53,9 @@ type Config struct {
 	Ratio float64
 
 	// TTL is how long a request's deposit counts. Deposits are kept in 100
-	// slots of TTL/100 each, and a deposit stops counting when it is between
-	// TTL-TTL/100 and TTL old: never later than TTL.
+	// slots of TTL/100 each (TTL slots of 1ns if TTL < 100ns), and a deposit
+	// stops counting when it is between TTL minus one slot and TTL old:
+	// never later than TTL.
 	//
 	// 0 and negative values mean DefaultTTL (10 s).
 	TTL time.Duration
@@ -69,9 +71,10 @@ type Config struct {
 	// means no floor. Values above MaxMinPerSecond are lowered to it.
 	MinPerSecond float64
 
-	// Now is the clock; nil means time.Now. It must be safe for concurrent
-	// use. Times earlier than the latest one the Budget has seen are treated
-	// as that latest time.
+	// Now is the clock; nil means time.Now (of which a Budget then reads
+	// only the monotonic part). Now must be safe for concurrent use. Times
+	// earlier than the latest one the Budget has seen are treated as that
+	// latest time.
 	Now func() time.Time
 }
 
