@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/bits"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -110,13 +111,19 @@ type Budget struct {
 	// since epoch (since processEpoch when now is nil).
 	now   func() time.Time
 	epoch time.Time
-	_     [32]byte // keep the read-only line apart from the locked state
+	_     [32]byte // keep the read-only line apart from the shared state
+
+	// Deposit's fast path, without the lock: while its time is before edge
+	// (the next slot boundary of either window, written under mu), a
+	// Deposit only adds 1 to pending; holders of mu count pending as part of
+	// the current slots and fold it into them before the slots move.
+	edge    atomic.Int64
+	pending atomic.Uint64
 
 	// Everything below is guarded by mu, and ordered so that a call touches
 	// few cache lines: the state every call uses, then the slots.
 	mu       sync.Mutex
 	last     int64  // the latest offset seen; time never goes backwards
-	edge     int64  // the next slot boundary of either window
 	credit   uint64 // micro-retries credited per Deposit; 0: ratio off
 	ready    bool   // set up (false only in a zero Budget before first use)
 	useShort bool   // TTL > ShortWindow: the short window applies
@@ -196,7 +203,7 @@ func (b *Budget) setup(c Config) {
 	b.lw = newWindow(ttl, longSlots)
 	b.sw = newWindow(min(ttl, int64(ShortWindow)), shortSlots)
 	b.useShort = ttl > int64(ShortWindow)
-	b.edge = min(b.lw.width, b.sw.width)
+	b.edge.Store(min(b.lw.width, b.sw.width))
 
 	rate := c.MinPerSecond
 	if rate == 0 || math.IsNaN(rate) || math.IsInf(rate, 0) {
@@ -246,13 +253,17 @@ func (b *Budget) DepositAt(now time.Time) {
 }
 
 func (b *Budget) deposit(t int64) {
+	// Fast path: the slots need not move, so the deposit belongs to the
+	// current slots. If they move between the check and the Add, the
+	// deposit is counted in the new slots, as if it came at the latest time
+	// seen, which the slow path would also do.
+	if t < b.edge.Load() {
+		b.pending.Add(1)
+		return
+	}
 	b.mu.Lock()
 	b.advance(t)
-	b.short[b.sw.idx].dep++
-	b.sw.dep++
-	b.long[b.lw.idx].dep++
-	b.lw.dep++
-	b.requests++
+	b.pending.Add(1)
 	b.mu.Unlock()
 }
 
@@ -281,7 +292,8 @@ func (b *Budget) WithdrawAt(now time.Time) bool {
 func (b *Budget) withdraw(t int64) bool {
 	b.mu.Lock()
 	t = b.advance(t)
-	if b.credit != 0 && b.funded(&b.lw) && (!b.useShort || b.funded(&b.sw)) {
+	p := b.pending.Load()
+	if b.credit != 0 && b.funded(&b.lw, p) && (!b.useShort || b.funded(&b.sw, p)) {
 		b.short[b.sw.idx].grant++
 		b.sw.grant++
 		b.long[b.lw.idx].grant++
@@ -315,9 +327,10 @@ func (b *Budget) Stats() Stats {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	t = b.advance(t)
-	bal := b.whole(&b.lw)
+	p := b.pending.Load()
+	bal := b.whole(&b.lw, p)
 	if b.useShort {
-		bal = min(bal, b.whole(&b.sw))
+		bal = min(bal, b.whole(&b.sw, p))
 	}
 	if b.floor {
 		if d := max(b.tat, t) - t; d <= b.tau {
@@ -325,7 +338,7 @@ func (b *Budget) Stats() Stats {
 		}
 	}
 	return Stats{
-		Requests:  b.requests,
+		Requests:  b.requests + p,
 		Granted:   b.granted,
 		FromFloor: b.fromFloor,
 		Refused:   b.refused,
@@ -333,17 +346,19 @@ func (b *Budget) Stats() Stats {
 	}
 }
 
-// funded reports whether w has the credit for one more ratio-funded
-// withdrawal: (grant+1)*unit <= dep*credit, in 128 bits.
-func (b *Budget) funded(w *window) bool {
-	dh, dl := bits.Mul64(w.dep, b.credit)
+// funded reports whether w, with p more deposits in its current slot, has
+// the credit for one more ratio-funded withdrawal:
+// (grant+1)*unit <= (dep+p)*credit, in 128 bits.
+func (b *Budget) funded(w *window, p uint64) bool {
+	dh, dl := bits.Mul64(w.dep+p, b.credit)
 	gh, gl := bits.Mul64(w.grant+1, unit)
 	return dh > gh || (dh == gh && dl >= gl)
 }
 
-// whole is the number of whole retries w's ratio credit funds.
-func (b *Budget) whole(w *window) uint64 {
-	hi, lo := bits.Mul64(w.dep, b.credit)
+// whole is the number of whole retries w's ratio credit funds, with p more
+// deposits in its current slot.
+func (b *Budget) whole(w *window, p uint64) uint64 {
+	hi, lo := bits.Mul64(w.dep+p, b.credit)
 	var c uint64 = math.MaxUint64
 	if hi < unit {
 		c, _ = bits.Div64(hi, lo, unit)
@@ -364,11 +379,19 @@ func (b *Budget) advance(t int64) int64 {
 		return b.last
 	}
 	b.last = t
-	if t >= b.edge {
+	if t >= b.edge.Load() {
+		// Fold the pending deposits into the slots they were made in.
+		if p := b.pending.Swap(0); p != 0 {
+			b.short[b.sw.idx].dep += p
+			b.sw.dep += p
+			b.long[b.lw.idx].dep += p
+			b.lw.dep += p
+			b.requests += p
+		}
 		b.sw.moveTo(t/b.sw.width, b.short[:])
 		b.lw.moveTo(t/b.lw.width, b.long[:])
-		b.edge = min(satAdd(satMul(b.sw.cur, b.sw.width), b.sw.width),
-			satAdd(satMul(b.lw.cur, b.lw.width), b.lw.width))
+		b.edge.Store(min(satAdd(satMul(b.sw.cur, b.sw.width), b.sw.width),
+			satAdd(satMul(b.lw.cur, b.lw.width), b.lw.width)))
 	}
 	return t
 }
