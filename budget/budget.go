@@ -61,12 +61,14 @@ type Config struct {
 	// 0 and negative values mean DefaultTTL (10 s).
 	TTL time.Duration
 
-	// MinPerSecond is the floor: a token bucket, separate from the ratio,
-	// that refills at MinPerSecond retries per second and holds at most
-	// max(1, MinPerSecond). It is used only when the ratio refuses, so a
-	// client sending one request a minute can still retry, and a burst of
-	// failures gets at most that burst beyond the ratio. The bucket starts
-	// full.
+	// MinPerSecond is the floor: a token bucket that refills at
+	// MinPerSecond retries per second and holds at most max(1,
+	// MinPerSecond), so a client sending one request a minute can still
+	// retry. It is a minimum, not an addition: every granted retry takes a
+	// token if there is one, whatever funded it, and a retry the ratio
+	// refuses is granted only on a token. So the retries in a second are
+	// about max(Ratio × requests, MinPerSecond), and a burst of failures
+	// gets at most the floor's burst. The bucket starts full.
 	//
 	// 0, NaN and ±Inf mean DefaultMinPerSecond (1). A negative MinPerSecond
 	// means no floor. Values above MaxMinPerSecond are lowered to it.
@@ -88,8 +90,8 @@ type Stats struct {
 
 	// Balance is the number of Withdraw calls that would return true if they
 	// were made back to back at the time of the snapshot, with no Deposit in
-	// between: the ratio credit available in both windows, in whole retries,
-	// plus the whole tokens in the floor. It is always a whole number; it is
+	// between: the larger of the ratio credit available in both windows, in
+	// whole retries, and the whole tokens in the floor. It is always a whole number; it is
 	// a float64 because it is meant for gauges.
 	Balance float64
 }
@@ -269,8 +271,9 @@ func (b *Budget) deposit(t int64) {
 
 // Withdraw asks for one retry or one hedge and reports whether it may be
 // sent. It is granted if the ratio has credit for it in both the TTL window
-// and the short window, or else if the floor has a token; on false nothing
-// is withdrawn. It reads the clock (Config.Now); use WithdrawAt if you
+// and the short window, or else if the floor has a token (a grant of
+// either kind takes a floor token when there is one); on false nothing is
+// withdrawn. It reads the clock (Config.Now); use WithdrawAt if you
 // already have the time.
 func (b *Budget) Withdraw() bool {
 	if b == nil {
@@ -293,6 +296,16 @@ func (b *Budget) withdraw(t int64) bool {
 	b.mu.Lock()
 	t = b.advance(t)
 	p := b.pending.Load()
+	// The floor is a minimum, not an addition: every grant takes a floor
+	// token if one is there, so the floor funds a retry only when the
+	// ratio's own grants have fallen below its rate.
+	floorToken := false
+	if b.floor {
+		tat := max(b.tat, t)
+		if floorToken = tat-t <= b.tau; floorToken {
+			b.tat = satAdd(tat, b.interval)
+		}
+	}
 	if b.credit != 0 && b.funded(&b.lw, p) && (!b.useShort || b.funded(&b.sw, p)) {
 		b.short[b.sw.idx].grant++
 		b.sw.grant++
@@ -302,15 +315,11 @@ func (b *Budget) withdraw(t int64) bool {
 		b.mu.Unlock()
 		return true
 	}
-	if b.floor {
-		tat := max(b.tat, t)
-		if tat-t <= b.tau {
-			b.tat = satAdd(tat, b.interval)
-			b.granted++
-			b.fromFloor++
-			b.mu.Unlock()
-			return true
-		}
+	if floorToken {
+		b.granted++
+		b.fromFloor++
+		b.mu.Unlock()
+		return true
 	}
 	b.refused++
 	b.mu.Unlock()
@@ -333,8 +342,10 @@ func (b *Budget) Stats() Stats {
 		bal = min(bal, b.whole(&b.sw, p))
 	}
 	if b.floor {
+		// Ratio grants use floor tokens too: back to back, the floor adds
+		// only what it has beyond the ratio's credit.
 		if d := max(b.tat, t) - t; d <= b.tau {
-			bal += uint64((b.tau-d)/b.interval) + 1
+			bal = max(bal, uint64((b.tau-d)/b.interval)+1)
 		}
 	}
 	return Stats{

@@ -270,13 +270,14 @@ func TestFloorBurstOfFailures(t *testing.T) {
 		want     int
 	}{
 		{0, 0, 1},     // floor burst only
-		{0, 100, 11},  // 10 from the ratio + 1
-		{5, 100, 15},  // 10 + burst 5
+		{0, 100, 10},  // max(10 from the ratio, burst 1): a minimum, not an addition
+		{5, 100, 10},  // max(10, burst 5)
+		{20, 100, 20}, // max(10, burst 20)
 		{-1, 100, 10}, // ratio only
 		{0.2, 0, 1},   // burst is at least 1
 		{100, 0, 100}, // burst = rate
 		{-1, 0, 0},    // nothing funds anything
-		{0.2, 1000, 101},
+		{0.2, 1000, 100},
 	}
 	for _, tt := range tests {
 		b, _ := newBudget(budget.Config{MinPerSecond: tt.rate})
@@ -304,8 +305,8 @@ func TestNoBank(t *testing.T) {
 		}
 	}
 	clk.Set(600 * time.Second)
-	if s := b.Stats(); s.Balance > 91 || s.Granted != 0 {
-		t.Fatalf("after 10 healthy minutes: %+v, want a balance ≤ 90 + 1 (no bank)", s)
+	if s := b.Stats(); s.Balance > 90 || s.Granted != 0 {
+		t.Fatalf("after 10 healthy minutes: %+v, want a balance ≤ 90 (no bank)", s)
 	}
 	var perSecond []int
 	for sec := 600; sec < 630; sec++ {
@@ -326,11 +327,15 @@ func TestNoBank(t *testing.T) {
 	if perSecond[0] > 90+1 {
 		t.Errorf("first second of the outage: %d retries granted, want ≤ 90 + floor burst 1", perSecond[0])
 	}
+	if perSecond[0] != 90 {
+		t.Errorf("first second of the outage: %d retries granted, want exactly 90: the floor adds nothing when the ratio funds more", perSecond[0])
+	}
 	for i, n := range perSecond {
-		// Not more than Ratio × that second's requests + floor (rate 1, burst 1),
-		// and not much less either: the budget still works.
-		if n > 91 || n < 80 {
-			t.Errorf("second %d of the outage: %d retries granted, want 80..91", i, n)
+		// Not more than Ratio × that second's requests (the floor, rate 1
+		// burst 1, is below it), and not much less either: the budget
+		// still works.
+		if n > 90 || n < 80 {
+			t.Errorf("second %d of the outage: %d retries granted, want 80..90", i, n)
 		}
 	}
 }
@@ -342,22 +347,22 @@ func TestInvalidConfigIsClampedNotPanicking(t *testing.T) {
 		cfg  budget.Config
 		want int
 	}{
-		{"zero config", budget.Config{}, 5 + 1},
-		{"NaN ratio", budget.Config{Ratio: math.NaN()}, 5 + 1},
-		{"+Inf ratio", budget.Config{Ratio: math.Inf(1)}, 5 + 1},
-		{"-Inf ratio", budget.Config{Ratio: math.Inf(-1)}, 5 + 1},
+		{"zero config", budget.Config{}, 5},
+		{"NaN ratio", budget.Config{Ratio: math.NaN()}, 5},
+		{"+Inf ratio", budget.Config{Ratio: math.Inf(1)}, 5},
+		{"-Inf ratio", budget.Config{Ratio: math.Inf(-1)}, 5},
 		{"negative ratio: none", budget.Config{Ratio: -0.5}, 0 + 1},
 		{"tiny ratio rounds to none", budget.Config{Ratio: 4e-7}, 0 + 1},
 		{"huge ratio lowered to MaxRatio", budget.Config{Ratio: 1e300}, 10000},
-		{"NaN floor", budget.Config{MinPerSecond: math.NaN()}, 5 + 1},
-		{"+Inf floor", budget.Config{MinPerSecond: math.Inf(1)}, 5 + 1},
+		{"NaN floor", budget.Config{MinPerSecond: math.NaN()}, 5},
+		{"+Inf floor", budget.Config{MinPerSecond: math.Inf(1)}, 5},
 		{"negative floor: none", budget.Config{MinPerSecond: -3}, 5},
 		{"both none", budget.Config{Ratio: -1, MinPerSecond: -1}, 0},
 		{"huge floor lowered to MaxMinPerSecond", budget.Config{Ratio: -1, MinPerSecond: 1e300}, 10000},
-		{"negative TTL: default", budget.Config{TTL: -time.Second}, 5 + 1},
-		{"1ns TTL", budget.Config{TTL: 1}, 5 + 1},
-		{"7ns TTL", budget.Config{TTL: 7}, 5 + 1},
-		{"huge TTL", budget.Config{TTL: math.MaxInt64}, 5 + 1},
+		{"negative TTL: default", budget.Config{TTL: -time.Second}, 5},
+		{"1ns TTL", budget.Config{TTL: 1}, 5},
+		{"7ns TTL", budget.Config{TTL: 7}, 5},
+		{"huge TTL", budget.Config{TTL: math.MaxInt64}, 5},
 	}
 	for _, tt := range tests {
 		b, clk := newBudget(tt.cfg)
@@ -416,10 +421,10 @@ func TestAtFormsUseTheGivenTime(t *testing.T) {
 func TestZeroValueUsesDefaults(t *testing.T) {
 	var b budget.Budget
 	deposit(&b, 50)
-	if got := withdraw(&b, 100); got != 5+1 {
-		t.Fatalf("zero Budget: %d granted after 50 deposits, want 6", got)
+	if got := withdraw(&b, 100); got != 5 {
+		t.Fatalf("zero Budget: %d granted after 50 deposits, want 5", got)
 	}
-	if s := b.Stats(); s.Requests != 50 || s.Granted != 6 || s.FromFloor != 1 || s.Refused != 94 {
+	if s := b.Stats(); s.Requests != 50 || s.Granted != 5 || s.FromFloor != 0 || s.Refused != 95 {
 		t.Fatalf("zero Budget Stats = %+v", s)
 	}
 }
@@ -444,11 +449,11 @@ func TestStatsBalance(t *testing.T) {
 		t.Fatalf("new Budget: Balance %v, want the floor burst 2", s.Balance)
 	}
 	deposit(b, 57)
-	if s := b.Stats(); s.Balance != 5+2 {
-		t.Fatalf("after 57 deposits: Balance %v, want 5 + 2", s.Balance)
+	if s := b.Stats(); s.Balance != 5 {
+		t.Fatalf("after 57 deposits: Balance %v, want max(5, 2)", s.Balance)
 	}
-	if got := withdraw(b, 7); got != 7 {
-		t.Fatalf("Balance said 7, %d granted", got)
+	if got := withdraw(b, 7); got != 5 {
+		t.Fatalf("Balance said 5, %d granted", got)
 	}
 	if s := b.Stats(); s.Balance != 0 || withdraw(b, 1) != 0 {
 		t.Fatalf("drained: Balance %v", s.Balance)
@@ -456,9 +461,15 @@ func TestStatsBalance(t *testing.T) {
 	clk.Set(500 * time.Millisecond) // the floor refills 1
 	deposit(b, 3)                   // 60 deposits in the window: 6 retries, 5 used
 	s := b.Stats()
-	want := budget.Stats{Requests: 60, Granted: 7, FromFloor: 2, Refused: 1, Balance: 2}
+	// The five ratio grants took the floor's two tokens; one has come
+	// back. Ratio credit 1, floor 1: back to back, the ratio's grant takes
+	// the floor's token, so one retry in all.
+	want := budget.Stats{Requests: 60, Granted: 5, FromFloor: 0, Refused: 3, Balance: 1}
 	if s != want {
 		t.Fatalf("Stats = %+v, want %+v", s, want)
+	}
+	if got := withdraw(b, 5); got != 1 {
+		t.Fatalf("Balance said 1, %d granted", got)
 	}
 }
 

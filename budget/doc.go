@@ -25,9 +25,14 @@
 //     exactly 5 retries). A ratio-funded retry needs credit in two windows at
 //     once: in the last TTL, Ratio × deposits − ratio-funded retries ≥ 1; and
 //     the same in the last ShortWindow (one second), if TTL is longer.
-//   - The floor, used only when the ratio refuses: a token bucket that refills
-//     at MinPerSecond and holds at most max(1, MinPerSecond) tokens, starting
-//     full. Floor-funded retries do not use ratio credit.
+//   - The floor: a token bucket that refills at MinPerSecond and holds at
+//     most max(1, MinPerSecond) tokens, starting full. Every granted retry
+//     takes a token if there is one, whatever funded it; a retry the ratio
+//     refuses is granted only on a token. The floor is a minimum, not an
+//     addition: a second's retries are about max(Ratio × requests,
+//     MinPerSecond), never the sum. (With an additive floor, 50 callers
+//     failing at once would get 5 + 1 retries, 1.12 times the load: one more
+//     than the ratio allows, at exactly the wrong moment.)
 //
 // On false nothing is withdrawn from either.
 //
@@ -45,7 +50,7 @@
 // stay within about Ratio × that second's requests (exactly: for every
 // interval I, ratio-funded retries in I ≤ Ratio × deposits in I extended
 // min(TTL, ShortWindow) into the past). In the seed's simulation this budget
-// peaks at 991 attempts per tick (900 + 90 + 1 from the floor) and serves the
+// peaks at 990 attempts per tick (900 + 90) and serves the
 // same 15,900 requests as no budget at all. In steady traffic the short window
 // is the binding one; the TTL window still caps the ratio-funded retries in
 // the last TTL (to a slot) at Ratio × its requests, which the short window

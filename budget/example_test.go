@@ -22,8 +22,8 @@ func Example() {
 	fmt.Println("retries granted:", retries)
 	fmt.Printf("%+v\n", b.Stats())
 	// Output:
-	// retries granted: 6
-	// {Requests:50 Granted:6 FromFloor:1 Refused:1 Balance:0}
+	// retries granted: 5
+	// {Requests:50 Granted:5 FromFloor:0 Refused:1 Balance:0}
 }
 
 func ExampleRegistry() {

@@ -83,12 +83,13 @@ func TestSeed004SimulationWithBudget(t *testing.T) {
 	if r.served != 15900 {
 		t.Errorf("served %d, want 15900 (what no budget serves)", r.served)
 	}
-	// Exactly: 900 first attempts + 10% of the tick's 900 requests + 1 from the floor.
-	if r.peak != 991 {
-		t.Errorf("peak %d, want 900 + 90 + 1 = 991", r.peak)
+	// Exactly: 900 first attempts + 10% of the tick's 900 requests; the
+	// floor (1/s) is a minimum, below that.
+	if r.peak != 990 {
+		t.Errorf("peak %d, want 900 + 90 = 990", r.peak)
 	}
-	if s.Granted != 3*91 || s.FromFloor != 3 {
-		t.Errorf("granted %d (%d from the floor), want 3 × 91 (3)", s.Granted, s.FromFloor)
+	if s.Granted != 3*90 || s.FromFloor != 0 {
+		t.Errorf("granted %d (%d from the floor), want 3 × 90 (0)", s.Granted, s.FromFloor)
 	}
 }
 
