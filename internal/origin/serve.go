@@ -45,17 +45,20 @@ func TCP() (*Listener, error) {
 }
 
 // Dial returns a client connection to the listener: insecure, and with
-// grpc's own retries disabled (stormguard does the retrying) unless opts
-// say otherwise.
+// grpc's own retries disabled (stormguard does the retrying).
 func (l *Listener) Dial(opts ...grpc.DialOption) (*grpc.ClientConn, error) {
-	base := []grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDisableRetry(),
-	}
+	return grpc.NewClient(l.Target, append(l.ConnectOptions(grpc.WithDisableRetry()), opts...)...)
+}
+
+// ConnectOptions returns what a grpc.NewClient for l.Target needs
+// (insecure credentials, and the in-memory dialer for bufconn), followed by
+// opts. Unlike Dial, it leaves grpc's own retries on.
+func (l *Listener) ConnectOptions(opts ...grpc.DialOption) []grpc.DialOption {
+	base := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	if l.dialer != nil {
 		base = append(base, grpc.WithContextDialer(l.dialer))
 	}
-	return grpc.NewClient(l.Target, append(base, opts...)...)
+	return append(base, opts...)
 }
 
 // Server is a running grpc.Server.

@@ -1,0 +1,487 @@
+package breaker
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrOpen is returned by Allow and Admit when the breaker refuses an attempt:
+// it is open, or half-open with all probe slots taken. Compare with
+// errors.Is.
+var ErrOpen = errors.New("breaker: circuit open")
+
+// Breaker is a circuit breaker for one target.
+//
+// Create one with New or Registry.For. The zero value is a closed Breaker
+// with the default Config (and no name, no callback). A Breaker must not be
+// copied after first use. All methods are safe for concurrent use; none
+// starts a goroutine.
+type Breaker struct {
+	// word is gen<<2 | state. It is written only under mu and read without
+	// a lock by the closed-state fast paths.
+	word atomic.Uint64
+	// consec is the run of failures while closed: written under mu, reset
+	// by lock-free successes.
+	consec atomic.Int64
+	// openUntil is when the open period ends, since epoch: written under mu
+	// before the state word, read without a lock to refuse quickly.
+	openUntil atomic.Int64
+	// rejected counts attempts refused with ErrOpen.
+	rejected atomic.Uint64
+
+	// Set by New before the Breaker is shared; never written afterwards.
+	now    func() time.Time // nil: the monotonic clock
+	epoch  time.Time        // instant 0 of the breaker's own time line
+	width  time.Duration    // window bucket width; 0: the default's
+	target string
+
+	mu     sync.Mutex
+	inited bool
+	s      settings
+
+	// closed; a success in the newest bucket is counted without mu
+	win window
+
+	// open
+	rounds int // consecutive failed probe rounds: the open period's growth
+
+	// half-open
+	inflight  int           // probes admitted in this generation, not yet reported
+	probeOK   int           // probes that succeeded in this generation
+	lastProbe time.Duration // since epoch, when the newest probe was admitted
+
+	opened uint64 // transitions to open
+
+	// OnStateChange delivery: transitions queued under mu, delivered in
+	// order by whichever goroutine holds dispatching.
+	pending     []transition
+	dispatching bool
+}
+
+type transition struct{ from, to State }
+
+const stateMask = 3
+
+// New returns a closed Breaker configured by c (see Config for defaults).
+func New(c Config) *Breaker {
+	b := &Breaker{now: c.Now, epoch: procEpoch, target: c.Target}
+	if c.Now != nil {
+		b.epoch = c.Now()
+	}
+	b.init(c)
+	b.width = b.s.width
+	return b
+}
+
+// procEpoch is the time line of breakers on the real clock: reading
+// time.Since of a monotonic instant costs one clock read, time.Now two.
+var procEpoch = time.Now()
+
+// init applies c. Called by New, or under mu on first use of a zero Breaker.
+func (b *Breaker) init(c Config) {
+	b.s = c.settings()
+	b.inited = true
+}
+
+// lock takes mu and initialises a zero Breaker on first use.
+func (b *Breaker) lock() {
+	b.mu.Lock()
+	if !b.inited {
+		b.init(Config{})
+	}
+}
+
+// clock returns the current instant on b's time line (since b.epoch).
+func (b *Breaker) clock() time.Duration {
+	if b.now != nil {
+		return b.now().Sub(b.epoch)
+	}
+	return time.Since(procEpoch)
+}
+
+// since converts a Time from b's clock to an instant on b's time line.
+func (b *Breaker) since(t time.Time) time.Duration {
+	if b.now == nil {
+		return t.Sub(procEpoch)
+	}
+	return t.Sub(b.epoch)
+}
+
+// toTime converts an instant on b's time line to a Time.
+func (b *Breaker) toTime(d time.Duration) time.Time {
+	if b.now == nil {
+		return procEpoch.Add(d)
+	}
+	return b.epoch.Add(d)
+}
+
+// Target returns the name given in Config.Target or to Registry.For.
+func (b *Breaker) Target() string { return b.target }
+
+// Ticket is the admission of one attempt by Admit. Report its outcome with
+// Done or Ignore, once: later reports through the same Ticket are no-ops,
+// even concurrent ones. A Ticket is a small value that may be stored where
+// the caller likes (a struct field, a slice), but keep one copy and report
+// through it: the once-only guarantee holds per copy. The zero Ticket, which
+// Admit returns with ErrOpen, ignores reports.
+type Ticket struct {
+	b        *Breaker
+	gen      uint64
+	reported uint32 // atomic; 1 once reported
+}
+
+// Admit asks the breaker for one attempt. If it is refused, Admit returns
+// ErrOpen and a zero Ticket, and the attempt must not be made. Otherwise the
+// caller makes the attempt and reports its outcome on the Ticket.
+//
+// Admit and Ticket.Done never allocate. On a closed breaker, Admit and the
+// report of a success take no lock (a failure does). Admit is the fast path
+// under Allow.
+func (b *Breaker) Admit() (Ticket, error) {
+	if w := b.word.Load(); w&stateMask == uint64(StateClosed) {
+		return Ticket{b: b, gen: w >> 2}, nil
+	}
+	return b.admitSlow()
+}
+
+// Done reports the attempt's outcome: failed says whether it counts
+// against the target. It is ignored if the breaker changed state since
+// Admit, or if the Ticket was already reported.
+func (t *Ticket) Done(failed bool) {
+	if t.b != nil && atomic.CompareAndSwapUint32(&t.reported, 0, 1) {
+		t.b.report(t.gen, failed, false, t.b.clock())
+	}
+}
+
+// DoneAt is Done at time now, for callers that have just read the clock
+// themselves: now must come from the same clock as Config.Now (time.Now
+// when Config.Now is nil). It saves a clock read on the hot path.
+func (t *Ticket) DoneAt(failed bool, now time.Time) {
+	if t.b != nil && atomic.CompareAndSwapUint32(&t.reported, 0, 1) {
+		t.b.report(t.gen, failed, false, t.b.since(now))
+	}
+}
+
+// Ignore reports that the attempt says nothing about the target (for
+// example, its caller cancelled it): it is not counted, and if it was a
+// half-open probe, its slot is freed for another.
+func (t *Ticket) Ignore() {
+	if t.b != nil && atomic.CompareAndSwapUint32(&t.reported, 0, 1) {
+		t.b.report(t.gen, false, true, 0)
+	}
+}
+
+// Allow asks the breaker for one attempt. If it is refused, err is ErrOpen
+// and the attempt must not be made (done is then a no-op, never nil).
+// Otherwise the caller makes the attempt and calls done once with whether it
+// failed; a second call is a no-op, and an outcome reported after the
+// breaker changed state is ignored.
+//
+// Allow is small enough to be inlined, so when the caller does not let done
+// escape (calls it, or defers it, in the same function), done lives on the
+// caller's stack and an Allow+done pair does not allocate. A done that
+// escapes (stored, or passed to a function the compiler cannot see through)
+// costs two small allocations; use Admit and Ticket where that matters.
+func (b *Breaker) Allow() (done func(failed bool), err error) {
+	t, err := b.Admit()
+	if err != nil {
+		return noop, err
+	}
+	return t.Done, nil
+}
+
+func noop(bool) {}
+
+// admitSlow is Admit when the breaker is not (or was not, a moment ago)
+// closed.
+func (b *Breaker) admitSlow() (Ticket, error) {
+	if b.word.Load()&stateMask == uint64(StateOpen) && b.clock() < b.openUntilD() {
+		// Open and not due to change: refuse without the lock.
+		b.rejected.Add(1)
+		return Ticket{}, ErrOpen
+	}
+	b.lock()
+	now := b.clock()
+	b.advance(now)
+	w := b.word.Load()
+	var t Ticket
+	err := ErrOpen
+	switch State(w & stateMask) {
+	case StateClosed:
+		t, err = Ticket{b: b, gen: w >> 2}, nil
+	case StateHalfOpen:
+		if b.inflight < b.s.probes {
+			b.inflight++
+			b.lastProbe = now
+			t, err = Ticket{b: b, gen: w >> 2}, nil
+		} else {
+			b.rejected.Add(1)
+		}
+	default:
+		b.rejected.Add(1)
+	}
+	b.unlock()
+	return t, err
+}
+
+// report records an outcome for an attempt admitted in generation gen.
+func (b *Breaker) report(gen uint64, failed, ignored bool, now time.Duration) {
+	w := b.word.Load()
+	if w>>2 != gen {
+		return // stale: no lock needed
+	}
+	closed := State(w&stateMask) == StateClosed
+	if closed && ignored {
+		return
+	}
+	if ignored {
+		now = b.clock() // outside the lock: the clock may be slow
+	}
+	if closed && !failed && b.win.addSuccess(b.bucket(now)) {
+		// The common case takes no lock. (Were the breaker to go
+		// through a whole open/half-open/closed cycle between the check
+		// of gen above and this count, the stale success would land in
+		// the new window: a benign race that can only delay opening by
+		// one success.)
+		if b.consec.Load() != 0 {
+			b.consec.Store(0)
+		}
+		return
+	}
+	b.lock()
+	w = b.word.Load()
+	if w>>2 != gen {
+		b.unlock()
+		return
+	}
+	switch State(w & stateMask) {
+	case StateClosed:
+		b.win.add(b.bucket(now), failed)
+		if !failed {
+			b.consec.Store(0)
+			break
+		}
+		b.consec.Add(1)
+		if b.tripped() {
+			b.toOpen(now, false)
+		}
+	case StateHalfOpen:
+		b.inflight--
+		switch {
+		case ignored:
+		case failed:
+			b.toOpen(now, true)
+		default:
+			b.probeOK++
+			if b.probeOK >= b.s.probes {
+				b.toClosed()
+			}
+		}
+	}
+	b.unlock()
+}
+
+// unlock releases mu and delivers any queued state changes.
+func (b *Breaker) unlock() {
+	deliver := len(b.pending) > 0 && !b.dispatching
+	if deliver {
+		b.dispatching = true
+	}
+	b.mu.Unlock()
+	if deliver {
+		b.deliver()
+	}
+}
+
+// deliver calls OnStateChange for each queued transition, in order, outside
+// the lock, until the queue is empty. Only the goroutine that set
+// dispatching runs it, so callbacks never run concurrently; transitions
+// queued meanwhile (also by the callbacks themselves) are delivered by the
+// same loop.
+func (b *Breaker) deliver() {
+	finished := false
+	defer func() {
+		if !finished { // a callback panicked: let the next caller deliver
+			b.mu.Lock()
+			b.dispatching = false
+			b.mu.Unlock()
+		}
+	}()
+	for {
+		b.mu.Lock()
+		if len(b.pending) == 0 {
+			b.pending = b.pending[:0]
+			b.dispatching = false
+			b.mu.Unlock()
+			finished = true
+			return
+		}
+		tr := b.pending[0]
+		b.pending = b.pending[1:]
+		b.mu.Unlock()
+		b.s.onChange(b.target, tr.from, tr.to)
+	}
+}
+
+// bucket returns the window bucket number of instant now. It takes no lock:
+// width is fixed by New (or is the default's, for a zero Breaker).
+func (b *Breaker) bucket(now time.Duration) int64 {
+	w := b.width
+	if w == 0 {
+		w = DefaultWindow / windowBuckets
+	}
+	return int64(now / w)
+}
+
+// tripped reports whether the closed-state evidence calls for opening.
+func (b *Breaker) tripped() bool {
+	if b.s.consecutive > 0 && b.consec.Load() >= b.s.consecutive {
+		return true
+	}
+	a, f := b.win.totals()
+	return a >= b.s.minAttempts && float64(f)/float64(a) >= b.s.ratio
+}
+
+// advance applies the transitions that are due by time alone.
+func (b *Breaker) advance(now time.Duration) {
+	switch State(b.word.Load() & stateMask) {
+	case StateOpen:
+		if now >= b.openUntilD() {
+			b.setState(StateHalfOpen)
+			b.inflight, b.probeOK = 0, 0
+		}
+	case StateHalfOpen:
+		// A probe that has not reported for a whole window is presumed
+		// failed, so a lost Ticket cannot wedge the breaker half-open.
+		if b.inflight > 0 && now-b.lastProbe >= b.s.window {
+			b.toOpen(now, true)
+		}
+	}
+}
+
+func (b *Breaker) openUntilD() time.Duration { return time.Duration(b.openUntil.Load()) }
+
+// toOpen opens the breaker. probeFailed says it was a failed half-open
+// probe round, which lengthens the next open period.
+func (b *Breaker) toOpen(now time.Duration, probeFailed bool) {
+	if probeFailed {
+		if b.rounds < 62 {
+			b.rounds++
+		}
+	} else {
+		b.rounds = 0
+	}
+	b.openUntil.Store(int64(satAdd(now, b.s.jittered(b.s.openPeriod(b.rounds)))))
+	b.opened++
+	b.setState(StateOpen)
+}
+
+// toClosed closes the breaker with fresh counts.
+func (b *Breaker) toClosed() {
+	b.win.clear()
+	b.consec.Store(0)
+	b.rounds = 0
+	b.setState(StateClosed)
+}
+
+// setState moves to state to in a new generation and queues the callback.
+func (b *Breaker) setState(to State) {
+	w := b.word.Load()
+	from := State(w & stateMask)
+	b.word.Store((w>>2+1)<<2 | uint64(to))
+	if b.s.onChange != nil {
+		b.pending = append(b.pending, transition{from, to})
+	}
+}
+
+// State returns the current state, after applying any transition that is
+// due by the clock (which may run OnStateChange).
+func (b *Breaker) State() State {
+	if w := b.word.Load(); w&stateMask == uint64(StateClosed) {
+		return StateClosed
+	}
+	b.lock()
+	b.advance(b.clock())
+	s := State(b.word.Load() & stateMask)
+	b.unlock()
+	return s
+}
+
+// RetryAfter returns how long the breaker will stay open: the time until
+// it lets probes through. It is 0 when the breaker is not open (closed, or
+// half-open, where a refused attempt may find a free probe slot at any
+// time).
+func (b *Breaker) RetryAfter() time.Duration {
+	b.lock()
+	now := b.clock()
+	b.advance(now)
+	var d time.Duration
+	if State(b.word.Load()&stateMask) == StateOpen {
+		d = b.openUntilD() - now
+	}
+	b.unlock()
+	return d
+}
+
+// OpenUntil returns when the open period ends (the breaker becomes
+// half-open at that instant), or the zero Time if it is not open.
+func (b *Breaker) OpenUntil() time.Time {
+	b.lock()
+	b.advance(b.clock())
+	var t time.Time
+	if State(b.word.Load()&stateMask) == StateOpen {
+		t = b.toTime(b.openUntilD())
+	}
+	b.unlock()
+	return t
+}
+
+// Stats is a snapshot of a Breaker for telemetry.
+type Stats struct {
+	State State
+	// Attempts and Failures are the outcomes counted in the current Window
+	// (only while closed: every state change clears them).
+	Attempts, Failures int64
+	// ConsecutiveFailures is the current run of failures while closed.
+	ConsecutiveFailures int64
+	// ProbesInFlight and ProbeSuccesses describe the current half-open round.
+	ProbesInFlight, ProbeSuccesses int
+	// OpenUntil is when the open period ends; zero unless open.
+	OpenUntil time.Time
+	// FailedProbeRounds is the number of consecutive failed half-open rounds
+	// that lengthen the open period; 0 after the breaker closes.
+	FailedProbeRounds int
+	// Opened counts transitions to open, Rejected the attempts refused with
+	// ErrOpen, over the Breaker's life.
+	Opened, Rejected uint64
+}
+
+// Stats returns a snapshot of b, after applying any transition that is due
+// by the clock. Successes being reported at the same moment may or may not
+// be included.
+func (b *Breaker) Stats() Stats {
+	b.lock()
+	now := b.clock()
+	b.advance(now)
+	st := State(b.word.Load() & stateMask)
+	s := Stats{
+		State:             st,
+		FailedProbeRounds: b.rounds,
+		Opened:            b.opened,
+		Rejected:          b.rejected.Load(),
+	}
+	switch st {
+	case StateClosed:
+		b.win.advance(b.bucket(now))
+		s.Attempts, s.Failures = b.win.totals()
+		s.ConsecutiveFailures = b.consec.Load()
+	case StateOpen:
+		s.OpenUntil = b.toTime(b.openUntilD())
+	case StateHalfOpen:
+		s.ProbesInFlight, s.ProbeSuccesses = b.inflight, b.probeOK
+	}
+	b.unlock()
+	return s
+}

@@ -1,0 +1,761 @@
+package breaker
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeClock is an injected clock that moves only when told to.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newClock() *fakeClock {
+	return &fakeClock{now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// harness drives one Breaker through a script of steps.
+type harness struct {
+	t       *testing.T
+	step    int
+	clk     *fakeClock
+	b       *Breaker
+	held    []*Ticket
+	mu      sync.Mutex
+	changes []string
+}
+
+func newHarness(t *testing.T, c Config) *harness {
+	h := &harness{t: t, clk: newClock()}
+	c.Now = h.clk.Now
+	c.Target = "t"
+	c.OnStateChange = func(target string, from, to State) {
+		if target != "t" {
+			t.Errorf("OnStateChange target = %q", target)
+		}
+		h.mu.Lock()
+		h.changes = append(h.changes, from.String()+">"+to.String())
+		h.mu.Unlock()
+	}
+	h.b = New(c)
+	return h
+}
+
+func (h *harness) fatalf(format string, args ...any) {
+	h.t.Helper()
+	h.t.Fatalf("step %d: %s", h.step, fmt.Sprintf(format, args...))
+}
+
+type step func(h *harness)
+
+// ok and fail make n attempts through Allow and report them.
+func ok(n int) step   { return outcomes(n, false) }
+func fail(n int) step { return outcomes(n, true) }
+
+func outcomes(n int, failed bool) step {
+	return func(h *harness) {
+		h.t.Helper()
+		for i := range n {
+			done, err := h.b.Allow()
+			if err != nil {
+				h.fatalf("attempt %d of %d refused: %v (state %v)", i+1, n, err, h.b.State())
+			}
+			done(failed)
+		}
+	}
+}
+
+func tick(d time.Duration) step { return func(h *harness) { h.clk.Advance(d) } }
+
+func want(s State) step {
+	return func(h *harness) {
+		h.t.Helper()
+		if got := h.b.State(); got != s {
+			h.fatalf("State() = %v, want %v (stats %+v)", got, s, h.b.Stats())
+		}
+	}
+}
+
+// refused checks that an attempt is refused with ErrOpen.
+func refused() step {
+	return func(h *harness) {
+		h.t.Helper()
+		done, err := h.b.Allow()
+		if !errors.Is(err, ErrOpen) {
+			h.fatalf("Allow() err = %v, want ErrOpen (state %v)", err, h.b.State())
+		}
+		done(true) // a no-op
+	}
+}
+
+// hold admits n attempts through Admit and keeps their tickets.
+func hold(n int) step {
+	return func(h *harness) {
+		h.t.Helper()
+		for i := range n {
+			t := new(Ticket)
+			var err error
+			if *t, err = h.b.Admit(); err != nil {
+				h.fatalf("hold %d of %d refused: %v", i+1, n, err)
+			}
+			h.held = append(h.held, t)
+		}
+	}
+}
+
+type outcome int
+
+const (
+	success outcome = iota
+	failure
+	ignore
+)
+
+// release reports the outcome of held ticket i.
+func release(i int, o outcome) step {
+	return func(h *harness) {
+		switch o {
+		case success:
+			h.held[i].Done(false)
+		case failure:
+			h.held[i].Done(true)
+		case ignore:
+			h.held[i].Ignore()
+		}
+	}
+}
+
+func retryAfter(d time.Duration) step {
+	return func(h *harness) {
+		h.t.Helper()
+		if got := h.b.RetryAfter(); got != d {
+			h.fatalf("RetryAfter() = %v, want %v", got, d)
+		}
+	}
+}
+
+// stats checks the fields of Stats that check sets.
+func stats(check func(Stats) bool, what string) step {
+	return func(h *harness) {
+		h.t.Helper()
+		if s := h.b.Stats(); !check(s) {
+			h.fatalf("Stats() = %+v, want %s", s, what)
+		}
+	}
+}
+
+func counted(attempts, failures int64) step {
+	return stats(func(s Stats) bool { return s.Attempts == attempts && s.Failures == failures },
+		fmt.Sprintf("Attempts=%d Failures=%d", attempts, failures))
+}
+
+func inflight(n int) step {
+	return stats(func(s Stats) bool { return s.ProbesInFlight == n }, fmt.Sprintf("ProbesInFlight=%d", n))
+}
+
+func seq(steps ...[]step) []step {
+	var all []step
+	for _, s := range steps {
+		all = append(all, s...)
+	}
+	return all
+}
+
+func TestTransitions(t *testing.T) {
+	base := Config{MinAttempts: 20, Window: 10 * time.Second, OpenTimeout: 5 * time.Second, Jitter: -1}
+	with := func(f func(*Config)) Config { c := base; f(&c); return c }
+	s := time.Second
+	open20 := []step{fail(20), want(StateOpen)}                       // opens a base breaker
+	halfOpen := seq(open20, []step{tick(5 * s), want(StateHalfOpen)}) // ... and lets probes in
+
+	cases := []struct {
+		name    string
+		cfg     Config
+		steps   []step
+		changes string
+	}{
+		{"5 failures in 50 stays closed, interleaved", base, []step{
+			ok(9), fail(1), ok(9), fail(1), ok(9), fail(1), ok(9), fail(1), ok(9), fail(1),
+			want(StateClosed), counted(50, 5),
+		}, ""},
+		{"5 failures in 50 stays closed, failures last", base, []step{
+			ok(45), fail(5), want(StateClosed), counted(50, 5),
+		}, ""},
+		{"ratio reached opens", base, []step{
+			ok(10), fail(9), want(StateClosed), fail(1), want(StateOpen), refused(),
+		}, "closed>open"},
+		{"MinAttempts respected", base, []step{
+			fail(19), want(StateClosed), counted(19, 19), fail(1), want(StateOpen),
+		}, "closed>open"},
+		{"MinAttempts 5", with(func(c *Config) { c.MinAttempts = 5 }), []step{
+			fail(4), want(StateClosed), fail(1), want(StateOpen),
+		}, "closed>open"},
+		{"FailureRatio 0.9 is exact", with(func(c *Config) { c.FailureRatio = 0.9; c.MinAttempts = 10 }), []step{
+			ok(1), fail(8), want(StateClosed), fail(1), want(StateOpen),
+		}, "closed>open"},
+		{"FailureRatio 0.3 is exact", with(func(c *Config) { c.FailureRatio = 0.3; c.MinAttempts = 10 }), []step{
+			ok(7), fail(2), want(StateClosed), fail(1), want(StateOpen),
+		}, "closed>open"},
+		{"successes do not open", base, []step{ok(1000), want(StateClosed), counted(1000, 0)}, ""},
+		{"outcomes older than Window slide out", base, []step{
+			fail(19), tick(10 * s), counted(0, 0), fail(1), want(StateClosed), counted(1, 1),
+		}, ""},
+		{"window slides in tenths: 9.99s later still counts", base, []step{
+			fail(10), tick(9990 * time.Millisecond), fail(10), want(StateOpen),
+		}, "closed>open"},
+		{"window slides in tenths: a tenth drops out at once", base, []step{
+			fail(10), tick(1 * s), fail(5), tick(9 * s), counted(5, 5), fail(14), want(StateClosed), fail(1), want(StateOpen),
+		}, "closed>open"},
+		{"ConsecutiveFailures opens before MinAttempts", with(func(c *Config) { c.ConsecutiveFailures = 3; c.MinAttempts = 100 }), []step{
+			fail(2), ok(1), fail(2), want(StateClosed),
+			stats(func(s Stats) bool { return s.ConsecutiveFailures == 2 }, "2 in a row"),
+			fail(1), want(StateOpen),
+		}, "closed>open"},
+		{"ConsecutiveFailures is off by default", with(func(c *Config) { c.MinAttempts = 1000 }), []step{
+			fail(999), want(StateClosed),
+		}, ""},
+		{"open refuses until OpenTimeout, then half-open", base, seq(open20, []step{
+			refused(), retryAfter(5 * s), tick(5*s - 1), refused(), retryAfter(1), tick(1),
+			retryAfter(0), want(StateHalfOpen),
+			stats(func(s Stats) bool { return s.Rejected == 2 && s.Opened == 1 }, "Rejected=2 Opened=1"),
+		}), "closed>open open>half-open"},
+		{"successful probe closes with fresh counts", base, seq(halfOpen, []step{
+			ok(1), want(StateClosed), counted(0, 0), fail(19), want(StateClosed), fail(1), want(StateOpen),
+			retryAfter(5 * s),
+		}), "closed>open open>half-open half-open>closed closed>open"},
+		{"failed probe reopens; open period doubles up to 8x, resets on close", base, seq(halfOpen, []step{
+			fail(1), want(StateOpen), retryAfter(10 * s), tick(10*s - 1), refused(), tick(1), want(StateHalfOpen),
+			fail(1), retryAfter(20 * s), tick(20 * s),
+			fail(1), retryAfter(40 * s), tick(40 * s),
+			fail(1), retryAfter(40 * s), tick(40 * s),
+			stats(func(s Stats) bool { return s.FailedProbeRounds == 4 }, "FailedProbeRounds=4"),
+			ok(1), want(StateClosed),
+			stats(func(s Stats) bool { return s.FailedProbeRounds == 0 }, "FailedProbeRounds=0"),
+			fail(20), retryAfter(5 * s),
+		}), "closed>open open>half-open" + strings.Repeat(" half-open>open open>half-open", 4) +
+			" half-open>closed closed>open"},
+		{"MaxOpenTimeout caps growth", with(func(c *Config) { c.MaxOpenTimeout = 12 * s }), seq(halfOpen, []step{
+			fail(1), retryAfter(10 * s), tick(10 * s), fail(1), retryAfter(12 * s),
+		}), "closed>open open>half-open half-open>open open>half-open half-open>open"},
+		{"MaxOpenTimeout below OpenTimeout disables growth", with(func(c *Config) { c.MaxOpenTimeout = 1 }), seq(halfOpen, []step{
+			fail(1), retryAfter(5 * s), tick(5 * s), fail(1), retryAfter(5 * s),
+		}), "closed>open open>half-open half-open>open open>half-open half-open>open"},
+		{"half-open admits exactly HalfOpenProbes concurrent probes", with(func(c *Config) { c.HalfOpenProbes = 3 }), seq(halfOpen, []step{
+			hold(3), inflight(3), refused(), refused(),
+			release(0, success), want(StateHalfOpen), inflight(2),
+			hold(1), refused(), // the freed slot, and no more
+			release(1, success), want(StateHalfOpen), release(2, success), want(StateClosed),
+			release(3, success), // stale now: admitted in the half-open generation
+			want(StateClosed), counted(0, 0),
+		}), "closed>open open>half-open half-open>closed"},
+		{"one failed probe of several reopens", with(func(c *Config) { c.HalfOpenProbes = 3 }), seq(halfOpen, []step{
+			hold(3), release(0, success), release(1, failure), want(StateOpen),
+			release(2, success), want(StateOpen), // stale
+		}), "closed>open open>half-open half-open>open"},
+		{"an ignored probe frees its slot without counting", base, seq(halfOpen, []step{
+			hold(1), refused(), release(0, ignore), want(StateHalfOpen), inflight(0),
+			stats(func(s Stats) bool { return s.ProbeSuccesses == 0 }, "ProbeSuccesses=0"),
+			hold(1), release(1, success), want(StateClosed),
+		}), "closed>open open>half-open half-open>closed"},
+		{"ignored outcomes are not counted while closed", base, []step{
+			hold(20), func(h *harness) {
+				for _, t := range h.held {
+					t.Ignore()
+				}
+			}, want(StateClosed), counted(0, 0),
+		}, ""},
+		{"a probe silent for a whole Window is presumed failed", base, seq(halfOpen, []step{
+			hold(1), tick(10*s - 1), want(StateHalfOpen), refused(), tick(1), want(StateOpen), retryAfter(10 * s),
+			release(0, success), want(StateOpen), // stale
+		}), "closed>open open>half-open half-open>open"},
+		{"stale closed-generation outcomes are ignored while open and half-open", base, seq([]step{hold(3)}, halfOpen, []step{
+			release(0, failure), want(StateHalfOpen), inflight(0),
+			hold(1), inflight(1),
+			release(1, failure), want(StateHalfOpen), inflight(1),
+			release(2, success), want(StateHalfOpen), inflight(1),
+			stats(func(s Stats) bool { return s.ProbeSuccesses == 0 }, "ProbeSuccesses=0"),
+			release(3, success), want(StateClosed),
+		}), "closed>open open>half-open half-open>closed"},
+		{"stale probe outcomes are ignored in the next half-open round", with(func(c *Config) { c.HalfOpenProbes = 2 }), seq(halfOpen, []step{
+			hold(2), release(0, failure), want(StateOpen), tick(10 * s), want(StateHalfOpen),
+			release(1, success), want(StateHalfOpen), inflight(0),
+			release(1, failure), want(StateHalfOpen), // reported twice: still nothing
+		}), "closed>open open>half-open half-open>open open>half-open"},
+		{"stale outcomes from before a close are ignored", base, seq([]step{hold(20)}, halfOpen, []step{
+			ok(1), want(StateClosed),
+			func(h *harness) {
+				for _, t := range h.held[:20] {
+					t.Done(true)
+				}
+			},
+			want(StateClosed), counted(0, 0),
+		}), "closed>open open>half-open half-open>closed"},
+		{"done called twice counts once", base, []step{
+			func(h *harness) {
+				done, err := h.b.Allow()
+				if err != nil {
+					h.fatalf("Allow: %v", err)
+				}
+				done(true)
+				done(true)
+				done(false)
+			},
+			counted(1, 1),
+			hold(1), release(0, failure), release(0, failure), release(0, ignore), counted(2, 2),
+		}, ""},
+		{"jitter lengthens the open period by Jitter*Rand", with(func(c *Config) {
+			c.Jitter = 0.2
+			c.Rand = func() float64 { return 0.5 }
+		}), seq(open20, []step{
+			retryAfter(5500 * time.Millisecond), tick(5500*time.Millisecond - 1), refused(), tick(1), want(StateHalfOpen),
+			fail(1), retryAfter(11 * s),
+		}), "closed>open open>half-open half-open>open"},
+		{"Rand out of range is clamped", with(func(c *Config) {
+			c.Jitter = 0.5
+			c.Rand = func() float64 { return 7 }
+		}), seq(open20, []step{retryAfter(7500 * time.Millisecond)}), "closed>open"},
+		{"NaN Rand means no jitter", with(func(c *Config) {
+			c.Rand = func() float64 { return math.NaN() }
+		}), seq(open20, []step{retryAfter(5 * s)}), "closed>open"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, tc.cfg)
+			for i, s := range tc.steps {
+				h.step = i
+				s(h)
+			}
+			if got := strings.Join(h.changes, " "); got != tc.changes {
+				t.Errorf("transitions:\n got %q\nwant %q", got, tc.changes)
+			}
+		})
+	}
+}
+
+func TestStateString(t *testing.T) {
+	for s, want := range map[State]string{
+		StateClosed: "closed", StateOpen: "open", StateHalfOpen: "half-open", 7: "State(7)",
+	} {
+		if got := s.String(); got != want {
+			t.Errorf("State(%d).String() = %q, want %q", s, got, want)
+		}
+	}
+	var zero State
+	if zero != StateClosed {
+		t.Error("zero State is not StateClosed")
+	}
+}
+
+func TestConfigDefaultsAndClamping(t *testing.T) {
+	nan, inf := math.NaN(), math.Inf(1)
+	def := settings{
+		ratio: 0.5, minAttempts: 20, width: time.Second, window: 10 * time.Second,
+		consecutive: 0, openTimeout: 5 * time.Second, maxOpen: 40 * time.Second, probes: 1, jitter: 0.2,
+	}
+	cases := []struct {
+		name string
+		c    Config
+		want func(*settings)
+	}{
+		{"zero", Config{}, func(*settings) {}},
+		{"negative", Config{
+			FailureRatio: -1, MinAttempts: -1, Window: -1, ConsecutiveFailures: -1,
+			OpenTimeout: -1, HalfOpenProbes: -1, MaxOpenTimeout: -1,
+		}, func(*settings) {}},
+		{"NaN", Config{FailureRatio: nan, Jitter: nan}, func(*settings) {}},
+		{"+Inf and above 1 clamp to 1", Config{FailureRatio: inf, Jitter: inf}, func(s *settings) { s.ratio, s.jitter = 1, 1 }},
+		{"-Inf", Config{FailureRatio: math.Inf(-1), Jitter: math.Inf(-1)}, func(s *settings) { s.jitter = 0 }},
+		{"ratio 1.5", Config{FailureRatio: 1.5}, func(s *settings) { s.ratio = 1 }},
+		{"negative jitter disables it", Config{Jitter: -0.1}, func(s *settings) { s.jitter = 0 }},
+		{"tiny window", Config{Window: 3}, func(s *settings) { s.width, s.window = 1, 10 }},
+		{"window rounded to tenths", Config{Window: 1234 * time.Millisecond}, func(s *settings) {
+			s.width, s.window = 123400*time.Microsecond, 1234*time.Millisecond
+		}},
+		{"max open defaults to 8x", Config{OpenTimeout: time.Minute}, func(s *settings) {
+			s.openTimeout, s.maxOpen = time.Minute, 8*time.Minute
+		}},
+		{"max open saturates", Config{OpenTimeout: math.MaxInt64 / 4}, func(s *settings) {
+			s.openTimeout, s.maxOpen = math.MaxInt64/4, math.MaxInt64
+		}},
+		{"max open below open timeout", Config{MaxOpenTimeout: time.Second}, func(s *settings) { s.maxOpen = 5 * time.Second }},
+		{"explicit", Config{
+			FailureRatio: 0.25, MinAttempts: 3, Window: time.Minute, ConsecutiveFailures: 4,
+			OpenTimeout: time.Second, HalfOpenProbes: 2, MaxOpenTimeout: 3 * time.Second, Jitter: 0.5,
+		}, func(s *settings) {
+			*s = settings{ratio: 0.25, minAttempts: 3, width: 6 * time.Second, window: time.Minute, consecutive: 4,
+				openTimeout: time.Second, maxOpen: 3 * time.Second, probes: 2, jitter: 0.5}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			want := def
+			tc.want(&want)
+			got := tc.c.settings()
+			if got.rand == nil {
+				t.Error("rand is nil")
+			}
+			got.rand, got.onChange = nil, nil
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("settings()\n got %+v\nwant %+v", got, want)
+			}
+		})
+	}
+}
+
+func TestOpenPeriodSaturates(t *testing.T) {
+	s := Config{OpenTimeout: math.MaxInt64 / 3, Jitter: 1, Rand: func() float64 { return 0.99 }}.settings()
+	for rounds := range 70 {
+		d := s.openPeriod(rounds)
+		if d < s.openTimeout || d > s.maxOpen {
+			t.Fatalf("openPeriod(%d) = %v outside [%v, %v]", rounds, d, s.openTimeout, s.maxOpen)
+		}
+		if j := s.jittered(d); j < d {
+			t.Fatalf("jittered(%v) = %v, overflowed", d, j)
+		}
+	}
+	if got := satAdd(math.MaxInt64-1, 5); got != math.MaxInt64 {
+		t.Fatalf("satAdd = %v", got)
+	}
+}
+
+// TestInvalidConfigNeverPanics drives breakers with hostile configs through
+// every state.
+func TestInvalidConfigNeverPanics(t *testing.T) {
+	nan, inf := math.NaN(), math.Inf(1)
+	for i, c := range []Config{
+		{FailureRatio: nan, MinAttempts: -5, Window: -1, ConsecutiveFailures: -3, OpenTimeout: -1, HalfOpenProbes: -2, Jitter: nan},
+		{FailureRatio: inf, Window: 1, OpenTimeout: 1, MaxOpenTimeout: math.MaxInt64, Jitter: inf, Rand: func() float64 { return -inf }},
+		{FailureRatio: -inf, OpenTimeout: math.MaxInt64, Jitter: 1, Rand: func() float64 { return nan }},
+		{OpenTimeout: math.MaxInt64, Jitter: 1, Rand: func() float64 { return inf }},
+	} {
+		clk := newClock()
+		c.Now = clk.Now
+		b := New(c)
+		for j := range 200 {
+			if done, err := b.Allow(); err == nil {
+				done(j%3 != 0)
+			}
+			clk.Advance(time.Duration(j) * time.Millisecond)
+			_ = b.Stats()
+			_ = b.OpenUntil()
+			if d := b.RetryAfter(); d < 0 {
+				t.Fatalf("config %d: RetryAfter = %v", i, d)
+			}
+		}
+	}
+}
+
+func TestAllowRefusedReturnsNoopDone(t *testing.T) {
+	h := newHarness(t, Config{MinAttempts: 1, Jitter: -1})
+	fail(1)(h)
+	done, err := h.b.Allow()
+	if err != ErrOpen || done == nil {
+		t.Fatalf("Allow() = %v, %v; want a non-nil done and ErrOpen", done != nil, err)
+	}
+	done(false)
+	tk, err := h.b.Admit()
+	if !errors.Is(err, ErrOpen) || tk.b != nil {
+		t.Fatalf("Admit() = %+v, %v; want a zero Ticket and ErrOpen", tk, err)
+	}
+	tk.Done(false)
+	tk.Ignore()
+	var zero Ticket
+	zero.Done(true)
+	if s := h.b.Stats(); s.State != StateOpen || s.Rejected != 2 {
+		t.Fatalf("Stats = %+v", s)
+	}
+}
+
+func TestZeroValueBreaker(t *testing.T) {
+	var b Breaker
+	for range 20 {
+		done, err := b.Allow()
+		if err != nil {
+			t.Fatal(err)
+		}
+		done(true)
+	}
+	if s := b.Stats(); s.State != StateOpen || s.Opened != 1 {
+		t.Fatalf("zero Breaker after 20 failures: %+v", s)
+	}
+	if d := b.RetryAfter(); d < 5*time.Second || d > 6*time.Second {
+		t.Fatalf("RetryAfter = %v, want 5s plus up to 20%% jitter", d)
+	}
+	if until := b.OpenUntil(); time.Until(until) < 4*time.Second {
+		t.Fatalf("OpenUntil = %v, %v from now", until, time.Until(until))
+	}
+	if b.Target() != "" {
+		t.Fatalf("Target = %q", b.Target())
+	}
+}
+
+func TestOpenUntilAndTarget(t *testing.T) {
+	clk := newClock()
+	start := clk.Now()
+	b := New(Config{Now: clk.Now, Target: "db:5432", MinAttempts: 1, Jitter: -1})
+	if !b.OpenUntil().IsZero() || b.RetryAfter() != 0 {
+		t.Fatal("closed breaker reports an open period")
+	}
+	clk.Advance(3 * time.Second)
+	done, _ := b.Allow()
+	done(true)
+	want := start.Add(8 * time.Second)
+	if got := b.OpenUntil(); !got.Equal(want) {
+		t.Fatalf("OpenUntil = %v, want %v", got, want)
+	}
+	if got := b.Stats().OpenUntil; !got.Equal(want) {
+		t.Fatalf("Stats().OpenUntil = %v, want %v", got, want)
+	}
+	clk.Advance(5 * time.Second)
+	if !b.OpenUntil().IsZero() {
+		t.Fatal("half-open breaker reports an open period")
+	}
+	if b.Target() != "db:5432" {
+		t.Fatalf("Target = %q", b.Target())
+	}
+}
+
+// TestCallbackReentrancy: a callback that calls back into its breaker,
+// including calls that cause further transitions, neither deadlocks nor
+// reorders the notifications.
+func TestCallbackReentrancy(t *testing.T) {
+	clk := newClock()
+	var b *Breaker
+	var got []string
+	b = New(Config{
+		Now: clk.Now, MinAttempts: 1, Jitter: -1,
+		OnStateChange: func(_ string, from, to State) {
+			tr := from.String() + ">" + to.String()
+			got = append(got, "enter "+tr)
+			defer func() { got = append(got, "exit "+tr) }()
+			// Every method, from inside the callback.
+			_ = b.State()
+			_ = b.Stats()
+			_ = b.RetryAfter()
+			_ = b.OpenUntil()
+			if to == StateOpen && len(got) == 1 { // the first callback
+				// Cause open → half-open → closed from inside the
+				// callback for closed → open.
+				clk.Advance(5 * time.Second)
+				done, err := b.Allow()
+				if err != nil {
+					t.Errorf("probe refused inside callback: %v", err)
+					return
+				}
+				done(false)
+				if s := b.State(); s != StateClosed {
+					t.Errorf("State inside callback = %v, want closed", s)
+				}
+			}
+		},
+	})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		done, _ := b.Allow()
+		done(true)
+	}()
+	select {
+	case <-finished:
+	case <-time.After(10 * time.Second):
+		t.Fatal("deadlock: callback calling into the breaker never returned")
+	}
+	// Nested transitions are delivered after the callback that caused
+	// them returns: callbacks never overlap, and keep transition order.
+	want := "enter closed>open, exit closed>open, enter open>half-open, exit open>half-open, " +
+		"enter half-open>closed, exit half-open>closed"
+	if s := strings.Join(got, ", "); s != want {
+		t.Fatalf("transitions %q, want %q", s, want)
+	}
+}
+
+// TestCallbackPanicDoesNotWedgeDelivery: a panicking callback propagates to
+// the caller whose call delivered it, and later transitions are still
+// delivered.
+func TestCallbackPanicDoesNotWedgeDelivery(t *testing.T) {
+	clk := newClock()
+	var calls []string
+	b := New(Config{
+		Now: clk.Now, MinAttempts: 1, Jitter: -1,
+		OnStateChange: func(_ string, from, to State) {
+			calls = append(calls, from.String()+">"+to.String())
+			if len(calls) == 1 {
+				panic("boom")
+			}
+		},
+	})
+	func() {
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Fatalf("recovered %v, want boom", r)
+			}
+		}()
+		done, _ := b.Allow()
+		done(true)
+	}()
+	clk.Advance(5 * time.Second)
+	if s := b.State(); s != StateHalfOpen {
+		t.Fatalf("State = %v", s)
+	}
+	if got := strings.Join(calls, " "); got != "closed>open open>half-open" {
+		t.Fatalf("calls %q", got)
+	}
+}
+
+// TestConcurrentUse hammers one breaker from many goroutines through every
+// state, and checks that callbacks never overlap, form one chain of
+// transitions, and that the half-open probe limit holds throughout.
+func TestConcurrentUse(t *testing.T) {
+	const probes = 2
+	clk := newClock()
+	var active, overlaps atomic.Int32
+	var mu sync.Mutex
+	var chain []transition
+	b := New(Config{
+		Now: clk.Now, MinAttempts: 10, Window: time.Second, OpenTimeout: 10 * time.Millisecond,
+		HalfOpenProbes: probes, ConsecutiveFailures: 5,
+		OnStateChange: func(_ string, from, to State) {
+			if active.Add(1) != 1 {
+				overlaps.Add(1)
+			}
+			mu.Lock()
+			chain = append(chain, transition{from, to})
+			mu.Unlock()
+			active.Add(-1)
+		},
+	})
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 2000 {
+				if i%50 == 0 {
+					clk.Advance(time.Millisecond)
+				}
+				tk, err := b.Admit()
+				if err != nil {
+					continue
+				}
+				b.mu.Lock()
+				if State(b.word.Load()&stateMask) == StateHalfOpen && (b.inflight > probes || b.inflight < 0) {
+					t.Errorf("inflight = %d", b.inflight)
+				}
+				b.mu.Unlock()
+				switch (i + g) % 7 {
+				case 0, 1, 2:
+					tk.Done(true)
+				case 3:
+					tk.Ignore()
+				default:
+					tk.Done(false)
+				}
+				tk.Done(true) // no effect
+			}
+		})
+	}
+	wg.Wait()
+	_ = b.State() // flush any queued notifications
+	if overlaps.Load() != 0 {
+		t.Fatalf("%d callbacks overlapped", overlaps.Load())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(chain) < 3 {
+		t.Fatalf("only %d transitions: the test did not exercise the states", len(chain))
+	}
+	prev := StateClosed
+	for i, tr := range chain {
+		if tr.from != prev || tr.from == tr.to {
+			t.Fatalf("transition %d %v>%v does not follow %v", i, tr.from, tr.to, prev)
+		}
+		prev = tr.to
+	}
+	if s := b.State(); s != prev {
+		t.Fatalf("last notified state %v, State() = %v", prev, s)
+	}
+}
+
+// TestHalfOpenConcurrentAdmissions: of many goroutines asking at once, a
+// half-open breaker admits exactly HalfOpenProbes.
+func TestHalfOpenConcurrentAdmissions(t *testing.T) {
+	const probes = 3
+	for round := range 20 {
+		clk := newClock()
+		b := New(Config{Now: clk.Now, MinAttempts: 1, HalfOpenProbes: probes, Jitter: -1})
+		done, _ := b.Allow()
+		done(true)
+		clk.Advance(5 * time.Second)
+		var admitted, refused atomic.Int32
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 50 {
+			wg.Go(func() {
+				<-start
+				if _, err := b.Admit(); err == nil {
+					admitted.Add(1)
+				} else if errors.Is(err, ErrOpen) {
+					refused.Add(1)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if admitted.Load() != probes || refused.Load() != 50-probes {
+			t.Fatalf("round %d: admitted %d, refused %d; want %d and %d",
+				round, admitted.Load(), refused.Load(), probes, 50-probes)
+		}
+	}
+}
+
+// DoneAt counts an outcome at the time it is given, like Done at that
+// time, and only once.
+func TestDoneAt(t *testing.T) {
+	clk := newClock()
+	b := New(Config{FailureRatio: 0.5, MinAttempts: 4, Window: 10 * time.Second, Jitter: -1, Now: clk.Now})
+	report := func(failed bool, at time.Time) {
+		tk, err := b.Admit()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tk.DoneAt(failed, at)
+		tk.DoneAt(failed, at) // counts once
+	}
+	start := clk.Now()
+	// Two old failures fall out of the window by the time of the next two.
+	report(true, start)
+	report(true, start)
+	clk.Advance(20 * time.Second)
+	report(true, clk.Now())
+	report(false, clk.Now())
+	report(false, clk.Now())
+	if s := b.Stats(); s.Attempts != 3 || s.Failures != 1 || b.State() != StateClosed {
+		t.Fatalf("after old failures expired: %+v", s)
+	}
+	report(true, clk.Now())
+	if s := b.Stats(); s.State != StateOpen || s.Opened != 1 {
+		t.Fatalf("2 of 4 failed within the window, want open: %+v", s)
+	}
+}

@@ -1,0 +1,46 @@
+// Package breaker is a per-target circuit breaker for RPC clients.
+//
+// A retry budget bounds retries while a dependency partly works; a breaker
+// stops the traffic once the dependency has proven it is down, and finds out
+// quickly and gently when it is back. The package knows nothing of gRPC: a
+// Breaker is a plain concurrent data structure with an injectable clock, and
+// the caller decides which attempt outcomes count as failures.
+//
+// # States
+//
+// A Breaker is closed (attempts pass and their outcomes are counted), open
+// (attempts are refused with ErrOpen) or half-open (a few trial attempts,
+// "probes", are let through to find out whether the dependency is back).
+//
+//   - closed → open when, among the outcomes reported in the sliding Window,
+//     failures/attempts ≥ FailureRatio and attempts ≥ MinAttempts; or, if
+//     ConsecutiveFailures > 0, after that many failures in a row.
+//   - open → half-open once the open period has passed. The period is
+//     OpenTimeout, doubled for each consecutive failed probe round and capped
+//     at MaxOpenTimeout, plus a random Jitter share so that a fleet of
+//     clients does not probe in lockstep.
+//   - half-open admits at most HalfOpenProbes concurrent probes; refused
+//     calls get ErrOpen. It closes once HalfOpenProbes probes have succeeded,
+//     and reopens on the first failed probe. A probe that reports nothing
+//     for a whole Window is presumed failed.
+//
+// # Reporting outcomes
+//
+// Allow is the two-step API of the contract: it returns a done func to be
+// called once with the attempt's outcome. Admit returns a Ticket, a value
+// with the same meaning that never allocates, plus Ticket.Ignore for
+// attempts whose outcome says nothing about the dependency (for example a
+// call cancelled by its caller). Either way:
+//
+//   - every state change starts a new generation, and an outcome reported
+//     for an attempt admitted in an older generation is ignored;
+//   - reporting the same attempt twice counts once.
+//
+// # Concurrency and time
+//
+// All methods are safe for concurrent use. A Breaker starts no goroutines:
+// the window and the state advance lazily from the injected clock
+// (Config.Now) whenever the Breaker is used or inspected. OnStateChange
+// runs outside any lock, one call at a time and in the order of the
+// transitions, so a callback may call back into its Breaker.
+package breaker

@@ -1,0 +1,177 @@
+package interceptor_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	echov1 "github.com/stormguard/stormguard/examples/proto/echo/v1"
+	"github.com/stormguard/stormguard/interceptor"
+	"github.com/stormguard/stormguard/internal/origin"
+)
+
+func noopProviders() []interceptor.ClientOption {
+	return []interceptor.ClientOption{
+		interceptor.WithTracerProvider(noop.NewTracerProvider()),
+		interceptor.WithMeterProvider(metricnoop.NewMeterProvider()),
+	}
+}
+
+func recordingTracer(b *testing.B) interceptor.ClientOption {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(discard{}))
+	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return interceptor.WithTracerProvider(tp)
+}
+
+// discard is a span processor that drops ended spans, so the benchmark
+// measures recording, not exporting.
+type discard struct{}
+
+func (discard) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+func (discard) OnEnd(sdktrace.ReadOnlySpan)                     {}
+func (discard) Shutdown(context.Context) error                  { return nil }
+func (discard) ForceFlush(context.Context) error                { return nil }
+
+// BenchmarkUnaryFakeInvoker measures the interceptor's own cost on the
+// success path: the invoker returns at once.
+func BenchmarkUnaryFakeInvoker(b *testing.B) {
+	cc, err := grpc.NewClient("passthrough:///bench", grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cc.Close()
+	invoker := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error { return nil }
+	req, reply := &echov1.PutRequest{}, &echov1.PutResponse{}
+	run := func(b *testing.B, ctx context.Context, ic grpc.UnaryClientInterceptor) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := ic(ctx, echov1.EchoService_Put_FullMethodName, req, reply, cc, invoker); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	bare := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	withDeadline, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	b.Run("bare", func(b *testing.B) { run(b, context.Background(), bare) })
+	b.Run("suite", func(b *testing.B) { run(b, context.Background(), interceptor.NewClient(noopProviders()...).Unary()) })
+	b.Run("suite-deadline", func(b *testing.B) { run(b, withDeadline, interceptor.NewClient(noopProviders()...).Unary()) })
+	b.Run("suite-unmarked", func(b *testing.B) {
+		ic := interceptor.NewClient(noopProviders()...).Unary()
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := ic(context.Background(), echov1.EchoService_Notify_FullMethodName, &echov1.NotifyRequest{}, &echov1.NotifyResponse{}, cc, invoker); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("suite-recording-tracer", func(b *testing.B) {
+		run(b, context.Background(), interceptor.NewClient(recordingTracer(b), interceptor.WithMeterProvider(metricnoop.NewMeterProvider())).Unary())
+	})
+}
+
+// BenchmarkUnaryBufconn is a whole call over an in-memory connection.
+func BenchmarkUnaryBufconn(b *testing.B) {
+	o := origin.New(nil)
+	l := origin.Bufconn()
+	srv := origin.Serve(l, o)
+	defer srv.Stop()
+	run := func(b *testing.B, opts ...grpc.DialOption) {
+		cc, err := l.Dial(opts...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer cc.Close()
+		c := echov1.NewEchoServiceClient(cc)
+		ctx := context.Background()
+		if _, err := c.Put(ctx, &echov1.PutRequest{}); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := c.Put(ctx, &echov1.PutRequest{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.Run("bare", func(b *testing.B) { run(b) })
+	b.Run("suite", func(b *testing.B) {
+		run(b, grpc.WithChainUnaryInterceptor(interceptor.NewClient(noopProviders()...).Unary()))
+	})
+	b.Run("suite-recording-tracer", func(b *testing.B) {
+		run(b, grpc.WithChainUnaryInterceptor(interceptor.NewClient(recordingTracer(b), interceptor.WithMeterProvider(metricnoop.NewMeterProvider())).Unary()))
+	})
+}
+
+// BenchmarkStream100 measures a server stream of 100 messages and a bidi
+// ping-pong of 100 messages over bufconn, bare and through the suite.
+func BenchmarkStream100(b *testing.B) {
+	o := origin.New(nil)
+	l := origin.Bufconn()
+	srv := origin.Serve(l, o)
+	defer srv.Stop()
+	for _, mode := range []string{"bare", "suite"} {
+		var opts []grpc.DialOption
+		if mode == "suite" {
+			opts = append(opts, grpc.WithChainStreamInterceptor(interceptor.NewClient(noopProviders()...).Stream()))
+		}
+		cc, err := l.Dial(opts...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c := echov1.NewEchoServiceClient(cc)
+		ctx := context.Background()
+		b.Run("server-stream/"+mode, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				s, err := c.List(ctx, &echov1.ListRequest{Count: 100})
+				if err != nil {
+					b.Fatal(err)
+				}
+				n := 0
+				for {
+					if _, err := s.Recv(); err != nil {
+						break
+					}
+					n++
+				}
+				if n != 100 {
+					b.Fatalf("got %d messages", n)
+				}
+			}
+		})
+		b.Run("bidi-pingpong/"+mode, func(b *testing.B) {
+			b.ReportAllocs()
+			msg := &echov1.ChatRequest{}
+			for b.Loop() {
+				s, err := c.Chat(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for range 100 {
+					if err := s.Send(msg); err != nil {
+						b.Fatal(err)
+					}
+					if _, err := s.Recv(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := s.CloseSend(); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := s.Recv(); err == nil {
+					b.Fatal("expected io.EOF")
+				}
+			}
+		})
+		cc.Close()
+	}
+}

@@ -1,0 +1,105 @@
+package interceptor
+
+import (
+	"math/bits"
+	"sync/atomic"
+	"time"
+)
+
+// latency tracks one route's attempt latencies in a log-linear histogram
+// (about 12% wide buckets from 1µs to hours) to choose an adaptive hedging
+// delay: the q-quantile of recent attempts. It is lock-free: an observation
+// is two atomic adds; every recomputeEvery observations, one of them
+// recomputes the quantile. Counts are halved when they pass decayAt, so the
+// delay follows the latency of the last few thousand attempts.
+//
+// Attempts cancelled because another attempt won are recorded as censored:
+// longer than anything measured. That keeps the quantile honest (a hedged
+// slow attempt was slow, even if we never saw how slow).
+type latency struct {
+	q       float64
+	buckets [numBuckets + 1]atomic.Uint32 // the last one: censored
+	n       atomic.Uint32
+	delay   atomic.Int64 // ns; -1 until warm
+}
+
+const (
+	linearBuckets  = 16 // 0..15µs, one per µs
+	subBuckets     = 8  // per power of two above that
+	numBuckets     = linearBuckets + 34*subBuckets
+	warmup         = 20   // observations before the first delay
+	recomputeEvery = 8    // observations between recomputations
+	decayAt        = 2048 // halve the counts beyond this total
+)
+
+func newLatency(q float64) *latency {
+	l := &latency{q: q}
+	l.delay.Store(-1)
+	return l
+}
+
+func bucketOf(d time.Duration) int {
+	us := uint64(max(d, 0) / time.Microsecond)
+	if us < linearBuckets {
+		return int(us)
+	}
+	e := bits.Len64(us) - 1 // ≥ 4
+	sub := int(us>>(e-3)) & (subBuckets - 1)
+	i := linearBuckets + (e-4)*subBuckets + sub
+	return min(i, numBuckets-1)
+}
+
+// upperBound is the largest latency in bucket i.
+func upperBound(i int) time.Duration {
+	if i < linearBuckets {
+		return time.Duration(i+1) * time.Microsecond
+	}
+	e := (i-linearBuckets)/subBuckets + 4
+	sub := (i - linearBuckets) % subBuckets
+	return time.Duration(uint64(subBuckets+sub+1)<<(e-3)) * time.Microsecond
+}
+
+func (l *latency) observe(d time.Duration) { l.add(bucketOf(d)) }
+
+func (l *latency) censored() { l.add(numBuckets) }
+
+func (l *latency) add(i int) {
+	l.buckets[i].Add(1)
+	if n := l.n.Add(1); n >= warmup && n%recomputeEvery == 0 {
+		l.recompute()
+	}
+}
+
+func (l *latency) recompute() {
+	var counts [numBuckets + 1]uint32
+	var total uint64
+	for i := range l.buckets {
+		counts[i] = l.buckets[i].Load()
+		total += uint64(counts[i])
+	}
+	if total == 0 {
+		return
+	}
+	rank := uint64(l.q*float64(total)) + 1
+	var cum uint64
+	d := int64(-1)
+	for i, c := range counts[:numBuckets] {
+		if cum += uint64(c); cum >= rank {
+			d = int64(upperBound(i))
+			break
+		}
+	}
+	l.delay.Store(d) // -1 when the quantile is among censored attempts
+	if total > decayAt {
+		for i := range l.buckets {
+			l.buckets[i].Store(l.buckets[i].Load() / 2)
+		}
+	}
+}
+
+// hedgeDelay returns the adaptive delay, or false while there is not enough
+// data (or when the quantile lies beyond every measured attempt).
+func (l *latency) hedgeDelay() (time.Duration, bool) {
+	d := l.delay.Load()
+	return time.Duration(d), d >= 0
+}

@@ -1,0 +1,315 @@
+package interceptor
+
+import (
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	"github.com/stormguard/stormguard/breaker"
+	"github.com/stormguard/stormguard/budget"
+	"github.com/stormguard/stormguard/deadline"
+	"github.com/stormguard/stormguard/idempotency"
+)
+
+// Defaults of the client options.
+const (
+	// DefaultMaxAttempts is the most attempts of one logical call, the first
+	// included.
+	DefaultMaxAttempts = 3
+	// DefaultBackoffBase and DefaultBackoffMax bound the exponential backoff
+	// between attempts: the n-th retry waits a random time in
+	// [d/2, d] with d = min(DefaultBackoffMax, DefaultBackoffBase·2ⁿ⁻¹).
+	DefaultBackoffBase = 50 * time.Millisecond
+	DefaultBackoffMax  = time.Second
+	// DefaultReplayLimit bounds the client messages a stream buffers for
+	// replay on a retry, like grpc-go's retry buffer.
+	DefaultReplayLimit = 256 << 10
+)
+
+// A ClientOption configures a Client. Options are sealed: create them with
+// the With... functions of this package.
+type ClientOption interface{ applyClient(*clientOptions) }
+
+type clientOptionFunc func(*clientOptions)
+
+func (f clientOptionFunc) applyClient(o *clientOptions) { f(o) }
+
+type clientOptions struct {
+	maxAttempts    int
+	budgetCfg      budget.Config
+	budgets        *budget.Registry
+	noBudget       bool
+	breakerCfg     breaker.Config
+	breakers       *breaker.Registry
+	noBreaker      bool
+	backoffBase    time.Duration
+	backoffMax     time.Duration
+	retryable      idempotency.CodeSet
+	idempotent     []string
+	hedging        bool
+	hedgeDelay     time.Duration
+	hedgeAttempts  int
+	noKeys         bool
+	deadlineCfg    deadline.ClientConfig
+	replayLimit    int
+	failures       idempotency.CodeSet
+	tracerProvider trace.TracerProvider
+	meterProvider  metric.MeterProvider
+	propagators    propagation.TextMapPropagator
+	now            func() time.Time
+}
+
+// WithMaxAttempts sets the most attempts of one logical call, the first
+// included (default 3; values below 1 mean 1; capped at
+// idempotency.MaxAttemptsLimit). A method's proto max_attempts takes
+// precedence. Methods that may not be repeated get one attempt whatever
+// this says.
+func WithMaxAttempts(n int) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.maxAttempts = clampAttempts(n) })
+}
+
+// WithBudget gives each target a retry budget configured by c (default:
+// budget.Config{}, 10% of requests). Ignored when WithBudgets is also given.
+func WithBudget(c budget.Config) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.budgetCfg = c; o.noBudget = false })
+}
+
+// WithBudgets uses r for the per-target budgets, so that several Clients
+// (or code outside this package) can share them. A nil r is ignored.
+func WithBudgets(r *budget.Registry) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if r != nil {
+			o.budgets = r
+			o.noBudget = false
+		}
+	})
+}
+
+// WithoutBudget turns the retry budget off: retries and hedges are bounded
+// only by the attempt limit, the breaker and the deadline. This is how the
+// storm lab reproduces a client without a budget; it is rarely right in
+// production.
+func WithoutBudget() ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.noBudget = true; o.budgets = nil })
+}
+
+// WithBreaker gives each target a circuit breaker configured by c (default:
+// breaker.Config{}). Its OnStateChange, if any, is kept. Ignored when
+// WithBreakers is also given.
+func WithBreaker(c breaker.Config) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.breakerCfg = c; o.noBreaker = false })
+}
+
+// WithBreakers uses r for the per-target breakers. A nil r is ignored.
+func WithBreakers(r *breaker.Registry) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if r != nil {
+			o.breakers = r
+			o.noBreaker = false
+		}
+	})
+}
+
+// WithoutBreaker turns the circuit breaker off.
+func WithoutBreaker() ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.noBreaker = true; o.breakers = nil })
+}
+
+// WithBackoff sets the exponential backoff between attempts: the n-th retry
+// waits a random time in [d/2, d] with d = min(max, base·2ⁿ⁻¹). Defaults:
+// 50ms and 1s. Non-positive values keep the defaults; max below base is
+// raised to base. A server's grpc-retry-pushback-ms replaces the backoff.
+func WithBackoff(base, max time.Duration) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if base > 0 {
+			o.backoffBase = base
+		}
+		if max > 0 {
+			o.backoffMax = max
+		}
+	})
+}
+
+// WithRetryableCodes sets the status codes after which an attempt may be
+// retried (default: Unavailable only). A method's proto retryable_codes
+// take precedence. OK is ignored. With no codes, nothing is retried.
+func WithRetryableCodes(cs ...codes.Code) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		o.retryable = idempotency.Codes(cs...)
+		if o.retryable == 0 {
+			o.retryable = noCodes
+		}
+	})
+}
+
+// noCodes marks an explicitly empty code set (the zero CodeSet means
+// "default").
+const noCodes idempotency.CodeSet = 1 // bit 0 is OK, never a member
+
+// WithFailureCodes sets the attempt outcomes the circuit breaker counts as
+// failures (default: Unavailable, DeadlineExceeded, ResourceExhausted and
+// Internal). Cancellation by the caller is never a failure.
+func WithFailureCodes(cs ...codes.Code) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		o.failures = idempotency.Codes(cs...)
+		if o.failures == 0 {
+			o.failures = noCodes
+		}
+	})
+}
+
+// WithIdempotent marks methods IDEMPOTENT, for protos you cannot annotate:
+// each entry is a full method ("/pkg.Svc/Method") or a whole service
+// ("/pkg.Svc/"). It never lowers what the proto says. Calls accumulate.
+func WithIdempotent(fullMethods ...string) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.idempotent = append(o.idempotent, fullMethods...) })
+}
+
+// WithHedging hedges every method that may be hedged (NO_SIDE_EFFECTS or
+// IDEMPOTENT, or retry_with_key with a key) and has no hedging policy of its
+// own: when no answer has come delay after the last attempt was sent, another
+// attempt is sent, budget and breaker permitting, up to maxAttempts in all
+// (0: the client's max attempts). Delay 0 is adaptive: about the (1 − 0.75 ×
+// budget ratio) quantile of the method's observed latency, so that hedges
+// use about three quarters of the retry budget. Off by default.
+func WithHedging(delay time.Duration, maxAttempts int) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		o.hedging = true
+		o.hedgeDelay = max(delay, 0)
+		o.hedgeAttempts = maxAttempts
+	})
+}
+
+// WithoutIdempotencyKeys stops the client from generating idempotency keys
+// for retry_with_key methods: such a method is then retried only when the
+// caller supplies a key (idempotency.WithKey or IdempotencyKey), and
+// otherwise sent once.
+func WithoutIdempotencyKeys() ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.noKeys = true })
+}
+
+// WithDeadline configures deadline propagation (see the deadline package):
+// fail-fast minimum, default timeout for calls without a deadline, and the
+// margin taken off the deadline sent downstream.
+func WithDeadline(c deadline.ClientConfig) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.deadlineCfg = c })
+}
+
+// WithReplayLimit bounds, per stream, the client messages kept to replay on
+// a retry (default 256 KiB). A stream that sends more commits: it is not
+// retried after that.
+func WithReplayLimit(bytes int) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if bytes >= 0 {
+			o.replayLimit = bytes
+		}
+	})
+}
+
+// WithTracerProvider sets the tracer provider (default:
+// otel.GetTracerProvider()). nil is ignored.
+func WithTracerProvider(tp trace.TracerProvider) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if tp != nil {
+			o.tracerProvider = tp
+		}
+	})
+}
+
+// WithMeterProvider sets the meter provider (default:
+// otel.GetMeterProvider()). nil is ignored.
+func WithMeterProvider(mp metric.MeterProvider) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if mp != nil {
+			o.meterProvider = mp
+		}
+	})
+}
+
+// WithPropagators sets the propagators used to inject the trace context of
+// each attempt into its outgoing metadata (default: none, leaving that to
+// otelgrpc or the server's own instrumentation). nil is ignored.
+func WithPropagators(p propagation.TextMapPropagator) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if p != nil {
+			o.propagators = p
+		}
+	})
+}
+
+// WithClock sets the clock used for budgets, breakers, deadlines and latency
+// (default time.Now); for tests. Backoff and hedging timers still run on real
+// time. nil is ignored.
+func WithClock(now func() time.Time) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if now != nil {
+			o.now = now
+		}
+	})
+}
+
+func clampAttempts(n int) int { return min(max(n, 1), idempotency.MaxAttemptsLimit) }
+
+// Per-call options.
+
+// MaxAttempts limits the attempts of one call, the first included
+// (1 disables retries and hedging for the call). It can raise the client's
+// limit up to idempotency.MaxAttemptsLimit, but never makes a method that may
+// not be repeated retry.
+func MaxAttempts(n int) grpc.CallOption { return maxAttemptsOption{n: clampAttempts(n)} }
+
+// NoHedging turns hedging off for one call; failed attempts may still be
+// retried.
+func NoHedging() grpc.CallOption { return noHedgingOption{} }
+
+type maxAttemptsOption struct {
+	grpc.EmptyCallOption
+	n int
+}
+
+type noHedgingOption struct{ grpc.EmptyCallOption }
+
+// A ServerOption configures a Server.
+type ServerOption interface{ applyServer(*serverOptions) }
+
+type serverOptionFunc func(*serverOptions)
+
+func (f serverOptionFunc) applyServer(o *serverOptions) { f(o) }
+
+type serverOptions struct {
+	deadlineCfg deadline.ServerConfig
+	dedupe      *idempotency.Server
+	noDedupe    bool
+	noPushback  bool
+}
+
+// WithServerDeadline configures how the server applies propagated deadlines.
+func WithServerDeadline(c deadline.ServerConfig) ServerOption {
+	return serverOptionFunc(func(o *serverOptions) { o.deadlineCfg = c })
+}
+
+// WithDedupe sets the idempotency-key deduplication (default: an
+// idempotency.NewServer with an in-memory store). nil is ignored.
+func WithDedupe(s *idempotency.Server) ServerOption {
+	return serverOptionFunc(func(o *serverOptions) {
+		if s != nil {
+			o.dedupe = s
+			o.noDedupe = false
+		}
+	})
+}
+
+// WithoutDedupe turns idempotency-key deduplication off.
+func WithoutDedupe() ServerOption {
+	return serverOptionFunc(func(o *serverOptions) { o.noDedupe = true; o.dedupe = nil })
+}
+
+// WithoutPushback stops the server from telling callers not to retry when
+// its own outgoing retries were refused.
+func WithoutPushback() ServerOption {
+	return serverOptionFunc(func(o *serverOptions) { o.noPushback = true })
+}

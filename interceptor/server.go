@@ -1,0 +1,129 @@
+package interceptor
+
+import (
+	"context"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/stormguard/stormguard/deadline"
+	"github.com/stormguard/stormguard/idempotency"
+)
+
+// Server is the suite's server side: it applies the caller's propagated
+// deadline and refuses work whose deadline has already passed, deduplicates
+// requests on their idempotency key, and tells callers not to retry when
+// the handler failed because its own outgoing retries were refused.
+//
+// Create one with NewServer; a Server is safe for concurrent use.
+type Server struct {
+	o      serverOptions
+	dl     *deadline.Server
+	dedupe *idempotency.Server // nil: off
+}
+
+// NewServer returns a Server configured by opts. Nil options are ignored.
+func NewServer(opts ...ServerOption) *Server {
+	var o serverOptions
+	for _, opt := range opts {
+		if opt != nil {
+			opt.applyServer(&o)
+		}
+	}
+	s := &Server{o: o, dl: deadline.NewServer(o.deadlineCfg), dedupe: o.dedupe}
+	if s.dedupe == nil && !o.noDedupe {
+		s.dedupe = idempotency.NewServer(idempotency.ServerConfig{})
+	}
+	return s
+}
+
+// refusalMarker is put in every handler's context by the Server; a Client
+// call made from that handler sets it when it refuses a retry (budget,
+// breaker, pushback, attempts exhausted).
+type refusalMarker struct{ set atomic.Bool }
+
+type markerKey struct{}
+
+// markRefused flags the handler (if ctx comes from one) as having had an
+// outgoing retry refused.
+func markRefused(ctx context.Context) {
+	if m, ok := ctx.Value(markerKey{}).(*refusalMarker); ok {
+		m.set.Store(true)
+	}
+}
+
+// dontRetry is the trailer that tells callers not to retry (gRFC A6).
+var dontRetry = metadata.Pairs(PushbackKey, "-1")
+
+// pushback sets grpc-retry-pushback-ms: -1 on a failed response whose
+// failure comes from refused retries further down.
+func (s *Server) pushback(ctx context.Context, m *refusalMarker, err error) {
+	if err == nil || s.o.noPushback {
+		return
+	}
+	if m.set.Load() || RefusedBy(err) != "" {
+		_ = grpc.SetTrailer(ctx, dontRetry)
+	}
+}
+
+// Unary returns the unary server interceptor: deadline, then
+// deduplication, then the handler, with don't-retry pushback on failures
+// caused by refused retries downstream.
+func (s *Server) Unary() grpc.UnaryServerInterceptor {
+	var dedupe grpc.UnaryServerInterceptor
+	if s.dedupe != nil {
+		dedupe = s.dedupe.Unary()
+	}
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		ctx, cancel, err := s.dl.Apply(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer cancel()
+		m := &refusalMarker{}
+		ctx = context.WithValue(ctx, markerKey{}, m)
+		var resp any
+		if dedupe != nil {
+			resp, err = dedupe(ctx, req, info, handler)
+		} else {
+			resp, err = handler(ctx, req)
+		}
+		s.pushback(ctx, m, err)
+		return resp, err
+	}
+}
+
+// Stream returns the stream server interceptor: deadline, then the
+// handler (streams are not deduplicated unless the dedupe server says so),
+// with don't-retry pushback as for unary calls.
+func (s *Server) Stream() grpc.StreamServerInterceptor {
+	var dedupe grpc.StreamServerInterceptor
+	if s.dedupe != nil {
+		dedupe = s.dedupe.Stream()
+	}
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		ctx, cancel, err := s.dl.Apply(ss.Context())
+		if err != nil {
+			return err
+		}
+		defer cancel()
+		m := &refusalMarker{}
+		ctx = context.WithValue(ctx, markerKey{}, m)
+		ss = &serverStream{ServerStream: ss, ctx: ctx}
+		if dedupe != nil {
+			err = dedupe(srv, ss, info, handler)
+		} else {
+			err = handler(srv, ss)
+		}
+		s.pushback(ctx, m, err)
+		return err
+	}
+}
+
+type serverStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *serverStream) Context() context.Context { return s.ctx }

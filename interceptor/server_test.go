@@ -1,0 +1,145 @@
+package interceptor_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	echov1 "github.com/stormguard/stormguard/examples/proto/echo/v1"
+	"github.com/stormguard/stormguard/interceptor"
+	"github.com/stormguard/stormguard/internal/origin"
+)
+
+// midTier is a service B whose handlers call a dead origin C through the
+// suite's client (with no floor in its budget, so B's retry is refused).
+// Callers reach B with plain grpc clients built from dialOpts.
+func midTier(t *testing.T, serverOpts ...interceptor.ServerOption) (dial func(grpcRetries bool, opts ...grpc.DialOption) echov1.EchoServiceClient, handled func() int, dead *origin.Origin) {
+	t.Helper()
+	dead = origin.New(origin.Always(codes.Unavailable))
+	dl := origin.Bufconn()
+	ds := origin.Serve(dl, dead)
+	t.Cleanup(ds.Stop)
+	guard := interceptor.NewClient(fast, interceptor.WithBudget(budgetNoFloor()))
+	cc, err := dl.Dial(grpc.WithChainUnaryInterceptor(guard.Unary()))
+	require.NoError(t, err)
+	t.Cleanup(func() { cc.Close() })
+
+	count := 0
+	counter := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		count++
+		return h(ctx, req)
+	}
+	bl := origin.Bufconn()
+	bs := origin.Serve(bl, &origin.Hop{Next: echov1.NewEchoServiceClient(cc)},
+		grpc.ChainUnaryInterceptor(counter, interceptor.NewServer(serverOpts...).Unary()))
+	t.Cleanup(bs.Stop)
+	dial = func(grpcRetries bool, opts ...grpc.DialOption) echov1.EchoServiceClient {
+		var c *grpc.ClientConn
+		var err error
+		if grpcRetries {
+			c, err = grpc.NewClient(bl.Target, bl.ConnectOptions(opts...)...)
+		} else {
+			c, err = bl.Dial(opts...)
+		}
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		return echov1.NewEchoServiceClient(c)
+	}
+	return dial, func() int { return count }, dead
+}
+
+func TestServerSaysDontRetryWhenItsRetriesWereRefused(t *testing.T) {
+	dial, _, dead := midTier(t)
+	var tr metadata.MD
+	_, err := dial(false).Put(t.Context(), &echov1.PutRequest{RequestId: "p"}, grpc.Trailer(&tr))
+	assert.Equal(t, codes.Unavailable, status.Code(err))
+	assert.Equal(t, []string{"-1"}, tr.Get(interceptor.PushbackKey))
+	assert.Equal(t, 1, dead.Total(), "B's own retry was refused by its budget")
+}
+
+func TestServerWithoutPushback(t *testing.T) {
+	dial, _, _ := midTier(t, interceptor.WithoutPushback())
+	var tr metadata.MD
+	_, err := dial(false).Put(t.Context(), &echov1.PutRequest{RequestId: "p"}, grpc.Trailer(&tr))
+	assert.Equal(t, codes.Unavailable, status.Code(err))
+	assert.Empty(t, tr.Get(interceptor.PushbackKey))
+}
+
+// grpc-go's own retry (service config retryPolicy) honours the pushback
+// too: a caller that does not use stormguard does not retry either.
+func TestGrpcRetryPolicyHonoursThePushback(t *testing.T) {
+	const serviceConfig = `{"methodConfig": [{
+	  "name": [{"service": "echo.v1.EchoService"}],
+	  "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.001s", "maxBackoff": "0.01s",
+	                  "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}`
+	for _, tt := range []struct {
+		name  string
+		opts  []interceptor.ServerOption
+		wantB int
+	}{
+		{"with pushback", nil, 1},
+		{"without pushback (control)", []interceptor.ServerOption{interceptor.WithoutPushback()}, 4},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dial, handled, _ := midTier(t, tt.opts...)
+			c := dial(true, grpc.WithDefaultServiceConfig(serviceConfig))
+			_, err := c.Put(t.Context(), &echov1.PutRequest{RequestId: "p"})
+			assert.Equal(t, codes.Unavailable, status.Code(err))
+			assert.Equal(t, tt.wantB, handled())
+		})
+	}
+}
+
+func TestServerPushbackForPropagatedRefusal(t *testing.T) {
+	// A handler that returns a downstream error carrying stormguard's
+	// ErrorInfo also gets the pushback, even if it made the call some
+	// other way.
+	o := origin.New(nil)
+	srv := interceptor.NewServer()
+	l := origin.Bufconn()
+	s := origin.Serve(l, o, grpc.ChainUnaryInterceptor(srv.Unary(),
+		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			guard := interceptor.NewClient(interceptor.WithBudget(budgetNoFloor()), fast)
+			// A call refused by the budget, made from inside the handler.
+			inner := origin.New(origin.Always(codes.Unavailable))
+			il := origin.Bufconn()
+			is := origin.Serve(il, inner)
+			defer is.Stop()
+			cc, err := il.Dial(grpc.WithChainUnaryInterceptor(guard.Unary()))
+			if err != nil {
+				return nil, err
+			}
+			defer cc.Close()
+			_, err = echov1.NewEchoServiceClient(cc).Put(context.Background(), &echov1.PutRequest{})
+			return nil, err
+		}))
+	t.Cleanup(s.Stop)
+	cc, err := l.Dial()
+	require.NoError(t, err)
+	defer cc.Close()
+	var tr metadata.MD
+	_, err = echov1.NewEchoServiceClient(cc).Get(t.Context(), &echov1.GetRequest{}, grpc.Trailer(&tr))
+	assert.Equal(t, codes.Unavailable, status.Code(err))
+	assert.Equal(t, interceptor.ReasonBudget, interceptor.RefusedBy(err), "the detail crosses the wire")
+	assert.Equal(t, []string{"-1"}, tr.Get(interceptor.PushbackKey))
+}
+
+func TestServerNoPushbackForOrdinaryFailures(t *testing.T) {
+	o := origin.New(origin.Always(codes.Unavailable))
+	l := origin.Bufconn()
+	s := origin.Serve(l, o, grpc.ChainUnaryInterceptor(interceptor.NewServer().Unary()))
+	t.Cleanup(s.Stop)
+	cc, err := l.Dial()
+	require.NoError(t, err)
+	defer cc.Close()
+	var tr metadata.MD
+	_, err = echov1.NewEchoServiceClient(cc).Get(t.Context(), &echov1.GetRequest{}, grpc.Trailer(&tr))
+	assert.Equal(t, codes.Unavailable, status.Code(err))
+	assert.Empty(t, tr.Get(interceptor.PushbackKey))
+}

@@ -1,0 +1,174 @@
+package interceptor_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/codes"
+
+	echov1 "github.com/stormguard/stormguard/examples/proto/echo/v1"
+	"github.com/stormguard/stormguard/interceptor"
+	"github.com/stormguard/stormguard/internal/origin"
+)
+
+func attrs(kvs []attribute.KeyValue) map[attribute.Key]attribute.Value {
+	m := map[attribute.Key]attribute.Value{}
+	for _, kv := range kvs {
+		m[kv.Key] = kv.Value
+	}
+	return m
+}
+
+func eventNames(s tracetest.SpanStub) []string {
+	var names []string
+	for _, e := range s.Events {
+		names = append(names, e.Name)
+	}
+	return names
+}
+
+// collect reads all metrics and returns the data points of name, by a
+// describing attribute.
+func collect(t *testing.T, r *sdkmetric.ManualReader) map[string]metricdata.Aggregation {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, r.Collect(context.Background(), &rm))
+	out := map[string]metricdata.Aggregation{}
+	for _, sm := range rm.ScopeMetrics {
+		assert.Equal(t, interceptor.ScopeName, sm.Scope.Name)
+		for _, m := range sm.Metrics {
+			out[m.Name] = m.Data
+		}
+	}
+	return out
+}
+
+func sumBy(t *testing.T, agg metricdata.Aggregation, key attribute.Key) map[string]int64 {
+	t.Helper()
+	sum, ok := agg.(metricdata.Sum[int64])
+	require.True(t, ok, "%T", agg)
+	out := map[string]int64{}
+	for _, dp := range sum.DataPoints {
+		v, _ := dp.Attributes.Value(key)
+		out[v.Emit()] += dp.Value
+	}
+	return out
+}
+
+func TestSpansAndMetricsOfACallRetriedTwice(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	e := newEnv(t, origin.FailFirst(2, codes.Unavailable), interceptor.WithoutBudget(), interceptor.WithMeterProvider(mp))
+	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "r"})
+	require.NoError(t, err)
+
+	spans := e.spans.GetSpans()
+	require.Len(t, spans, 4, "one call span and three attempt spans")
+	var callSpan tracetest.SpanStub
+	var attempts []tracetest.SpanStub
+	for _, s := range spans {
+		if s.Name == "echo.v1.EchoService/Put" {
+			callSpan = s
+		} else {
+			attempts = append(attempts, s)
+		}
+	}
+	require.Equal(t, "echo.v1.EchoService/Put", callSpan.Name)
+	assert.Equal(t, trace.SpanKindClient, callSpan.SpanKind)
+	ca := attrs(callSpan.Attributes)
+	assert.Equal(t, "grpc", ca["rpc.system.name"].AsString())
+	assert.Equal(t, "echo.v1.EchoService/Put", ca["rpc.method"].AsString())
+	assert.Equal(t, "OK", ca["rpc.response.status_code"].AsString())
+	assert.Contains(t, ca["server.address"].AsString(), "bufconn-")
+	assert.Equal(t, []string{interceptor.EventRetryScheduled, interceptor.EventRetryScheduled}, eventNames(callSpan))
+	for _, ev := range callSpan.Events {
+		ea := attrs(ev.Attributes)
+		assert.Equal(t, "UNAVAILABLE", ea[interceptor.AttrCause].AsString())
+		assert.Greater(t, ea[interceptor.AttrDelay].AsFloat64(), 0.0)
+	}
+
+	require.Len(t, attempts, 3)
+	for i, a := range attempts {
+		assert.Equal(t, "Attempt.echo.v1.EchoService/Put", a.Name)
+		assert.Equal(t, callSpan.SpanContext.SpanID(), a.Parent.SpanID(), "attempts are children of the call span")
+		aa := attrs(a.Attributes)
+		assert.Equal(t, int64(i), aa[interceptor.AttrPreviousAttempts].AsInt64())
+		wantKind, wantCode := "retry", "UNAVAILABLE"
+		if i == 0 {
+			wantKind = "first"
+		}
+		if i == 2 {
+			wantCode = "OK"
+		}
+		assert.Equal(t, wantKind, aa[interceptor.AttrAttemptKind].AsString())
+		assert.False(t, aa[interceptor.AttrHedge].AsBool())
+		assert.Equal(t, wantCode, aa["rpc.response.status_code"].AsString())
+	}
+	assert.True(t, attempts[0].EndTime.Before(attempts[1].StartTime))
+
+	m := collect(t, reader)
+	assert.Equal(t, map[string]int64{"first": 1, "retry": 2}, sumBy(t, m["stormguard.client.attempts"], interceptor.AttrAttemptKind))
+	assert.Equal(t, map[string]int64{"OK": 1}, sumBy(t, m["stormguard.client.calls"], "rpc.response.status_code"))
+	retries, ok := m["grpc.client.call.retries"].(metricdata.Histogram[int64])
+	require.True(t, ok)
+	require.Len(t, retries.DataPoints, 1)
+	assert.Equal(t, int64(2), retries.DataPoints[0].Sum)
+	state, ok := m["stormguard.breaker.state"].(metricdata.Gauge[int64])
+	require.True(t, ok)
+	require.Len(t, state.DataPoints, 1)
+	assert.Equal(t, int64(0), state.DataPoints[0].Value, "closed")
+}
+
+func TestRefusalEventsAndMetrics(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithBudget(budgetNoFloor()), interceptor.WithMeterProvider(mp))
+	_, _ = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "a"})
+	_, _ = e.echo.Notify(t.Context(), &echov1.NotifyRequest{RequestId: "b"})
+	_, _ = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "c"}, interceptor.MaxAttempts(1))
+
+	reasons := map[string]string{}
+	for _, s := range e.spans.GetSpans() {
+		for _, ev := range s.Events {
+			if ev.Name == interceptor.EventRetryRefused {
+				reasons[s.Name] += attrs(ev.Attributes)[interceptor.AttrReason].AsString() + ";"
+			}
+		}
+	}
+	assert.Equal(t, map[string]string{
+		"echo.v1.EchoService/Put":    "budget;max_attempts;",
+		"echo.v1.EchoService/Notify": "not_idempotent;",
+	}, reasons)
+	m := collect(t, reader)
+	assert.Equal(t, map[string]int64{"budget": 1, "not_idempotent": 1, "max_attempts": 1},
+		sumBy(t, m["stormguard.client.refusals"], interceptor.AttrReason))
+	assert.Equal(t, map[string]int64{"UNAVAILABLE": 3}, sumBy(t, m["stormguard.client.calls"], "rpc.response.status_code"))
+}
+
+func TestHedgeEvents(t *testing.T) {
+	e := newEnv(t, firstAttemptStalls, interceptor.WithHedging(2*time.Millisecond, 2))
+	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "h"})
+	require.NoError(t, err)
+	var callSpan tracetest.SpanStub
+	hedges := 0
+	for _, s := range e.spans.GetSpans() {
+		if s.Name == "echo.v1.EchoService/Put" {
+			callSpan = s
+		} else if attrs(s.Attributes)[interceptor.AttrHedge].AsBool() {
+			hedges++
+			assert.Equal(t, "hedge", attrs(s.Attributes)[interceptor.AttrAttemptKind].AsString())
+		}
+	}
+	assert.Equal(t, 1, hedges)
+	assert.Equal(t, []string{interceptor.EventHedgeSent}, eventNames(callSpan))
+}
