@@ -49,25 +49,33 @@ func main() {
 }
 
 func realMain(ctx context.Context, out io.Writer, endpoint string) error {
-	tel, err := newTelemetry(ctx, endpoint)
+	results, spans, err := runExample(ctx, endpoint)
+	PrintTree(out, results, spans)
 	if err != nil {
 		return err
-	}
-	results, runErr := Run(ctx, tel.tp)
-	spans := tel.mem.GetSpans() // before Shutdown, which empties mem
-	// Shutdown flushes the OTLP exporter: without it the last spans are lost.
-	shutdownErr := tel.tp.Shutdown(ctx)
-	PrintTree(out, results, spans)
-	if runErr != nil {
-		return runErr
-	}
-	if shutdownErr != nil {
-		return fmt.Errorf("exporting spans to %s: %w", endpoint, shutdownErr)
 	}
 	if endpoint != "" {
 		fmt.Fprintf(out, "\nexported %d spans over OTLP/gRPC to %s as service %q\n", len(spans), endpoint, ServiceName)
 	}
 	return nil
+}
+
+// runExample runs the scenarios with a tracer provider that keeps every
+// span in memory and, when endpoint is not empty, also exports it over
+// OTLP/gRPC. It returns the scenarios' results and the spans recorded; the
+// spans have been exported (flushed) when it returns without error.
+func runExample(ctx context.Context, endpoint string) ([]Result, tracetest.SpanStubs, error) {
+	tel, err := newTelemetry(ctx, endpoint)
+	if err != nil {
+		return nil, nil, err
+	}
+	results, runErr := Run(ctx, tel.tp)
+	spans := tel.mem.GetSpans() // before Shutdown, which empties mem
+	// Shutdown flushes the OTLP exporter: without it the last spans are lost.
+	if err := tel.tp.Shutdown(ctx); err != nil {
+		return results, spans, errors.Join(runErr, fmt.Errorf("exporting spans to %s: %w", endpoint, err))
+	}
+	return results, spans, runErr
 }
 
 // telemetry is the tracer provider of a run: every span goes to mem, and
