@@ -263,13 +263,17 @@ func pollJaeger(t *testing.T, ctx context.Context, base string, since time.Time,
 	return out, body
 }
 
+// httpClient keeps no idle connection, so that no goroutine outlives the
+// test (goleak).
+var httpClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+
 // getTraces returns the traces of u's response whose ids are in want.
 func getTraces(ctx context.Context, u string, want map[string]int) (map[string]jaegerTrace, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return nil, nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := httpClient.Do(req)
 	if err != nil {
 		return nil, nil, err
 	}
