@@ -61,6 +61,7 @@ func TestRealMain(t *testing.T) {
 	} {
 		assert.Contains(t, s, want)
 	}
+	assert.Contains(t, s, "[1/5] retried-twice: ")
 	assert.NotContains(t, s, "(no spans)")
 	assert.NotContains(t, s, "other trace")
 	assert.NotContains(t, s, "exported", "nothing exported without an endpoint")

@@ -27,7 +27,7 @@ func PrintTree(w io.Writer, results []Result, spans tracetest.SpanStubs) {
 		byTrace[id] = append(byTrace[id], s)
 	}
 	for i, r := range results {
-		fmt.Fprintf(w, "\n== %d. %s: %s\n", i+1, r.Name, r.About)
+		fmt.Fprintf(w, "\n[%d/%d] %s: %s\n", i+1, len(results), r.Name, r.About)
 		for _, c := range r.Calls {
 			line := fmt.Sprintf("   %s -> %s", c.Method, statusName(c.Code))
 			if c.RefusedBy != "" {
@@ -45,7 +45,7 @@ func PrintTree(w io.Writer, results []Result, spans tracetest.SpanStubs) {
 	}
 	slices.SortFunc(rest, func(a, b trace.TraceID) int { return strings.Compare(a.String(), b.String()) })
 	for _, id := range rest {
-		fmt.Fprintf(w, "\n== other trace %s\n", id)
+		fmt.Fprintf(w, "\n[other trace] %s\n", id)
 		printTrace(w, byTrace[id])
 	}
 }
