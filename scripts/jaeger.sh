@@ -146,9 +146,13 @@ stop() {
 run_e2e() {
   start
   trap stop EXIT
-  JAEGER_QUERY_URL="http://$JAEGER_QUERY_HTTP" \
+  if ! JAEGER_QUERY_URL="http://$JAEGER_QUERY_HTTP" \
     OTEL_EXPORTER_OTLP_ENDPOINT="http://$JAEGER_OTLP_GRPC" \
-    go -C "$root" test -tags e2e -count=1 -run 'TestJaegerE2E' -v ./examples/tracing/
+    go -C "$root" test -tags e2e -count=1 -run 'TestJaegerE2E' -v ./examples/tracing/; then
+    log "e2e failed; the end of Jaeger's log ($logfile):"
+    tail -n 40 "$logfile" >&2 || true
+    exit 1
+  fi
   log "e2e passed; $SECONDS s in all (build included)"
 }
 

@@ -197,6 +197,13 @@ func TestJaegerE2E(t *testing.T) {
 		require.NoError(t, os.WriteFile(dir+"/span-tree.txt", []byte(b.String()), 0o644))
 	}
 
+	// The service is listed, as a user picking it in Jaeger would see it.
+	services, _, err := getJSON[struct {
+		Data []string `json:"data"`
+	}](ctx, strings.TrimSuffix(query, "/")+"/api/services")
+	require.NoError(t, err)
+	assert.Contains(t, services.Data, ServiceName, "/api/services")
+
 	var views []spanView
 	for _, tr := range traces {
 		for _, p := range tr.Processes {
@@ -269,25 +276,9 @@ var httpClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true
 
 // getTraces returns the traces of u's response whose ids are in want.
 func getTraces(ctx context.Context, u string, want map[string]int) (map[string]jaegerTrace, []byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return nil, nil, err
-	}
-	resp, err := httpClient.Do(req)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	r, body, err := getJSON[jaegerResponse](ctx, u)
 	if err != nil {
 		return nil, body, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, body, fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(body))
-	}
-	var r jaegerResponse
-	if err := json.Unmarshal(body, &r); err != nil {
-		return nil, body, fmt.Errorf("decoding Jaeger's answer: %w", err)
 	}
 	if len(r.Errors) > 0 {
 		return nil, body, fmt.Errorf("Jaeger errors: %+v", r.Errors)
@@ -300,6 +291,31 @@ func getTraces(ctx context.Context, u string, want map[string]int) (map[string]j
 		}
 	}
 	return found, body, nil
+}
+
+// getJSON GETs u and decodes its JSON answer into a T.
+func getJSON[T any](ctx context.Context, u string) (T, []byte, error) {
+	var v T
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return v, nil, err
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return v, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return v, body, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return v, body, fmt.Errorf("GET %s: %s: %s", u, resp.Status, bytes.TrimSpace(body))
+	}
+	if err := json.Unmarshal(body, &v); err != nil {
+		return v, body, fmt.Errorf("decoding the answer to GET %s: %w", u, err)
+	}
+	return v, body, nil
 }
 
 // checkFidelity asserts that every span recorded in memory is in Jaeger as
