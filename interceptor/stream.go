@@ -45,8 +45,28 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 		return nil, err
 	}
 	s.cur = a
-	s.stop = context.AfterFunc(ctx, func() { s.finish(status.FromContextError(ctx.Err()).Err()) })
+	s.stop = context.AfterFunc(ctx, s.callerLeft)
 	return s, nil
+}
+
+// callerLeft finishes the stream when the caller's context is done. It
+// takes the current attempt's receive lock first, so that it does not race
+// with a receiver that is deciding about a retry (the receiver returns
+// promptly: every attempt's context is derived from the caller's).
+func (s *clientStream) callerLeft() {
+	for {
+		a, finished := s.current()
+		if finished {
+			return
+		}
+		a.recvMu.Lock()
+		if cur, _ := s.current(); cur == a {
+			s.finish(status.FromContextError(s.ctx.Err()).Err())
+			a.recvMu.Unlock()
+			return
+		}
+		a.recvMu.Unlock()
+	}
 }
 
 // clientStream is the grpc.ClientStream the caller sees: it switches the
