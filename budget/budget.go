@@ -328,7 +328,6 @@ func (b *Budget) withdraw(t int64) bool {
 	return true
 }
 
-
 // Stats returns a snapshot of b's counters and balance at the time given by
 // Config.Now. For a nil *Budget it returns the zero Stats.
 func (b *Budget) Stats() Stats {
