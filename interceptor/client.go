@@ -168,7 +168,7 @@ func (c *Client) route(target, method string) *route {
 			retryable:   c.retryable,
 			perAttempt:  p.PerAttemptTimeout,
 			tel:         newRouteTelemetry(method, target),
-			respType:    responseType(method),
+			respType:    idempotency.ResponseType(method),
 		}
 		r.attemptName = "Attempt." + r.name
 		if c.budgets != nil {

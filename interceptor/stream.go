@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"io"
-	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
 )
 
 // Stream returns the stream client interceptor. Install it with
@@ -444,30 +441,4 @@ func (s *clientStream) Context() context.Context {
 		return s.cur.inner.Context()
 	}
 	return s.ctx
-}
-
-// responseType finds the Go type of a method's response message, to
-// drain failed stream attempts; nil when the registry does not know it.
-func responseType(method string) protoreflect.MessageType {
-	svc, name, ok := strings.Cut(strings.TrimPrefix(method, "/"), "/")
-	if !ok {
-		return nil
-	}
-	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
-	if err != nil {
-		return nil
-	}
-	sd, ok := d.(protoreflect.ServiceDescriptor)
-	if !ok {
-		return nil
-	}
-	md := sd.Methods().ByName(protoreflect.Name(name))
-	if md == nil {
-		return nil
-	}
-	mt, err := protoregistry.GlobalTypes.FindMessageByName(md.Output().FullName())
-	if err != nil {
-		return nil
-	}
-	return mt
 }
