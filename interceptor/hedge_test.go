@@ -47,7 +47,9 @@ func TestHedgeWinsAndFillsCallOptionsFromTheWinner(t *testing.T) {
 	assert.Equal(t, "h", resp.GetRequestId())
 	assert.Equal(t, []string{"1"}, hdr.Get("attempt"), "the hedge's header")
 	assert.Equal(t, []string{"1"}, tr.Get("attempt"), "the hedge's trailer")
-	assert.Equal(t, 2, e.origin.CountID(put, "h"))
+	// The stalled first attempt may have been cancelled before it reached
+	// the origin (on a loaded machine it can be slower than the hedge).
+	assert.Contains(t, []int{1, 2}, e.origin.CountID(put, "h"))
 }
 
 func TestHedgeReplyIsTheWinnersMessage(t *testing.T) {
