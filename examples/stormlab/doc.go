@@ -6,7 +6,7 @@
 //
 //	go run ./examples/stormlab              # every scenario, well under 90 s
 //	go run ./examples/stormlab -quick       # scenarios 1, 2, 3, 4, 7 in a few seconds (CI)
-//	go run ./examples/stormlab -scenario chain,tail -json
+//	go run ./examples/stormlab -scenario chain,tail -svg chart.svg -json
 //
 // Every server and client is real gRPC on 127.0.0.1 inside this process;
 // each row gets a fresh origin (internal/origin) and fresh clients, so

@@ -19,6 +19,7 @@ const labTimeout = 5 * time.Minute
 type config struct {
 	scenarios string // -scenario
 	quick     bool
+	svg       string
 	json      bool
 	// tailP99 is the long-tail bound (loosened by the tests under -race).
 	tailP99 time.Duration
@@ -28,6 +29,7 @@ func main() {
 	var cfg config
 	flag.StringVar(&cfg.scenarios, "scenario", "", "run only these scenarios, by number or name, comma-separated (e.g. 1,4 or outage,chain)")
 	flag.BoolVar(&cfg.quick, "quick", false, "run the quick subset (scenarios 1, 2, 3, 4 and 7) in a few seconds, as CI does")
+	flag.StringVar(&cfg.svg, "svg", "", "also write a bar chart of the amplification per policy and scenario to this SVG `file`")
 	flag.BoolVar(&cfg.json, "json", false, "print the results as JSON instead of tables")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "Usage: go run ./examples/stormlab [flags]\n\n"+
@@ -95,6 +97,12 @@ func run(ctx context.Context, cfg config, w io.Writer) (*Report, error) {
 	}
 	rep.Seconds = time.Since(start).Seconds()
 	printChecks(text, rep)
+	if cfg.svg != "" {
+		if err := writeSVGFile(cfg.svg, rep); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(text, "chart written to %s\n", cfg.svg)
+	}
 	if cfg.json {
 		if err := writeJSON(w, rep); err != nil {
 			return nil, err
