@@ -120,7 +120,7 @@ func printChecks(w io.Writer, rep *Report) {
 		if !c.OK {
 			mark = "MISS"
 		}
-		fmt.Fprintf(w, "  %s  %d. %-45s %-6s want %-8s got %s\n", mark, c.Scenario, c.What, "("+c.Row+")", c.Want, c.Got)
+		fmt.Fprintf(w, "  %s  %d. %-50s %-7s want %-8s got %s\n", mark, c.Scenario, c.What, "("+c.Row+")", c.Want, c.Got)
 	}
 	verdict := "all bounds met"
 	if !rep.OK {
