@@ -53,11 +53,6 @@ func policies() []policy {
 	}
 }
 
-// suite reports whether p is one of the suite's rows.
-func (p policy) suite() bool {
-	return p.key == naive || p.key == suiteBudget || p.key == suiteDefaults
-}
-
 // grpcServiceConfig is grpc-go's retry policy for the demo service, as a
 // service config: 3 attempts on UNAVAILABLE, the lab's backoff, and,
 // when throttled, the retryThrottling of gRFC A6 (tokens start at 10;
