@@ -65,10 +65,11 @@ type Config struct {
 	// MinPerSecond retries per second and holds at most max(1,
 	// MinPerSecond), so a client sending one request a minute can still
 	// retry. It is a minimum, not an addition: every granted retry takes a
-	// token if there is one, whatever funded it, and a retry the ratio
-	// refuses is granted only on a token. So the retries in a second are
-	// about max(Ratio × requests, MinPerSecond), and a burst of failures
-	// gets at most the floor's burst. The bucket starts full.
+	// token if there is one, and counts against the ratio's credit, whatever
+	// funded it; a retry the ratio refuses is granted only on a token. So
+	// the retries in a second are about max(Ratio × requests, MinPerSecond),
+	// and a burst of failures gets at most the floor's burst. The bucket
+	// starts full.
 	//
 	// 0, NaN and ±Inf mean DefaultMinPerSecond (1). A negative MinPerSecond
 	// means no floor. Values above MaxMinPerSecond are lowered to it.
@@ -306,24 +307,25 @@ func (b *Budget) withdraw(t int64) bool {
 			b.tat = satAdd(tat, b.interval)
 		}
 	}
-	if b.credit != 0 && b.funded(&b.lw, p) && (!b.useShort || b.funded(&b.sw, p)) {
-		b.short[b.sw.idx].grant++
-		b.sw.grant++
-		b.long[b.lw.idx].grant++
-		b.lw.grant++
-		b.granted++
+	ratio := b.credit != 0 && b.funded(&b.lw, p) && (!b.useShort || b.funded(&b.sw, p))
+	if !ratio && !floorToken {
+		b.refused++
 		b.mu.Unlock()
-		return true
+		return false
 	}
-	if floorToken {
-		b.granted++
+	// Every grant counts against the ratio's credit, including one the
+	// floor funded: a retry the floor let through early (before the
+	// deposits of a burst arrived) is not granted again by the ratio.
+	b.short[b.sw.idx].grant++
+	b.sw.grant++
+	b.long[b.lw.idx].grant++
+	b.lw.grant++
+	b.granted++
+	if !ratio {
 		b.fromFloor++
-		b.mu.Unlock()
-		return true
 	}
-	b.refused++
 	b.mu.Unlock()
-	return false
+	return true
 }
 
 // Stats returns a snapshot of b's counters and balance at the time given by

@@ -513,3 +513,21 @@ func TestConcurrentUse(t *testing.T) {
 		t.Fatalf("granted only %d of 0.1 × %d", s.Granted, s.Requests)
 	}
 }
+
+// A burst of failures that begins before the burst's deposits have all
+// arrived: the floor lets the first retry through, and the ratio does not
+// grant it again. 50 calls, 5 retries in all, however they interleave.
+func TestFloorGrantCountsAgainstTheRatio(t *testing.T) {
+	b, _ := newBudget(budget.Config{})
+	deposit(b, 1)
+	if got := withdraw(b, 1); got != 1 {
+		t.Fatalf("first failure: %d granted, want the floor's 1", got)
+	}
+	deposit(b, 49)
+	if got := withdraw(b, 100); got != 4 {
+		t.Fatalf("after 50 deposits: %d more granted, want 4 (5 in all)", got)
+	}
+	if s := b.Stats(); s.Granted != 5 || s.FromFloor != 1 {
+		t.Fatalf("Stats = %+v", s)
+	}
+}

@@ -27,8 +27,9 @@
 //     the same in the last ShortWindow (one second), if TTL is longer.
 //   - The floor: a token bucket that refills at MinPerSecond and holds at
 //     most max(1, MinPerSecond) tokens, starting full. Every granted retry
-//     takes a token if there is one, whatever funded it; a retry the ratio
-//     refuses is granted only on a token. The floor is a minimum, not an
+//     takes a token if there is one, and counts against the ratio's credit,
+//     whatever funded it; a retry the ratio refuses is granted only on a
+//     token. The floor is a minimum, not an
 //     addition: a second's retries are about max(Ratio × requests,
 //     MinPerSecond), never the sum. (With an additive floor, 50 callers
 //     failing at once would get 5 + 1 retries, 1.12 times the load: one more

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -15,39 +16,9 @@ import (
 
 	echov1 "github.com/stormguard/stormguard/examples/proto/echo/v1"
 	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 )
-
-// retryWithSameKey is a stand-in caller for the double-charge test, until
-// stormguard's client interceptor exists: for a retry_with_key method (or
-// when the caller gave a key with CallKey or WithKey) it sends one
-// idempotency key — the caller's, or a new one per logical call — on every
-// attempt, and retries Unavailable up to retries times. Other methods get
-// exactly one attempt and no key. No backoff, no budget: it only plays the
-// part of a client that retries a write whose response was lost.
-func retryWithSameKey(retries int) grpc.UnaryClientInterceptor {
-	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		key, ok := idempotency.KeyFromCallOptions(opts)
-		if !ok {
-			key, ok = idempotency.KeyFromContext(ctx)
-		}
-		if !ok {
-			if idempotency.Lookup(method).Level != idempotency.RetryWithKey {
-				return invoker(ctx, method, req, reply, cc, opts...)
-			}
-			key = idempotency.NewKey() // once per logical call, never per attempt
-		}
-		ctx = metadata.AppendToOutgoingContext(ctx, idempotency.MetadataKey, key)
-		err := invoker(ctx, method, req, reply, cc, opts...)
-		for range retries {
-			if status.Code(err) != codes.Unavailable {
-				break
-			}
-			err = invoker(ctx, method, req, reply, cc, opts...)
-		}
-		return err
-	}
-}
 
 // loseFirstResponse plays a network that loses the first response of
 // method after the server applied it. Installed outermost, it lets the
@@ -99,11 +70,12 @@ func TestDoubleCharge(t *testing.T) {
 			if tc.dedupe {
 				chain = append(chain, dedupe.Unary())
 			}
-			// The client side: swap retryWithSameKey for stormguard's
-			// client interceptor (interceptor.NewClient().Unary()) once it
-			// exists; the assertions stay.
+			// The client: stormguard's, which sends one key on every
+			// attempt of a retry_with_key method (no budget, so the lone
+			// call may retry; a short backoff).
+			guard := interceptor.NewClient(interceptor.WithoutBudget(), interceptor.WithBackoff(time.Millisecond, time.Millisecond))
 			payments := startEcho(t, o, []grpc.ServerOption{grpc.ChainUnaryInterceptor(chain...)},
-				grpc.WithChainUnaryInterceptor(retryWithSameKey(3)))
+				grpc.WithChainUnaryInterceptor(guard.Unary()))
 
 			resp, err := payments.Charge(context.Background(),
 				&echov1.ChargeRequest{RequestId: "order-1", Account: "acct-1", AmountCents: 4999})
@@ -130,27 +102,27 @@ func TestDoubleCharge(t *testing.T) {
 	}
 }
 
-// TestRetryWithSameKeyStandIn checks the stand-in caller itself: the
-// caller's own key wins, a CallKey over a WithKey, and unmarked methods get
-// neither a key nor a retry.
-func TestRetryWithSameKeyStandIn(t *testing.T) {
-	o := origin.New(origin.FailFirst(1, codes.Unavailable))
-	c := startEcho(t, o, nil, grpc.WithChainUnaryInterceptor(retryWithSameKey(3)))
-	ctx := idempotency.WithKey(context.Background(), "from-ctx")
-
-	_, err := c.Charge(ctx, &echov1.ChargeRequest{RequestId: "a"})
+// TestHedgedChargeRunsOnce: a retry_with_key method may also be hedged,
+// because every attempt carries the same key: the hedge that arrives while
+// the first attempt is still running waits for its result instead of
+// charging again.
+func TestHedgedChargeRunsOnce(t *testing.T) {
+	o := origin.New(func(c origin.Call) origin.Reply {
+		if c.Attempt == 1 {
+			return origin.Reply{Delay: 100 * time.Millisecond} // slow, but it completes
+		}
+		return origin.Reply{}
+	})
+	dedupe := idempotency.NewServer(idempotency.ServerConfig{})
+	guard := interceptor.NewClient(interceptor.WithoutBudget(), interceptor.WithHedging(5*time.Millisecond, 3))
+	payments := startEcho(t, o, []grpc.ServerOption{grpc.ChainUnaryInterceptor(dedupe.Unary())},
+		grpc.WithChainUnaryInterceptor(guard.Unary()))
+	resp, err := payments.Charge(context.Background(), &echov1.ChargeRequest{RequestId: "h", Account: "acct", AmountCents: 100})
 	require.NoError(t, err)
-	_, err = c.Charge(ctx, &echov1.ChargeRequest{RequestId: "b"}, idempotency.CallKey("from-option"))
-	require.NoError(t, err)
-	_, err = c.Notify(context.Background(), &echov1.NotifyRequest{RequestId: "n"})
-	assert.Equal(t, codes.Unavailable, status.Code(err), "unmarked: one attempt")
-
-	keys := map[string][]string{}
-	for _, call := range o.Calls() {
-		keys[call.RequestID] = append(keys[call.RequestID], call.Metadata.Get(idempotency.MetadataKey)...)
-	}
-	assert.Equal(t, []string{"from-ctx", "from-ctx"}, keys["a"])
-	assert.Equal(t, []string{"from-option", "from-option"}, keys["b"])
-	assert.Empty(t, keys["n"])
-	assert.Equal(t, 1, o.CountID(echov1.EchoService_Notify_FullMethodName, "n"))
+	cents, charges := o.Balance("acct")
+	assert.Equal(t, 1, charges, "charged once")
+	assert.Equal(t, int64(100), cents)
+	assert.Equal(t, int64(100), resp.GetBalanceCents())
+	assert.Equal(t, 1, o.Total(), "the hedges waited for the first attempt instead of running the handler")
+	assert.GreaterOrEqual(t, dedupe.Stats().Waits, uint64(1))
 }

@@ -256,16 +256,40 @@ func splitMethod(full string) (svc, method string, ok bool) {
 	return svc, method, true
 }
 
-func (r *Resolver) resolve(svc, method string) Policy {
-	d, err := r.files.FindDescriptorByName(protoreflect.FullName(svc))
+// findMethod returns the descriptor of svc's method, or nil.
+func findMethod(files *protoregistry.Files, svc, method string) protoreflect.MethodDescriptor {
+	d, err := files.FindDescriptorByName(protoreflect.FullName(svc))
 	if err != nil {
-		return Policy{}
+		return nil
 	}
 	sd, ok := d.(protoreflect.ServiceDescriptor)
 	if !ok {
-		return Policy{}
+		return nil
 	}
-	md := sd.Methods().ByName(protoreflect.Name(method))
+	return sd.Methods().ByName(protoreflect.Name(method))
+}
+
+// ResponseType returns the Go type of fullMethod's response message, from
+// protoregistry.GlobalFiles and GlobalTypes, or nil for an unknown method or
+// a malformed name. It is not cached: callers resolve it once per method.
+func ResponseType(fullMethod string) protoreflect.MessageType {
+	svc, method, ok := splitMethod(fullMethod)
+	if !ok {
+		return nil
+	}
+	md := findMethod(protoregistry.GlobalFiles, svc, method)
+	if md == nil {
+		return nil
+	}
+	mt, err := protoregistry.GlobalTypes.FindMessageByName(md.Output().FullName())
+	if err != nil {
+		return nil
+	}
+	return mt
+}
+
+func (r *Resolver) resolve(svc, method string) Policy {
+	md := findMethod(r.files, svc, method)
 	if md == nil {
 		return Policy{}
 	}

@@ -137,3 +137,12 @@ func BenchmarkLookup(b *testing.B) {
 		}
 	}
 }
+
+func TestResponseType(t *testing.T) {
+	mt := idempotency.ResponseType(echov1.EchoService_List_FullMethodName)
+	require.NotNil(t, mt)
+	assert.Equal(t, "echo.v1.ListResponse", string(mt.Descriptor().FullName()))
+	for _, bad := range []string{"", "x", "/no.Svc/M", "/echo.v1.EchoService/Nope", "/echo.v1.GetRequest/Get"} {
+		assert.Nil(t, idempotency.ResponseType(bad), bad)
+	}
+}

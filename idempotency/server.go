@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/stormguard/stormguard/internal/cowmap"
 )
@@ -376,23 +375,7 @@ func (s *Server) method(full string) *methodInfo {
 // resolveMethod finds the output type of full in the global registries.
 func resolveMethod(full string) *methodInfo {
 	mi := &methodInfo{}
-	svc, method, ok := splitMethod(full)
-	if !ok {
-		return mi
-	}
-	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
-	if err != nil {
-		return mi
-	}
-	sd, ok := d.(protoreflect.ServiceDescriptor)
-	if !ok {
-		return mi
-	}
-	md := sd.Methods().ByName(protoreflect.Name(method))
-	if md == nil {
-		return mi
-	}
-	if mt, err := protoregistry.GlobalTypes.FindMessageByName(md.Output().FullName()); err == nil {
+	if mt := ResponseType(full); mt != nil {
 		mi.out.Store(&outType{mt})
 	}
 	return mi

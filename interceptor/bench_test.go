@@ -59,20 +59,30 @@ func BenchmarkUnaryFakeInvoker(b *testing.B) {
 	bare := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
-	withDeadline, cancel := context.WithTimeout(context.Background(), time.Hour)
-	defer cancel()
+	withLongDeadline, cancelLong := context.WithTimeout(context.Background(), time.Hour)
+	defer cancelLong()
 	b.Run("bare", func(b *testing.B) { run(b, context.Background(), bare) })
 	b.Run("suite", func(b *testing.B) { run(b, context.Background(), interceptor.NewClient(noopProviders()...).Unary()) })
-	b.Run("suite-deadline", func(b *testing.B) { run(b, withDeadline, interceptor.NewClient(noopProviders()...).Unary()) })
+	// A deadline costs the stormguard-deadline-ms header: grpc's
+	// AppendToOutgoingContext makes 4 allocations, and values of 10 s or
+	// more one more for the number.
+	b.Run("suite-deadline-5s", func(b *testing.B) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // b.Loop runs ~1s
+		defer cancel()
+		run(b, ctx, interceptor.NewClient(noopProviders()...).Unary())
+	})
+	b.Run("suite-deadline-1h", func(b *testing.B) { run(b, withLongDeadline, interceptor.NewClient(noopProviders()...).Unary()) })
 	b.Run("suite-unmarked", func(b *testing.B) {
 		ic := interceptor.NewClient(noopProviders()...).Unary()
+		req, reply := &echov1.NotifyRequest{}, &echov1.NotifyResponse{}
 		b.ReportAllocs()
 		for b.Loop() {
-			if err := ic(context.Background(), echov1.EchoService_Notify_FullMethodName, &echov1.NotifyRequest{}, &echov1.NotifyResponse{}, cc, invoker); err != nil {
+			if err := ic(context.Background(), echov1.EchoService_Notify_FullMethodName, req, reply, cc, invoker); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
+	b.Run("suite-global-providers", func(b *testing.B) { run(b, context.Background(), interceptor.NewClient().Unary()) })
 	b.Run("suite-recording-tracer", func(b *testing.B) {
 		run(b, context.Background(), interceptor.NewClient(recordingTracer(b), interceptor.WithMeterProvider(metricnoop.NewMeterProvider())).Unary())
 	})

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -168,7 +167,7 @@ func (c *Client) route(target, method string) *route {
 			retryable:   c.retryable,
 			perAttempt:  p.PerAttemptTimeout,
 			tel:         newRouteTelemetry(method, target),
-			respType:    responseType(method),
+			respType:    idempotency.ResponseType(method),
 		}
 		r.attemptName = "Attempt." + r.name
 		if c.budgets != nil {
@@ -386,9 +385,11 @@ func (k *call) begin(ctx context.Context, kind int, mode attemptMode) (attempt, 
 		a.span.SetAttributes(AttrPreviousAttempts.Int(k.sent))
 	}
 	if p := k.c.o.propagators; p != nil {
-		md, _ := metadata.FromOutgoingContext(actx)
-		md = md.Copy()
-		p.Inject(actx, propagation.HeaderCarrier(md))
+		md, ok := metadata.FromOutgoingContext(actx) // a copy
+		if !ok {
+			md = metadata.MD{}
+		}
+		p.Inject(actx, mdCarrier(md))
 		actx = metadata.NewOutgoingContext(actx, md)
 	}
 	k.c.tel.attempts.Add(ctx, 1, k.r.tel.attemptOpts[kind]...)
@@ -401,6 +402,28 @@ func (k *call) begin(ctx context.Context, kind int, mode attemptMode) (attempt, 
 	k.sent++
 	a.ctx = actx
 	return a, "", nil
+}
+
+// mdCarrier lets propagators write into gRPC metadata, whose keys must be
+// lower case (propagation.HeaderCarrier would write "Traceparent", which
+// grpc refuses).
+type mdCarrier metadata.MD
+
+func (c mdCarrier) Get(key string) string {
+	if vs := metadata.MD(c).Get(key); len(vs) > 0 {
+		return vs[0]
+	}
+	return ""
+}
+
+func (c mdCarrier) Set(key, value string) { metadata.MD(c).Set(key, value) }
+
+func (c mdCarrier) Keys() []string {
+	keys := make([]string, 0, len(c))
+	for k := range c {
+		keys = append(keys, k)
+	}
+	return keys
 }
 
 // notSent records an attempt that begin refused. A first attempt fails
@@ -433,7 +456,7 @@ func (k *call) end(callCtx context.Context, a *attempt, err error, abandoned boo
 	case abandoned || (code == codes.Canceled && callCtx.Err() != nil):
 		a.ticket.Ignore()
 		if abandoned && k.r.lat != nil {
-			k.r.lat.censored()
+			k.r.lat.observe(now.Sub(a.start)) // a lower bound: it was cut short
 		}
 	default:
 		failed := code != codes.OK && k.c.failures.Has(code)

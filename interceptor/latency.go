@@ -13,12 +13,16 @@ import (
 // recomputes the quantile. Counts are halved when they pass decayAt, so the
 // delay follows the latency of the last few thousand attempts.
 //
-// Attempts cancelled because another attempt won are recorded as censored:
-// longer than anything measured. That keeps the quantile honest (a hedged
-// slow attempt was slow, even if we never saw how slow).
+// An attempt cancelled because another attempt won is recorded at the time
+// it had run when it was cancelled: a lower bound of its latency. Quantiles
+// at or below the current hedging delay stay exact (every such attempt ran
+// past the delay), and the estimate cannot run away upwards; recording such
+// attempts as "longer than anything" instead would make the quantile land
+// among them whenever hedges win more often than the budget ratio, and stop
+// hedging exactly when it helps.
 type latency struct {
 	q       float64
-	buckets [numBuckets + 1]atomic.Uint32 // the last one: censored
+	buckets [numBuckets]atomic.Uint32
 	n       atomic.Uint32
 	delay   atomic.Int64 // ns; -1 until warm
 }
@@ -59,19 +63,17 @@ func upperBound(i int) time.Duration {
 	return time.Duration(uint64(subBuckets+sub+1)<<(e-3)) * time.Microsecond
 }
 
-func (l *latency) observe(d time.Duration) { l.add(bucketOf(d)) }
-
-func (l *latency) censored() { l.add(numBuckets) }
-
-func (l *latency) add(i int) {
-	l.buckets[i].Add(1)
+// observe records an attempt that took d (or, if it was cancelled, had run
+// for d).
+func (l *latency) observe(d time.Duration) {
+	l.buckets[bucketOf(d)].Add(1)
 	if n := l.n.Add(1); n >= warmup && n%recomputeEvery == 0 {
 		l.recompute()
 	}
 }
 
 func (l *latency) recompute() {
-	var counts [numBuckets + 1]uint32
+	var counts [numBuckets]uint32
 	var total uint64
 	for i := range l.buckets {
 		counts[i] = l.buckets[i].Load()
@@ -83,13 +85,13 @@ func (l *latency) recompute() {
 	rank := uint64(l.q*float64(total)) + 1
 	var cum uint64
 	d := int64(-1)
-	for i, c := range counts[:numBuckets] {
+	for i, c := range counts {
 		if cum += uint64(c); cum >= rank {
 			d = int64(upperBound(i))
 			break
 		}
 	}
-	l.delay.Store(d) // -1 when the quantile is among censored attempts
+	l.delay.Store(d)
 	if total > decayAt {
 		for i := range l.buckets {
 			l.buckets[i].Store(l.buckets[i].Load() / 2)
@@ -98,7 +100,7 @@ func (l *latency) recompute() {
 }
 
 // hedgeDelay returns the adaptive delay, or false while there is not enough
-// data (or when the quantile lies beyond every measured attempt).
+// data.
 func (l *latency) hedgeDelay() (time.Duration, bool) {
 	d := l.delay.Load()
 	return time.Duration(d), d >= 0

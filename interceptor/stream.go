@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"io"
-	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
 )
 
 // Stream returns the stream client interceptor. Install it with
@@ -45,8 +42,28 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 		return nil, err
 	}
 	s.cur = a
-	s.stop = context.AfterFunc(ctx, func() { s.finish(status.FromContextError(ctx.Err()).Err()) })
+	s.stop = context.AfterFunc(ctx, s.callerLeft)
 	return s, nil
+}
+
+// callerLeft finishes the stream when the caller's context is done. It
+// takes the current attempt's receive lock first, so that it does not race
+// with a receiver that is deciding about a retry (the receiver returns
+// promptly: every attempt's context is derived from the caller's).
+func (s *clientStream) callerLeft() {
+	for {
+		a, finished := s.current()
+		if finished {
+			return
+		}
+		a.recvMu.Lock()
+		if cur, _ := s.current(); cur == a {
+			s.finish(status.FromContextError(s.ctx.Err()).Err())
+			a.recvMu.Unlock()
+			return
+		}
+		a.recvMu.Unlock()
+	}
 }
 
 // clientStream is the grpc.ClientStream the caller sees: it switches the
@@ -424,30 +441,4 @@ func (s *clientStream) Context() context.Context {
 		return s.cur.inner.Context()
 	}
 	return s.ctx
-}
-
-// responseType finds the Go type of a method's response message, to
-// drain failed stream attempts; nil when the registry does not know it.
-func responseType(method string) protoreflect.MessageType {
-	svc, name, ok := strings.Cut(strings.TrimPrefix(method, "/"), "/")
-	if !ok {
-		return nil
-	}
-	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
-	if err != nil {
-		return nil
-	}
-	sd, ok := d.(protoreflect.ServiceDescriptor)
-	if !ok {
-		return nil
-	}
-	md := sd.Methods().ByName(protoreflect.Name(name))
-	if md == nil {
-		return nil
-	}
-	mt, err := protoregistry.GlobalTypes.FindMessageByName(md.Output().FullName())
-	if err != nil {
-		return nil
-	}
-	return mt
 }

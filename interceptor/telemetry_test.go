@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -171,4 +172,26 @@ func TestHedgeEvents(t *testing.T) {
 	}
 	assert.Equal(t, 1, hedges)
 	assert.Equal(t, []string{interceptor.EventHedgeSent}, eventNames(callSpan))
+}
+
+func TestPropagatorsInjectIntoEveryAttempt(t *testing.T) {
+	e := newEnv(t, origin.FailFirst(1, codes.Unavailable), interceptor.WithoutBudget(),
+		interceptor.WithPropagators(propagation.TraceContext{}))
+	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "p"})
+	require.NoError(t, err)
+	calls := e.origin.Calls()
+	require.Len(t, calls, 2)
+	var parents []string
+	for _, c := range calls {
+		tp := c.Metadata.Get("traceparent")
+		require.Len(t, tp, 1, "one traceparent per attempt")
+		parents = append(parents, tp[0])
+	}
+	assert.NotEqual(t, parents[0], parents[1], "each attempt is its own parent span")
+	// The traceparent names the attempt span.
+	for _, s := range e.spans.GetSpans() {
+		if s.Name == "Attempt.echo.v1.EchoService/Put" {
+			assert.Contains(t, parents, "00-"+s.SpanContext.TraceID().String()+"-"+s.SpanContext.SpanID().String()+"-01")
+		}
+	}
 }

@@ -63,7 +63,7 @@ func TestScriptsAndCounts(t *testing.T) {
 func TestTrailersDelayAndWasted(t *testing.T) {
 	o := origin.New(func(c origin.Call) origin.Reply {
 		if c.RequestID == "slow" {
-			return origin.Reply{Delay: 50 * time.Millisecond, IgnoreCancel: true}
+			return origin.Reply{Delay: 300 * time.Millisecond, IgnoreCancel: true}
 		}
 		return origin.Reply{Code: codes.Unavailable, Trailer: metadata.Pairs("grpc-retry-pushback-ms", "-1")}
 	})
@@ -73,11 +73,13 @@ func TestTrailersDelayAndWasted(t *testing.T) {
 	assert.Equal(t, codes.Unavailable, status.Code(err))
 	assert.Equal(t, []string{"-1"}, tr.Get("grpc-retry-pushback-ms"))
 
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+	// The caller leaves after 100 ms; the origin works on for 300 ms.
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	_, err = c.Get(ctx, &echov1.GetRequest{RequestId: "slow"})
 	assert.Equal(t, codes.DeadlineExceeded, status.Code(err))
-	require.Eventually(t, func() bool { return o.Wasted() == 1 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, 1, o.CountID(echov1.EchoService_Get_FullMethodName, "slow"), "the call reached the origin")
+	require.Eventually(t, func() bool { return o.Wasted() == 1 }, 10*time.Second, time.Millisecond)
 }
 
 func TestChargeLedger(t *testing.T) {

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+
+	echov1 "github.com/stormguard/stormguard/examples/proto/echo/v1"
+	"github.com/stormguard/stormguard/interceptor"
+)
+
+// stopGrace bounds the graceful stop: calls still running after it are cut.
+const stopGrace = 5 * time.Second
+
+// config is what the flags ask for.
+type config struct {
+	addr  string
+	flaky int
+	run   time.Duration // 0: until interrupted
+}
+
+func main() {
+	var cfg config
+	flag.StringVar(&cfg.addr, "addr", "127.0.0.1:50051", "address to listen on (port 0 picks a free port)")
+	flag.IntVar(&cfg.flaky, "flaky", 0, "fail the first attempt of every `N`-th unary request with UNAVAILABLE (0: never)")
+	flag.DurationVar(&cfg.run, "for", 0, "stop after this long (0: run until SIGINT or SIGTERM)")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "server:", err)
+		os.Exit(1)
+	}
+}
+
+// run serves until ctx is done (or cfg.run has passed), then stops
+// gracefully.
+func run(ctx context.Context, cfg config, out io.Writer) error {
+	if cfg.run > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.run)
+		defer cancel()
+	}
+	lis, err := net.Listen("tcp", cfg.addr)
+	if err != nil {
+		return err
+	}
+	log := newLog(out)
+	guard := interceptor.NewServer()
+	srv := grpc.NewServer(
+		// Outermost first: log what arrived, then the suite (deadline,
+		// dedupe, pushback), then the demo's injected failures.
+		grpc.ChainUnaryInterceptor(log.unary, guard.Unary(), flakyUnary(cfg.flaky)),
+		grpc.ChainStreamInterceptor(log.stream, guard.Stream()),
+	)
+	echov1.RegisterEchoServiceServer(srv, newEcho())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	log.printf("server: listening on %s (flaky: %d)", lis.Addr(), cfg.flaky)
+
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	log.printf("server: stopping")
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(stopGrace):
+		srv.Stop()
+		<-stopped
+	}
+	if err := <-served; err != nil && err != grpc.ErrServerStopped {
+		return err
+	}
+	log.printf("server: stopped")
+	return nil
+}

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"fmt"
+	"time"
+)
+
+// Check is one bound the issue sets for a row, and whether the run met it.
+type Check struct {
+	Scenario int    `json:"scenario"`
+	Row      string `json:"row"`
+	What     string `json:"what"`
+	Want     string `json:"want"`
+	Got      string `json:"got"`
+	OK       bool   `json:"ok"`
+}
+
+// The bounds of the suite's default row, and the seed numbers the naive
+// row must reproduce (a check that the lab's model still works).
+const (
+	maxOutageAmpl   = 1.10
+	maxChainOrigin  = 12
+	naiveOutage     = 150 // 3.00× of 50
+	naiveChain      = 810 // 81.00× of 10
+	maxCapacityPeak = 1000
+	capacityServed  = 15900
+	naiveCapPeak    = 2300
+	maxTailP99      = 50 * time.Millisecond
+	maxTailLoad     = 1.10
+)
+
+// checkBounds returns the checks that apply to the scenarios in results.
+func checkBounds(results []*Result, tailP99 time.Duration) []Check {
+	var out []Check
+	add := func(r *Result, p policyKey, what, want string, got string, ok bool) {
+		out = append(out, Check{Scenario: r.ID, Row: string(p), What: what, Want: want, Got: got, OK: ok})
+	}
+	for _, r := range results {
+		suite, naiveRow := r.row(suiteDefaults, ""), r.row(naive, "")
+		switch r.Key {
+		case "outage":
+			if suite != nil {
+				add(r, suiteDefaults, "outage amplification", fmt.Sprintf("≤ %.2f×", maxOutageAmpl),
+					fmt.Sprintf("%.2f×", suite.Amplification), suite.Amplification <= maxOutageAmpl+1e-9)
+			}
+			if naiveRow != nil {
+				add(r, naive, "outage origin requests (3.00×)", fmt.Sprint(naiveOutage),
+					fmt.Sprint(naiveRow.Origin), naiveRow.Origin == naiveOutage)
+			}
+		case "flaky":
+			if suite != nil {
+				add(r, suiteDefaults, "flaky callers ok", fmt.Sprintf("%d/%d", suite.Calls, suite.Calls),
+					fmt.Sprintf("%d/%d", suite.OK, suite.Calls), suite.OK == suite.Calls)
+			}
+		case "chain":
+			if suite != nil {
+				add(r, suiteDefaults, "chain origin requests for 10 callers", fmt.Sprintf("≤ %d", maxChainOrigin),
+					fmt.Sprint(suite.Origin), suite.Origin <= maxChainOrigin)
+			}
+			if naiveRow != nil {
+				add(r, naive, "chain origin requests (81.00×)", fmt.Sprint(naiveChain),
+					fmt.Sprint(naiveRow.Origin), naiveRow.Origin == naiveChain)
+			}
+		case "capacity":
+			if suite != nil {
+				add(r, suiteDefaults, "capacity-drop peak attempts per tick", fmt.Sprintf("≤ %d", maxCapacityPeak),
+					fmt.Sprint(suite.Peak), suite.Peak <= maxCapacityPeak)
+				add(r, suiteDefaults, "capacity-drop requests served", fmt.Sprint(capacityServed),
+					fmt.Sprint(suite.Served), suite.Served == capacityServed)
+			}
+			if naiveRow != nil {
+				add(r, naive, "capacity-drop peak without budget (seed: 2,300)", fmt.Sprint(naiveCapPeak),
+					fmt.Sprint(naiveRow.Peak), naiveRow.Peak == naiveCapPeak)
+			}
+		case "tail":
+			if suite != nil {
+				got := time.Duration(suite.P99ms * float64(time.Millisecond))
+				add(r, suiteDefaults, "long-tail p99", fmt.Sprintf("≤ %v", tailP99), ms(suite.P99ms), got <= tailP99)
+				add(r, suiteDefaults, "long-tail load", fmt.Sprintf("≤ %.2f×", maxTailLoad),
+					fmt.Sprintf("%.2f×", suite.Amplification), suite.Amplification <= maxTailLoad+1e-9)
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,195 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+
+	echov1 "github.com/stormguard/stormguard/examples/proto/echo/v1"
+	"github.com/stormguard/stormguard/interceptor"
+	"github.com/stormguard/stormguard/internal/origin"
+)
+
+// The backoff of every retrying row. It is small so that the lab is fast,
+// and the same for the suite and for grpc-go as far as their formulas
+// allow: the suite's n-th retry waits a random time in [d/2, d] with
+// d = min(10ms, 1ms·2ⁿ⁻¹); grpc-go's waits d·[0.8, 1.2].
+const (
+	backoffBase = time.Millisecond
+	backoffMax  = 10 * time.Millisecond
+	// maxAttempts is every retrying row's limit, the first attempt included.
+	maxAttempts = 3
+)
+
+// policyKey names a client setup: one row of every scenario's table.
+type policyKey string
+
+// The six setups compared in every scenario, in table order.
+const (
+	noRetries     policyKey = "none"          // grpc-go with retries disabled
+	naive         policyKey = "naive"         // the suite with budget and breaker off
+	grpcRetry     policyKey = "grpc"          // grpc-go's service-config retryPolicy
+	grpcThrottled policyKey = "grpc-throttle" // ... plus retryThrottling
+	suiteBudget   policyKey = "budget"        // the suite, budget on, breaker off
+	suiteDefaults policyKey = "suite"         // the suite as NewClient() and NewServer() come
+)
+
+// policy is one client setup, and the server side that goes with it.
+type policy struct {
+	key  policyKey
+	name string
+}
+
+// policies returns the six setups, in table order.
+func policies() []policy {
+	return []policy{
+		{noRetries, "no retries"},
+		{naive, "3 attempts, no budget"},
+		{grpcRetry, "grpc-go retryPolicy"},
+		{grpcThrottled, "grpc-go retryPolicy+throttling"},
+		{suiteBudget, "stormguard, budget only"},
+		{suiteDefaults, "stormguard defaults"},
+	}
+}
+
+// grpcServiceConfig is grpc-go's retry policy for the demo service, as a
+// service config: 3 attempts on UNAVAILABLE, the lab's backoff, and,
+// when throttled, the retryThrottling of gRFC A6 (tokens start at 10;
+// each failed attempt takes one, each successful RPC gives 0.1 back;
+// retries stop while 5 or fewer are left).
+func grpcServiceConfig(throttled bool) string {
+	throttling := ""
+	if throttled {
+		throttling = `, "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}`
+	}
+	return fmt.Sprintf(`{
+  "methodConfig": [{
+    "name": [{"service": %q}],
+    "retryPolicy": {
+      "maxAttempts": %d,
+      "initialBackoff": "%gs",
+      "maxBackoff": "%gs",
+      "backoffMultiplier": 2,
+      "retryableStatusCodes": ["UNAVAILABLE"]
+    }
+  }]%s
+}`, echov1.EchoService_ServiceDesc.ServiceName, maxAttempts, backoffBase.Seconds(), backoffMax.Seconds(), throttling)
+}
+
+// clientOptions are the suite's options for p (nil for the other rows),
+// followed by extra.
+func (p policy) clientOptions(extra ...interceptor.ClientOption) []interceptor.ClientOption {
+	opts := []interceptor.ClientOption{interceptor.WithBackoff(backoffBase, backoffMax), interceptor.WithMaxAttempts(maxAttempts)}
+	switch p.key {
+	case naive:
+		opts = append(opts, interceptor.WithoutBudget(), interceptor.WithoutBreaker())
+	case suiteBudget:
+		opts = append(opts, interceptor.WithoutBreaker())
+	case suiteDefaults:
+	default:
+		return nil
+	}
+	return append(opts, extra...)
+}
+
+// serverOptions are the grpc.ServerOptions of every server in p's setup:
+// the suite's server interceptors for the suite's rows (without the
+// don't-retry pushback for the naive row), nothing for the others.
+func (p policy) serverOptions() []grpc.ServerOption {
+	var s *interceptor.Server
+	switch p.key {
+	case naive:
+		s = interceptor.NewServer(interceptor.WithoutPushback())
+	case suiteBudget, suiteDefaults:
+		s = interceptor.NewServer()
+	default:
+		return nil
+	}
+	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(s.Unary()), grpc.ChainStreamInterceptor(s.Stream())}
+}
+
+// env is the servers and connections of one row, on 127.0.0.1, stopped
+// and closed together.
+type env struct {
+	p       policy
+	extra   []interceptor.ClientOption // more options for the suite's clients
+	servers []*origin.Server
+	conns   []*grpc.ClientConn
+}
+
+func newEnv(p policy, extra ...interceptor.ClientOption) *env { return &env{p: p, extra: extra} }
+
+// serve serves svc behind p's server side on a fresh 127.0.0.1 port, with
+// opts after the policy's own options.
+func (e *env) serve(svc origin.Registerer, opts ...grpc.ServerOption) (*origin.Listener, error) {
+	l, err := origin.TCP()
+	if err != nil {
+		return nil, err
+	}
+	e.servers = append(e.servers, origin.Serve(l, svc, append(e.p.serverOptions(), opts...)...))
+	return l, nil
+}
+
+// dial returns a client of l through p's client side. Each call makes a
+// new suite Client, so each has its own budgets and breakers.
+func (e *env) dial(l *origin.Listener) (echov1.EchoServiceClient, error) {
+	var cc *grpc.ClientConn
+	var err error
+	switch e.p.key {
+	case noRetries:
+		cc, err = l.Dial()
+	case grpcRetry, grpcThrottled:
+		cc, err = grpc.NewClient(l.Target, l.ConnectOptions(grpc.WithDefaultServiceConfig(grpcServiceConfig(e.p.key == grpcThrottled)))...)
+	default:
+		guard := interceptor.NewClient(e.p.clientOptions(e.extra...)...)
+		cc, err = l.Dial(grpc.WithChainUnaryInterceptor(guard.Unary()), grpc.WithChainStreamInterceptor(guard.Stream()))
+	}
+	if err != nil {
+		return nil, err
+	}
+	e.conns = append(e.conns, cc)
+	return echov1.NewEchoServiceClient(cc), nil
+}
+
+// oneHop serves svc and returns a client of it.
+func (e *env) oneHop(svc origin.Registerer, opts ...grpc.ServerOption) (echov1.EchoServiceClient, error) {
+	l, err := e.serve(svc, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return e.dial(l)
+}
+
+// chain serves o behind hops services, each forwarding to the next through
+// p's client side, and returns a client of the top one:
+// client → hop → ... → hop → o.
+func (e *env) chain(o *origin.Origin, hops int) (echov1.EchoServiceClient, error) {
+	l, err := e.serve(o)
+	if err != nil {
+		return nil, err
+	}
+	for range hops {
+		next, err := e.dial(l)
+		if err != nil {
+			return nil, err
+		}
+		if l, err = e.serve(&origin.Hop{Next: next}); err != nil {
+			return nil, err
+		}
+	}
+	return e.dial(l)
+}
+
+// close closes the connections, then stops the servers (waiting for their
+// handlers when they were served with grpc.WaitForHandlers). A second
+// close does nothing.
+func (e *env) close() {
+	for _, cc := range e.conns {
+		_ = cc.Close()
+	}
+	for i := len(e.servers) - 1; i >= 0; i-- {
+		e.servers[i].Stop()
+	}
+	e.conns, e.servers = nil, nil
+}

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+
+	echov1 "github.com/stormguard/stormguard/examples/proto/echo/v1"
+	"github.com/stormguard/stormguard/internal/origin"
+)
+
+// labSeed seeds every random choice of the lab that decides an outcome
+// (which attempts fail or are slow), so that runs are comparable.
+const labSeed = 2026
+
+// scenario is one experiment of the lab.
+type scenario struct {
+	id    int
+	key   string
+	quick bool // part of -quick
+	run   func(context.Context) (*Result, error)
+}
+
+// scenarios returns the lab's scenarios, in order.
+func scenarios() []scenario {
+	return []scenario{
+		{1, "outage", true, outage},
+		{2, "flaky", true, flaky},
+		{3, "twice", true, failsTwice},
+		{4, "chain", true, chainOfThree},
+		{5, "slow", false, slowDependency},
+		{6, "independent", false, independentFailures},
+		{7, "capacity", true, capacityDrop},
+		{8, "tail", false, longTail},
+	}
+}
+
+// waveCols are the columns of the wave scenarios (1-4).
+func waveCols() []col {
+	return []col{colPolicy, colOrigin, colAmpl, colOK, colErrors, colRefused, colMax}
+}
+
+// put is the call every wave scenario makes: Put is IDEMPOTENT in the
+// demo proto, so every retrying policy may retry it, and it has no hedging
+// policy.
+func put(c echov1.EchoServiceClient) func(context.Context, int) error {
+	return func(ctx context.Context, i int) error {
+		_, err := c.Put(ctx, &echov1.PutRequest{RequestId: strconv.Itoa(i)})
+		return err
+	}
+}
+
+// waveRow runs one policy's row of a one-hop wave: callers concurrent
+// calls against an origin that answers as script says, the first attempts
+// held in step.
+func waveRow(ctx context.Context, p policy, callers int, script origin.Script) (Row, error) {
+	e := newEnv(p)
+	defer e.close()
+	o := origin.New(inStep(callers, script))
+	client, err := e.oneHop(o)
+	if err != nil {
+		return Row{}, err
+	}
+	out := wave(ctx, callers, callTimeout, put(client))
+	return out.row(p, o.Total()), nil
+}
+
+// waveScenario runs every policy through waveRow.
+func waveScenario(ctx context.Context, res *Result, callers int, script func() origin.Script) (*Result, error) {
+	res.cols = waveCols()
+	for _, p := range policies() {
+		row, err := waveRow(ctx, p, callers, script())
+		if err != nil {
+			return nil, fmt.Errorf("%s, %s: %w", res.Title, p.name, err)
+		}
+		res.Rows = append(res.Rows, row)
+	}
+	return res, nil
+}
+
+// Scenario 1 (seeds 000 and 002): the origin is down.
+func outage(ctx context.Context) (*Result, error) {
+	return waveScenario(ctx, &Result{
+		ID: 1, Key: "outage", Title: "Outage, one hop",
+		Setup: "50 concurrent callers; the origin answers UNAVAILABLE to everything.",
+		chart: "1 outage",
+	}, 50, func() origin.Script { return origin.Always(codes.Unavailable) })
+}
+
+// Scenario 2 (seed 000): a few requests fail once.
+func flaky(ctx context.Context) (*Result, error) {
+	return waveScenario(ctx, &Result{
+		ID: 2, Key: "flaky", Title: "Flaky",
+		Setup: "50 concurrent callers; 5 of them fail once with UNAVAILABLE, then succeed.",
+		chart: "2 flaky",
+	}, 50, func() origin.Script {
+		return func(c origin.Call) origin.Reply {
+			if n, _ := strconv.Atoi(c.RequestID); n < 5 && c.Attempt == 1 {
+				return origin.Reply{Code: codes.Unavailable, Message: "origin: flaky"}
+			}
+			return origin.Reply{}
+		}
+	})
+}
+
+// Scenario 3 (seed 000): every request needs two retries.
+func failsTwice(ctx context.Context) (*Result, error) {
+	return waveScenario(ctx, &Result{
+		ID: 3, Key: "twice", Title: "Fails twice",
+		Setup: "50 concurrent callers; every request fails twice with UNAVAILABLE, then succeeds.",
+		chart: "3 fails twice",
+	}, 50, func() origin.Script { return origin.FailFirst(2, codes.Unavailable) })
+}
+
+// Scenario 4 (seed 000): the 810-for-10 chain.
+func chainOfThree(ctx context.Context) (*Result, error) {
+	const callers, hops = 10, 3
+	res := &Result{
+		ID: 4, Key: "chain", Title: "Chain of three services, dead origin",
+		Setup: "10 concurrent callers → A → B → C → origin, which answers UNAVAILABLE to everything; " +
+			"every hop runs the row's client and server side.",
+		cols:  waveCols(),
+		chart: "4 chain of 3",
+	}
+	for _, p := range policies() {
+		row, err := func() (Row, error) {
+			e := newEnv(p)
+			defer e.close()
+			o := origin.New(inStep(callers, origin.Always(codes.Unavailable)))
+			top, err := e.chain(o, hops)
+			if err != nil {
+				return Row{}, err
+			}
+			out := wave(ctx, callers, callTimeout, put(top))
+			return out.row(p, o.Total()), nil
+		}()
+		if err != nil {
+			return nil, fmt.Errorf("%s, %s: %w", res.Title, p.name, err)
+		}
+		res.Rows = append(res.Rows, row)
+	}
+	return res, nil
+}
+
+// selectScenarios parses -scenario (numbers or keys, comma-separated).
+func selectScenarios(spec string, quick bool) ([]scenario, error) {
+	all := scenarios()
+	var out []scenario
+	if spec == "" {
+		for _, s := range all {
+			if !quick || s.quick {
+				out = append(out, s)
+			}
+		}
+		return out, nil
+	}
+	for _, f := range strings.Split(spec, ",") {
+		f = strings.TrimSpace(f)
+		found := false
+		for _, s := range all {
+			if f == strconv.Itoa(s.id) || strings.EqualFold(f, s.key) {
+				out = append(out, s)
+				found = true
+				break
+			}
+		}
+		if !found {
+			var names []string
+			for _, s := range all {
+				names = append(names, fmt.Sprintf("%d=%s", s.id, s.key))
+			}
+			return nil, fmt.Errorf("unknown scenario %q (have %s)", f, strings.Join(names, ", "))
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,50 @@
+package interceptor
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/metadata"
+)
+
+// FuzzParsePushback: grpc-retry-pushback-ms from a server is untrusted
+// input. Whatever it holds, parsePushback does not panic, and a value is
+// honoured only when it is one non-negative decimal that fits 32 bits.
+func FuzzParsePushback(f *testing.F) {
+	for _, s := range []string{"0", "1", "100", "-1", "-0", "+5", " 5", "5 ", "5ms", "1e3", "0x10",
+		"2147483647", "2147483648", "99999999999999999999", "", "١٢", "\x00", "-9223372036854775808"} {
+		f.Add(s, false)
+		f.Add(s, true)
+	}
+	f.Fuzz(func(t *testing.T, v string, twice bool) {
+		md := metadata.MD{PushbackKey: {v}}
+		if twice {
+			md[PushbackKey] = append(md[PushbackKey], v)
+		}
+		delay, has, stop := parsePushback(md)
+		if has && stop {
+			t.Fatalf("%q: both a delay and a stop", v)
+		}
+		if !has && !stop {
+			t.Fatalf("%q: neither a delay nor a stop", v)
+		}
+		if twice {
+			if !stop {
+				t.Fatalf("two values must stop retries, got delay %v", delay)
+			}
+			return
+		}
+		n, err := strconv.ParseInt(v, 10, 32)
+		wantHas := err == nil && n >= 0
+		if has != wantHas {
+			t.Fatalf("%q: has = %v, want %v", v, has, wantHas)
+		}
+		if has && delay != time.Duration(n)*time.Millisecond {
+			t.Fatalf("%q: delay %v", v, delay)
+		}
+		if delay < 0 {
+			t.Fatalf("%q: negative delay %v", v, delay)
+		}
+	})
+}
