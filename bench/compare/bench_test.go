@@ -35,7 +35,7 @@ func BenchmarkFakeInvoker(b *testing.B) {
 		if c.interceptor != nil {
 			ic = c.interceptor()
 		}
-		b.Run(c.name, func(b *testing.B) {
+		b.Run("lib="+c.name, func(b *testing.B) {
 			ctx := context.Background()
 			req, reply := &echov1.PutRequest{}, &echov1.PutResponse{}
 			b.ReportAllocs()
@@ -53,7 +53,7 @@ func BenchmarkFakeInvoker(b *testing.B) {
 // in this process, so B/op and allocs/op include the server's share.
 func BenchmarkBufconn(b *testing.B) {
 	for _, c := range append([]contender{bare()}, retrying()...) {
-		b.Run(c.name, func(b *testing.B) {
+		b.Run("lib="+c.name, func(b *testing.B) {
 			o := origin.New(origin.Succeed())
 			l := origin.Bufconn()
 			srv := origin.Serve(l, o)
@@ -86,7 +86,7 @@ func BenchmarkBufconn(b *testing.B) {
 // "stormguard-nobudget-nobreaker" is the equivalent configuration.
 func BenchmarkFailFirst(b *testing.B) {
 	for _, c := range retrying() {
-		b.Run(c.name, func(b *testing.B) {
+		b.Run("lib="+c.name, func(b *testing.B) {
 			o := origin.New(origin.FailFirst(1, codes.Unavailable))
 			l := origin.Bufconn()
 			srv := origin.Serve(l, o)

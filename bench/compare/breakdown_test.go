@@ -38,7 +38,7 @@ func BenchmarkStormguardBreakdown(b *testing.B) {
 			interceptor.WithClock(func() time.Time { return frozen })}},
 	} {
 		ic := interceptor.NewClient(append(stormguardOptions(), v.opts...)...).Unary()
-		b.Run(v.name, func(b *testing.B) {
+		b.Run("variant="+v.name, func(b *testing.B) {
 			ctx := context.Background()
 			req, reply := &echov1.PutRequest{}, &echov1.PutResponse{}
 			b.ReportAllocs()
