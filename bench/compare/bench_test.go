@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -16,8 +17,21 @@ import (
 // BenchmarkFakeInvoker is the success path with an invoker that returns at
 // once: what each interceptor itself costs per call. grpc-go's retry is not
 // here: it is not an interceptor but part of grpc's call machinery, so it
-// can only be measured with a real connection (BenchmarkBufconn).
-func BenchmarkFakeInvoker(b *testing.B) {
+// can only be measured with a real connection (BenchmarkBufconn). The
+// caller's context has no deadline.
+func BenchmarkFakeInvoker(b *testing.B) { fakeInvoker(b, context.Background()) }
+
+// BenchmarkFakeInvokerDeadline is BenchmarkFakeInvoker with a deadline on
+// the caller's context, as most production calls have: stormguard then
+// propagates it, and failsafe-go merges the caller's context with its
+// executor's.
+func BenchmarkFakeInvokerDeadline(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	fakeInvoker(b, ctx)
+}
+
+func fakeInvoker(b *testing.B, ctx context.Context) {
 	cc, err := grpc.NewClient("passthrough:///bench", grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		b.Fatal(err)
@@ -36,7 +50,6 @@ func BenchmarkFakeInvoker(b *testing.B) {
 			ic = c.interceptor()
 		}
 		b.Run("lib="+c.name, func(b *testing.B) {
-			ctx := context.Background()
 			req, reply := &echov1.PutRequest{}, &echov1.PutResponse{}
 			b.ReportAllocs()
 			for b.Loop() {
@@ -50,8 +63,20 @@ func BenchmarkFakeInvoker(b *testing.B) {
 
 // BenchmarkBufconn is the success path end to end: a Put over an in-memory
 // connection to an origin that answers OK at once. Client and server run
-// in this process, so B/op and allocs/op include the server's share.
-func BenchmarkBufconn(b *testing.B) {
+// in this process, so B/op and allocs/op include the server's share. The
+// caller's context has no deadline.
+func BenchmarkBufconn(b *testing.B) { bufconn(b, context.Background()) }
+
+// BenchmarkBufconnDeadline is BenchmarkBufconn with a deadline on the
+// caller's context: grpc sends grpc-timeout, and stormguard also sends
+// stormguard-deadline-ms.
+func BenchmarkBufconnDeadline(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	bufconn(b, ctx)
+}
+
+func bufconn(b *testing.B, ctx context.Context) {
 	for _, c := range append([]contender{bare()}, retrying()...) {
 		b.Run("lib="+c.name, func(b *testing.B) {
 			o := origin.New(origin.Succeed())
@@ -59,7 +84,6 @@ func BenchmarkBufconn(b *testing.B) {
 			srv := origin.Serve(l, o)
 			defer srv.Stop()
 			client := echov1.NewEchoServiceClient(c.mustDial(b, l))
-			ctx := context.Background()
 			req := &echov1.PutRequest{}
 			if _, err := client.Put(ctx, req); err != nil { // connect
 				b.Fatal(err)
