@@ -52,11 +52,14 @@ func fakeInvoker(b *testing.B, ctx context.Context) {
 		b.Run("lib="+c.name, func(b *testing.B) {
 			req, reply := &echov1.PutRequest{}, &echov1.PutResponse{}
 			b.ReportAllocs()
+			ops, cpu := 0, cpuTime()
 			for b.Loop() {
 				if err := ic(ctx, echov1.EchoService_Put_FullMethodName, req, reply, cc, invoker); err != nil {
 					b.Fatal(err)
 				}
+				ops++
 			}
+			reportCPU(b, cpu, ops)
 		})
 	}
 }
@@ -89,11 +92,14 @@ func bufconn(b *testing.B, ctx context.Context) {
 				b.Fatal(err)
 			}
 			b.ReportAllocs()
+			ops, cpu := 0, cpuTime()
 			for b.Loop() {
 				if _, err := client.Put(ctx, req); err != nil {
 					b.Fatal(err)
 				}
+				ops++
 			}
+			reportCPU(b, cpu, ops)
 		})
 	}
 }
@@ -124,6 +130,7 @@ func BenchmarkFailFirst(b *testing.B) {
 			var id []byte
 			calls, errs := 0, 0
 			b.ReportAllocs()
+			cpu := cpuTime()
 			for b.Loop() {
 				calls++
 				id = strconv.AppendInt(id[:0], int64(calls), 10)
@@ -131,8 +138,19 @@ func BenchmarkFailFirst(b *testing.B) {
 					errs++
 				}
 			}
+			reportCPU(b, cpu, calls)
 			b.ReportMetric(float64(o.Total()-before)/float64(calls), "attempts/op")
 			b.ReportMetric(float64(errs)/float64(calls), "errors/op")
 		})
+	}
+}
+
+// reportCPU reports the CPU time the process used per operation since
+// start: every thread, so a bufconn call's server side and the garbage
+// collector count too. On a machine shared with other work it varies less
+// than ns/op, which also counts the time spent waiting for a CPU.
+func reportCPU(b *testing.B, start time.Duration, ops int) {
+	if ops > 0 {
+		b.ReportMetric(float64(cpuTime()-start)/float64(ops), "cpu-ns/op")
 	}
 }

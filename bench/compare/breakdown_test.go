@@ -42,11 +42,14 @@ func BenchmarkStormguardBreakdown(b *testing.B) {
 			ctx := context.Background()
 			req, reply := &echov1.PutRequest{}, &echov1.PutResponse{}
 			b.ReportAllocs()
+			ops, cpu := 0, cpuTime()
 			for b.Loop() {
 				if err := ic(ctx, echov1.EchoService_Put_FullMethodName, req, reply, cc, invoker); err != nil {
 					b.Fatal(err)
 				}
+				ops++
 			}
+			reportCPU(b, cpu, ops)
 		})
 	}
 }
