@@ -87,27 +87,30 @@ func TestDeadOriginAmplification(t *testing.T) {
 	}
 	var table strings.Builder
 	tw := tabwriter.NewWriter(&table, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "contender\tcalls\torigin requests (min–max of %d rounds)\trequests/call\tcalls failed\tcodes returned\n", rounds)
+	fmt.Fprintf(tw, "contender\tcalls\tcalls that reached the origin\torigin requests (min–max of %d rounds)\trequests/call\tcalls failed\tcodes returned\n", rounds)
 	for _, c := range contenders {
 		lo, hi := int(^uint(0)>>1), 0
+		reachedLo, reachedHi := lo, 0
 		failed := 0
 		returned := map[codes.Code]int{}
 		for range rounds {
-			n, f := deadOrigin(t, c, calls, returned)
+			n, reached, f := deadOrigin(t, c, calls, returned)
 			lo, hi = min(lo, n), max(hi, n)
+			reachedLo, reachedHi = min(reachedLo, reached), max(reachedHi, reached)
 			failed += f
 		}
-		span := fmt.Sprint(lo)
-		if hi != lo {
-			span = fmt.Sprintf("%d–%d", lo, hi)
-		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%.2f–%.2f\t%d/%d\t%s\n", c.name, calls, span, float64(lo)/calls, float64(hi)/calls, failed, calls*rounds, codeCounts(returned))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.2f–%.2f\t%d/%d\t%s\n", c.name, calls, span(reachedLo, reachedHi), span(lo, hi),
+			float64(lo)/calls, float64(hi)/calls, failed, calls*rounds, codeCounts(returned))
 		switch c.name {
 		case stormguard().name:
-			// 50 first attempts; the budget's ratio funds 10% of 50
-			// deposits, and its floor is a minimum, not an addition.
-			if hi > calls+calls/10 {
-				t.Errorf("%s: origin saw up to %d requests, want ≤ %d", c.name, hi, calls+calls/10)
+			// At most 50 first attempts (fewer when the breaker opens
+			// before every call was sent: timing), plus the retries the
+			// budget grants: 10% of 50 deposits from the ratio, and one
+			// from the floor's burst when it is spent before the ratio
+			// has credit (a floor-funded grant takes no ratio credit, so
+			// then the two add up: 56 in about 4% of rounds here).
+			if limit := calls + calls/10 + 1; hi > limit {
+				t.Errorf("%s: origin saw up to %d requests, want ≤ %d", c.name, hi, limit)
 			}
 		case grpcGo().name, stormguardLean().name, middleware().name, failsafeGo().name:
 			if lo != calls*attempts || hi != calls*attempts {
@@ -124,6 +127,14 @@ func TestDeadOriginAmplification(t *testing.T) {
 	t.Logf("dead origin, %d concurrent calls, max %d attempts:\n%s", calls, attempts, table.String())
 }
 
+// span formats a min–max range, or one number when they are equal.
+func span(lo, hi int) string {
+	if lo == hi {
+		return fmt.Sprint(lo)
+	}
+	return fmt.Sprintf("%d–%d", lo, hi)
+}
+
 // codeCounts formats how many calls returned each code, e.g.
 // "Unavailable×50".
 func codeCounts(m map[codes.Code]int) string {
@@ -137,9 +148,10 @@ func codeCounts(m map[codes.Code]int) string {
 }
 
 // deadOrigin makes calls concurrent calls through c to an origin that is
-// always UNAVAILABLE and returns how many requests the origin saw and how
-// many calls failed; it counts the codes the calls returned in returned.
-func deadOrigin(t *testing.T, c contender, calls int, returned map[codes.Code]int) (requests, failed int) {
+// always UNAVAILABLE and returns how many requests the origin saw, how many
+// calls sent it at least one, and how many calls failed; it counts the
+// codes the calls returned in returned.
+func deadOrigin(t *testing.T, c contender, calls int, returned map[codes.Code]int) (requests, reached, failed int) {
 	t.Helper()
 	o := origin.New(origin.Always(codes.Unavailable))
 	l := origin.Bufconn()
@@ -173,5 +185,9 @@ func deadOrigin(t *testing.T, c contender, calls int, returned map[codes.Code]in
 		}
 		returned[status.Code(err)]++
 	}
-	return o.Total(), failed
+	ids := map[string]bool{}
+	for _, call := range o.Calls() {
+		ids[call.RequestID] = true
+	}
+	return o.Total(), len(ids), failed
 }
