@@ -1,0 +1,3 @@
+// Package compare benchmarks stormguard's client interceptor against the
+// retry libraries Go gRPC clients use today. See README.md.
+package compare
