@@ -184,12 +184,22 @@ type ResolverConfig struct {
 
 // NewResolver returns a Resolver for c.
 func NewResolver(c ResolverConfig) *Resolver {
-	r := &Resolver{files: c.Files, services: map[string]bool{}, methods: map[string]bool{}}
+	r := &Resolver{files: c.Files}
 	if r.files == nil {
 		r.files = protoregistry.GlobalFiles
 	}
 	r.cache.Max = maxCached
-	for _, o := range c.Idempotent {
+	r.services, r.methods = parseMethodSet(c.Idempotent)
+	return r
+}
+
+// parseMethodSet parses a list of full methods ("/pkg.Svc/Method", the
+// leading slash optional) and whole services ("/pkg.Svc/" or "pkg.Svc"),
+// ignoring empty entries, into the set of services ("pkg.Svc") and the set
+// of methods ("/pkg.Svc/Method"). Both maps are non-nil.
+func parseMethodSet(entries []string) (services, methods map[string]bool) {
+	services, methods = map[string]bool{}, map[string]bool{}
+	for _, o := range entries {
 		o = strings.TrimSpace(o)
 		if o == "" {
 			continue
@@ -201,13 +211,13 @@ func NewResolver(c ResolverConfig) *Resolver {
 		switch {
 		case !ok || method == "": // "/pkg.Svc" or "/pkg.Svc/"
 			if svc != "" {
-				r.services[svc] = true
+				services[svc] = true
 			}
 		default:
-			r.methods[o] = true
+			methods[o] = true
 		}
 	}
-	return r
+	return services, methods
 }
 
 var defaultResolver = NewResolver(ResolverConfig{})

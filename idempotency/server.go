@@ -190,31 +190,56 @@ func (s *Server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	if fp.RequestHash, err = hashRequest(msg); err != nil {
 		return nil, status.Error(codes.Internal, "idempotency: cannot serialize the request: "+err.Error())
 	}
-	scope := key
-	if s.identity != nil {
-		// Keys hold no NUL, so the last NUL splits identity and key.
-		scope = s.identity(ctx) + "\x00" + key
-	}
 	mi := s.method(info.FullMethod)
+	c, rec, err := s.claim(ctx, s.scope(ctx, key), fp)
+	switch {
+	case err != nil:
+		return nil, err
+	case rec != nil:
+		return s.replay(ctx, mi, fp, rec)
+	}
+	return s.execute(ctx, req, handler, c, mi)
+}
+
+// scope returns the store scope of key: the key, prefixed by the caller's
+// identity when the server has an Identity function.
+func (s *Server) scope(ctx context.Context, key string) string {
+	if s.identity == nil {
+		return key
+	}
+	// Keys hold no NUL, so the last NUL splits identity and key.
+	return s.identity(ctx) + "\x00" + key
+}
+
+// claim takes scope for fp, waiting (bounded by ctx) while another
+// execution of the same request holds it. It returns either an owned claim,
+// whose handler the caller runs (and counts as a miss), or the record to
+// replay (counted as a hit), or a status error: a conflict, the caller's
+// context, or the store's.
+func (s *Server) claim(ctx context.Context, scope string, fp Fingerprint) (Claim, *Record, error) {
 	for {
 		c, err := s.store.Claim(ctx, scope, fp)
 		if err != nil {
 			s.storeErrors.Add(1)
-			return nil, storeError(err)
+			return Claim{}, nil, storeError(err)
 		}
 		switch c.State {
 		case Owned:
 			s.misses.Add(1)
-			return s.execute(ctx, req, handler, c, mi)
+			return c, nil, nil
 		case Done:
 			if c.Holder != fp {
-				return nil, s.conflict(fp, c.Holder)
+				return Claim{}, nil, s.conflict(fp, c.Holder)
+			}
+			if c.Record == nil {
+				s.storeErrors.Add(1)
+				return Claim{}, nil, status.Error(codes.Internal, "idempotency: the store answered DONE without a record")
 			}
 			s.hits.Add(1)
-			return s.replay(ctx, mi, fp, c.Record)
+			return Claim{}, c.Record, nil
 		case InFlight:
 			if c.Holder != fp {
-				return nil, s.conflict(fp, c.Holder)
+				return Claim{}, nil, s.conflict(fp, c.Holder)
 			}
 			s.waits.Add(1)
 			rec, err := s.store.Wait(ctx, c)
@@ -222,16 +247,16 @@ func (s *Server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 				if ctx.Err() == nil {
 					s.storeErrors.Add(1)
 				}
-				return nil, storeError(err)
+				return Claim{}, nil, storeError(err)
 			}
 			if rec != nil {
 				s.hits.Add(1)
-				return s.replay(ctx, mi, fp, rec)
+				return Claim{}, rec, nil
 			}
 			// Released without an outcome: claim again, and maybe run it.
 		default:
 			s.storeErrors.Add(1)
-			return nil, status.Error(codes.Internal, "idempotency: store answered "+c.State.String())
+			return Claim{}, nil, status.Error(codes.Internal, "idempotency: store answered "+c.State.String())
 		}
 	}
 }
