@@ -420,3 +420,17 @@ func TestRecordSize(t *testing.T) {
 	}
 	assert.Equal(t, int64(10+3+(1+16+2+16)+(2+16+1+16+1+16)), r.Size())
 }
+
+func TestRecordSizeCountsStreamResponses(t *testing.T) {
+	r := &idempotency.Record{Responses: [][]byte{make([]byte, 10), nil, make([]byte, 5)}, Message: "ab"}
+	assert.Equal(t, int64(10+0+5+3*idempotency.ResponseOverhead+2), r.Size())
+
+	// A MemoryStore counts them against its bounds like any other bytes.
+	m := idempotency.NewMemoryStore(idempotency.MemoryConfig{})
+	fp := idempotency.Fingerprint{Method: "/p.S/M"}
+	c, err := m.Claim(context.Background(), "k", fp)
+	require.NoError(t, err)
+	r.Fingerprint = fp
+	require.NoError(t, m.Complete(context.Background(), c, r))
+	assert.Equal(t, idempotency.EntryOverhead+1+6+r.Size(), m.Stats().Bytes)
+}

@@ -36,9 +36,14 @@ type Fingerprint struct {
 type Record struct {
 	// Fingerprint is the request the record answers.
 	Fingerprint
-	// Response is the response message in protobuf wire format; empty
-	// when Code is not OK.
+	// Response is the response message of a unary method in protobuf
+	// wire format; empty when Code is not OK, and for streams.
 	Response []byte
+	// Responses are the response messages of a server-streaming method,
+	// in protobuf wire format, in the order the handler sent them,
+	// whatever Code is (a stream may fail after sending some); nil for
+	// unary methods and for a stream that sent none.
+	Responses [][]byte
 	// Code and Message are the status the handler returned (codes.OK on
 	// success).
 	Code    codes.Code
@@ -52,10 +57,14 @@ type Record struct {
 }
 
 // Size returns an estimate, in bytes, of the memory r's variable-length
-// contents hold: response, message, details and metadata (the method name
-// and hash are counted by the store with the entry).
+// contents hold: response, stream responses (each counted with
+// ResponseOverhead), message, details and metadata (the method name and
+// hash are counted by the store with the entry).
 func (r *Record) Size() int64 {
 	n := len(r.Response) + len(r.Message)
+	for _, b := range r.Responses {
+		n += len(b) + ResponseOverhead
+	}
 	for _, d := range r.Details {
 		n += len(d.GetTypeUrl()) + len(d.GetValue()) + 32
 	}
@@ -69,6 +78,10 @@ func (r *Record) Size() int64 {
 	}
 	return int64(n)
 }
+
+// ResponseOverhead is what [Record.Size] counts, in bytes, for each of a
+// stream's Responses on top of its length: the slice header that holds it.
+const ResponseOverhead = 24
 
 // ClaimState is the answer of [Store.Claim].
 type ClaimState uint8
