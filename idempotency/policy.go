@@ -282,7 +282,12 @@ func findMethod(files *protoregistry.Files, svc, method string) protoreflect.Met
 // ResponseType returns the Go type of fullMethod's response message, from
 // protoregistry.GlobalFiles and GlobalTypes, or nil for an unknown method or
 // a malformed name. It is not cached: callers resolve it once per method.
-func ResponseType(fullMethod string) protoreflect.MessageType {
+func ResponseType(fullMethod string) protoreflect.MessageType { return messageType(fullMethod, true) }
+
+// requestType is ResponseType for the request message.
+func requestType(fullMethod string) protoreflect.MessageType { return messageType(fullMethod, false) }
+
+func messageType(fullMethod string, output bool) protoreflect.MessageType {
 	svc, method, ok := splitMethod(fullMethod)
 	if !ok {
 		return nil
@@ -291,7 +296,11 @@ func ResponseType(fullMethod string) protoreflect.MessageType {
 	if md == nil {
 		return nil
 	}
-	mt, err := protoregistry.GlobalTypes.FindMessageByName(md.Output().FullName())
+	d := md.Input()
+	if output {
+		d = md.Output()
+	}
+	mt, err := protoregistry.GlobalTypes.FindMessageByName(d.FullName())
 	if err != nil {
 		return nil
 	}

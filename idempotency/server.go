@@ -47,11 +47,31 @@ type ServerConfig struct {
 	// retry executes the handler again; 0: DefaultNotStored. A handler
 	// that returns one of these codes must not have applied its effect.
 	NotStored CodeSet
+	// Streams opts server-streaming methods in to deduplication: full
+	// method names ("/pkg.Svc/Method", the leading slash optional) or
+	// whole services ("/pkg.Svc/" or "pkg.Svc"), as in
+	// ResolverConfig.Idempotent. Empty entries are ignored. Client-streaming
+	// and bidirectional methods are not deduplicated even when listed (see
+	// [Server]). Empty: [Server.Stream] passes every stream through
+	// untouched.
+	Streams []string
+	// MaxStreamBytes bounds the response messages recorded for one
+	// deduplicated stream, in bytes, each message counted as its
+	// serialized length plus ResponseOverhead (as Record.Size counts it);
+	// 0 (or less): DefaultMaxStreamBytes. It is also the memory one stream
+	// in progress may hold for its record, on top of what the store
+	// holds. A stream whose responses outgrow it is stored as a tombstone
+	// (see [Server]).
+	MaxStreamBytes int64
 }
 
-// Server is the server side of idempotency keys: a unary server
-// interceptor that runs each keyed write once and answers its retries with
-// the stored outcome.
+// DefaultMaxStreamBytes is the default of ServerConfig.MaxStreamBytes.
+const DefaultMaxStreamBytes = 1 << 20
+
+// Server is the server side of idempotency keys: server interceptors that
+// run each keyed write once and answer its retries with the stored
+// outcome: every unary method, and the server-streaming methods that
+// ServerConfig.Streams opts in.
 //
 // For a unary request that carries idempotency-key metadata:
 //
@@ -92,8 +112,59 @@ type ServerConfig struct {
 // is set with grpc.SetHeader, and is lost if an interceptor outside this
 // one has already sent the header.
 //
-// Stream methods are not deduplicated: [Server.Stream] passes them
-// through untouched.
+// # Streams
+//
+// [Server.Stream] deduplicates the streams of the server-streaming methods
+// (one request message, any number of responses) that ServerConfig.Streams
+// lists, and passes every other stream to the handler untouched: with no
+// Streams configured, at the cost of a function call; otherwise at the
+// cost of one lock-free, allocation-free cache lookup of the method name
+// (none for client-streaming and bidirectional methods), and no metadata
+// lookup.
+//
+// A keyed stream of an opted-in server-streaming method follows the unary
+// rules above (invalid key, identity scope, fingerprint, conflicts, wait,
+// NotStored, panics), with these differences:
+//
+//   - The interceptor reads the request message before the handler runs,
+//     as a message of the method's input type from protoregistry.GlobalFiles
+//     and GlobalTypes (a keyed stream of a method whose request type the
+//     registry does not know fails with codes.Internal; the handler does
+//     not run), and fingerprints it as for unary requests. An error
+//     receiving it is returned as the handler would have returned it.
+//   - First sight: the handler runs on a wrapped stream whose first RecvMsg
+//     yields the request already read (copied into the handler's message),
+//     and whose SendMsg forwards each response to the client and records
+//     its serialized bytes (each response is serialized twice: for the
+//     record and by grpc). The stored outcome is the list of responses in
+//     the order sent, the status, and the header and trailer metadata set
+//     on the stream (SetHeader, SendHeader, SetTrailer) or on its context
+//     (grpc.SetHeader and friends). A stream that fails after sending
+//     messages is stored with them, unless its code is in NotStored. An
+//     outcome is not stored either when the handler sent a message that
+//     is not a protobuf message (such as a grpc.PreparedMsg).
+//   - Recording limit: once the recorded responses outgrow
+//     ServerConfig.MaxStreamBytes, recording stops and what was recorded is
+//     dropped; the client still receives every message. If the outcome is
+//     one to store, a tombstone is stored in its place, exactly like a
+//     MemoryStore's oversized record: its replay is codes.Internal
+//     ("response stream was too large to keep for replay"), without
+//     messages or metadata. The request ran once and is not run again
+//     (Stats.Oversized counts these).
+//   - Replay: the stored header, then every stored response, rebuilt as a
+//     message of the method's output type (as for unary), then the stored
+//     trailer and status. The handler does not run. The header is set with
+//     the stream's SetHeader, and is lost if an interceptor outside this
+//     one has already sent it. The handler of a deduplicated stream runs
+//     with a wrapped transport stream in its context, as for unary.
+//
+// Client-streaming and bidirectional methods are passed through untouched
+// even when listed: their requests are not known before the handler runs,
+// so they cannot be fingerprinted before the key is claimed. Reading them
+// all first would change the method: it would hold a whole upload in
+// memory (or have to refuse large ones), and deadlock any bidirectional
+// protocol whose client waits for a response before it sends its next
+// request.
 //
 // Create a Server with [NewServer]; the zero Server is not usable. A
 // Server is safe for concurrent use.
@@ -103,7 +174,13 @@ type Server struct {
 	notStored CodeSet
 	methods   cowmap.Map[string, *methodInfo]
 
-	hits, misses, waits, conflicts, invalid, notStoredN, storeErrors atomic.Uint64
+	// streamServices and streamMethods are ServerConfig.Streams, parsed;
+	// streams is false when both are empty.
+	streams                       bool
+	streamServices, streamMethods map[string]bool
+	maxStreamBytes                int64
+
+	hits, misses, waits, conflicts, invalid, notStoredN, storeErrors, oversized atomic.Uint64
 }
 
 // Stats counts what a Server did, since it was created.
@@ -125,6 +202,10 @@ type Stats struct {
 	// StoreErrors counts Store calls that failed, including a MemoryStore
 	// refusing a new key while full of requests in flight.
 	StoreErrors uint64
+	// Oversized counts deduplicated streams whose responses outgrew
+	// ServerConfig.MaxStreamBytes and whose outcome was stored as a
+	// tombstone.
+	Oversized uint64
 	// Evictions is the store's count of records dropped for room, when
 	// the store has an Evictions() uint64 method (MemoryStore does); 0
 	// otherwise.
@@ -141,6 +222,12 @@ func NewServer(c ServerConfig) *Server {
 		s.notStored = DefaultNotStored
 	}
 	s.methods.Max = maxCached
+	s.streamServices, s.streamMethods = parseMethodSet(c.Streams)
+	s.streams = len(s.streamServices)+len(s.streamMethods) > 0
+	s.maxStreamBytes = c.MaxStreamBytes
+	if s.maxStreamBytes <= 0 {
+		s.maxStreamBytes = DefaultMaxStreamBytes
+	}
 	return s
 }
 
@@ -154,6 +241,7 @@ func (s *Server) Stats() Stats {
 		Invalid:     s.invalid.Load(),
 		NotStored:   s.notStoredN.Load(),
 		StoreErrors: s.storeErrors.Load(),
+		Oversized:   s.oversized.Load(),
 	}
 	if ev, ok := s.store.(interface{ Evictions() uint64 }); ok {
 		st.Evictions = ev.Evictions()
@@ -164,12 +252,18 @@ func (s *Server) Stats() Stats {
 // Unary returns the deduplicating unary server interceptor.
 func (s *Server) Unary() grpc.UnaryServerInterceptor { return s.unary }
 
-// Stream returns a stream server interceptor that passes every stream
-// through untouched: streams are not deduplicated.
+// Stream returns the stream server interceptor: it deduplicates the
+// server-streaming methods ServerConfig.Streams opts in, and passes every
+// other stream through untouched (see [Server]).
 func (s *Server) Stream() grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		return handler(srv, ss)
+	if !s.streams {
+		return passStream
 	}
+	return s.stream
+}
+
+func passStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	return handler(srv, ss)
 }
 
 func (s *Server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -338,12 +432,7 @@ func (s *Server) replay(ctx context.Context, mi *methodInfo, fp Fingerprint, rec
 	_ = grpc.SetHeader(ctx, rec.Header)
 	_ = grpc.SetTrailer(ctx, rec.Trailer)
 	if rec.Code != codes.OK {
-		if len(rec.Details) == 0 {
-			return nil, status.Error(rec.Code, rec.Message)
-		}
-		p := status.New(rec.Code, rec.Message).Proto()
-		p.Details = rec.Details
-		return nil, status.FromProto(p).Err()
+		return nil, rec.err()
 	}
 	mt := mi.outType()
 	if mt == nil {
@@ -355,6 +444,16 @@ func (s *Server) replay(ctx context.Context, mi *methodInfo, fp Fingerprint, rec
 		return nil, status.Error(codes.Internal, "idempotency: cannot rebuild the stored response: "+err.Error())
 	}
 	return m, nil
+}
+
+// err returns the status error rec stores; nil for codes.OK.
+func (rec *Record) err() error {
+	if len(rec.Details) == 0 {
+		return status.Error(rec.Code, rec.Message)
+	}
+	p := status.New(rec.Code, rec.Message).Proto()
+	p.Details = rec.Details
+	return status.FromProto(p).Err()
 }
 
 // storeError turns a Store's error into a status error.
@@ -371,6 +470,12 @@ func storeError(err error) error {
 // methodInfo is what the server knows of one method, resolved once.
 type methodInfo struct {
 	out atomic.Pointer[outType]
+	// stream is true when ServerConfig.Streams lists the method (or its
+	// service): its server streams are deduplicated.
+	stream bool
+	// in is the request type of a method listed in Streams, from the
+	// registry; nil if the registry does not know it.
+	in protoreflect.MessageType
 }
 
 type outType struct{ protoreflect.MessageType }
@@ -394,14 +499,20 @@ func (s *Server) method(full string) *methodInfo {
 	if mi, ok := s.methods.Load(full); ok {
 		return mi
 	}
-	return s.methods.LoadOrCreate(full, resolveMethod)
+	return s.methods.LoadOrCreate(full, s.resolveMethod)
 }
 
-// resolveMethod finds the output type of full in the global registries.
-func resolveMethod(full string) *methodInfo {
+// resolveMethod finds the output type of full in the global registries,
+// and whether (and with what request type) its streams are deduplicated.
+func (s *Server) resolveMethod(full string) *methodInfo {
 	mi := &methodInfo{}
 	if mt := ResponseType(full); mt != nil {
 		mi.out.Store(&outType{mt})
+	}
+	svc, _, ok := splitMethod(full)
+	mi.stream = s.streamMethods[full] || (ok && s.streamServices[svc])
+	if mi.stream {
+		mi.in = requestType(full)
 	}
 	return mi
 }
@@ -438,9 +549,7 @@ func (c *captureStream) SetHeader(md metadata.MD) error {
 	if err := c.ServerTransportStream.SetHeader(md); err != nil {
 		return err
 	}
-	c.mu.Lock()
-	c.header = metadata.Join(c.header, md)
-	c.mu.Unlock()
+	c.addHeader(md)
 	return nil
 }
 
@@ -448,9 +557,7 @@ func (c *captureStream) SendHeader(md metadata.MD) error {
 	if err := c.ServerTransportStream.SendHeader(md); err != nil {
 		return err
 	}
-	c.mu.Lock()
-	c.header = metadata.Join(c.header, md)
-	c.mu.Unlock()
+	c.addHeader(md)
 	return nil
 }
 
@@ -458,10 +565,20 @@ func (c *captureStream) SetTrailer(md metadata.MD) error {
 	if err := c.ServerTransportStream.SetTrailer(md); err != nil {
 		return err
 	}
+	c.addTrailer(md)
+	return nil
+}
+
+func (c *captureStream) addHeader(md metadata.MD) {
+	c.mu.Lock()
+	c.header = metadata.Join(c.header, md)
+	c.mu.Unlock()
+}
+
+func (c *captureStream) addTrailer(md metadata.MD) {
 	c.mu.Lock()
 	c.trailer = metadata.Join(c.trailer, md)
 	c.mu.Unlock()
-	return nil
 }
 
 func (c *captureStream) captured() (header, trailer metadata.MD) {
