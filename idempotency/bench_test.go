@@ -2,6 +2,8 @@ package idempotency_test
 
 import (
 	"context"
+	"errors"
+	"io"
 	"strconv"
 	"testing"
 
@@ -124,5 +126,160 @@ func BenchmarkBufconnMiss(b *testing.B) {
 		if _, err := c.Charge(keyed(context.Background(), "bench-"+strconv.Itoa(i)), benchReq); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// The stream interceptor on its own, on a server-streaming List whose
+// handler sends benchListCount responses.
+
+const benchListCount = 3
+
+var benchListReq = &echov1.ListRequest{RequestId: "bench-request-0001", Count: benchListCount}
+
+func benchListHandler(_ any, ss grpc.ServerStream) error {
+	req := new(echov1.ListRequest)
+	if err := ss.RecvMsg(req); err != nil {
+		return err
+	}
+	for i := range req.GetCount() {
+		if err := ss.SendMsg(&echov1.ListResponse{RequestId: req.GetRequestId(), Index: i, Payload: []byte("payload")}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// noopStreamHandler stands for a handler, so that a pass-through benchmark
+// measures the interceptor alone.
+func noopStreamHandler(any, grpc.ServerStream) error { return nil }
+
+// benchStream runs the stream interceptor of c on a List stream with
+// incoming md, b.N times, and checks that each call sent want responses.
+func benchStream(b *testing.B, c idempotency.ServerConfig, md metadata.MD, h grpc.StreamHandler, want int) *idempotency.Server {
+	s := idempotency.NewServer(c)
+	st := s.Stream()
+	ctx := grpc.NewContextWithServerTransportStream(metadata.NewIncomingContext(context.Background(), md), &fakeStream{method: listMethod})
+	f := &fakeServerStream{ctx: ctx, req: benchListReq}
+	call := func() {
+		f.recvd, f.sent = false, f.sent[:0]
+		if err := st(nil, f, serverStreaming, h); err != nil {
+			b.Fatal(err)
+		}
+		if len(f.sent) != want {
+			b.Fatalf("sent %d, want %d", len(f.sent), want)
+		}
+	}
+	call() // the first call of a keyed stream runs the handler and stores it
+	b.ReportAllocs()
+	for b.Loop() {
+		call()
+	}
+	return s
+}
+
+// BenchmarkStreamPassThrough: no Streams configured; a keyed stream.
+func BenchmarkStreamPassThrough(b *testing.B) {
+	benchStream(b, idempotency.ServerConfig{}, metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey()), noopStreamHandler, 0)
+}
+
+// BenchmarkStreamNotOptedIn: Streams lists other methods; a keyed List
+// passes through.
+func BenchmarkStreamNotOptedIn(b *testing.B) {
+	c := idempotency.ServerConfig{Streams: []string{"/other.v1.Svc/", echov1.EchoService_Chat_FullMethodName}}
+	benchStream(b, c, metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey()), noopStreamHandler, 0)
+}
+
+// BenchmarkStreamNoKey: List is opted in; the stream carries no key.
+func BenchmarkStreamNoKey(b *testing.B) {
+	c := idempotency.ServerConfig{Streams: []string{listMethod}}
+	benchStream(b, c, metadata.Pairs("x-request-id", "1", "user-agent", "bench"), noopStreamHandler, 0)
+}
+
+// BenchmarkStreamHandlerAlone is the bench List handler without
+// deduplication (no Streams), for comparison with a hit, which replaces it.
+func BenchmarkStreamHandlerAlone(b *testing.B) {
+	benchStream(b, idempotency.ServerConfig{}, nil, benchListHandler, benchListCount)
+}
+
+// BenchmarkStreamHit: every call after the first is a replay of its 3
+// responses; the handler must not run.
+func BenchmarkStreamHit(b *testing.B) {
+	c := idempotency.ServerConfig{Streams: []string{listMethod}}
+	ran := false
+	h := func(srv any, ss grpc.ServerStream) error {
+		if ran {
+			b.Fatal("handler ran twice")
+		}
+		ran = true
+		return benchListHandler(srv, ss)
+	}
+	s := benchStream(b, c, metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey(), "user-agent", "bench"), h, benchListCount)
+	if st := s.Stats(); st.Misses != 1 {
+		b.Fatalf("%+v", st)
+	}
+}
+
+// BenchmarkStreamMiss: a new key per call (in a store of 1024 entries, so
+// each completion evicts the least recently used record): read, claim,
+// run and record.
+func BenchmarkStreamMiss(b *testing.B) {
+	s := idempotency.NewServer(idempotency.ServerConfig{
+		Streams: []string{listMethod},
+		Store:   idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxEntries: 1024}),
+	})
+	st := s.Stream()
+	ctxs := make([]context.Context, 4096)
+	for i := range ctxs {
+		ctxs[i] = grpc.NewContextWithServerTransportStream(metadata.NewIncomingContext(context.Background(),
+			metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey(), "user-agent", "bench")), &fakeStream{method: listMethod})
+	}
+	f := &fakeServerStream{req: benchListReq}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		f.ctx, f.recvd, f.sent = ctxs[i%len(ctxs)], false, f.sent[:0]
+		if err := st(nil, f, serverStreaming, benchListHandler); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+	if st := s.Stats(); st.Hits != 0 {
+		b.Fatalf("%+v", st)
+	}
+}
+
+// The stream interceptor over real grpc on bufconn, end to end.
+
+func benchList(b *testing.B, c echov1.EchoServiceClient, ctx context.Context) {
+	b.ReportAllocs()
+	for b.Loop() {
+		ls, err := c.List(ctx, benchListReq)
+		if err != nil {
+			b.Fatal(err)
+		}
+		n := 0
+		for {
+			if _, err := ls.Recv(); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				b.Fatal(err)
+			}
+			n++
+		}
+		if n != benchListCount {
+			b.Fatalf("received %d", n)
+		}
+	}
+}
+
+func BenchmarkBufconnStreamNoDedupe(b *testing.B) {
+	benchList(b, startEcho(b, origin.New(nil), nil), keyed(context.Background(), idempotency.NewKey()))
+}
+
+func BenchmarkBufconnStreamHit(b *testing.B) {
+	s := idempotency.NewServer(idempotency.ServerConfig{Streams: []string{listMethod}})
+	benchList(b, startEcho(b, origin.New(nil), dedupeOpts(s)), keyed(context.Background(), idempotency.NewKey()))
+	if st := s.Stats(); st.Misses != 1 {
+		b.Fatalf("%+v", st)
 	}
 }
