@@ -26,7 +26,8 @@ const DefaultNotStored = CodeSet(1<<codes.Canceled | 1<<codes.DeadlineExceeded |
 	1<<codes.ResourceExhausted | 1<<codes.Aborted | 1<<codes.Unavailable)
 
 // ServerConfig configures a Server. The zero value deduplicates keyed
-// requests in a default [MemoryStore], without identity scoping.
+// unary requests in a default [MemoryStore], without identity scoping, and
+// passes every stream through.
 type ServerConfig struct {
 	// Store keeps the records; nil: NewMemoryStore(MemoryConfig{}).
 	// Several Servers (for example one per service of a process) may
