@@ -16,4 +16,22 @@
 //
 // Policies are cached per method after the first lookup; a cached lookup
 // takes no lock and allocates nothing.
+//
+// # Idempotency keys
+//
+// A retry_with_key method may be retried because every attempt of one
+// logical call carries the same idempotency-key metadata ([MetadataKey]):
+// the caller's own ([WithKey], [CallKey]) or one the client interceptor
+// generates per logical call ([NewKey]). [ValidateKey] says what a key may
+// hold.
+//
+// # Deduplication on the server
+//
+// [Server]'s unary interceptor runs each keyed request once: the first
+// sight runs the handler and stores its outcome in a [Store] (the bounded
+// [MemoryStore] by default); a duplicate that arrives while the first is
+// running waits for it; later duplicates get the stored outcome; a key
+// reused with another method or request is refused with InvalidArgument.
+// Server-streaming methods listed in [ServerConfig].Streams are
+// deduplicated the same way; other streams pass through untouched.
 package idempotency
