@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/descriptorpb"
 
+	"github.com/stormguard/stormguard/internal/codename"
 	"github.com/stormguard/stormguard/internal/cowmap"
 	stormguardv1 "github.com/stormguard/stormguard/proto/stormguard/v1"
 )
@@ -121,28 +122,9 @@ func ParseCodes(names ...string) CodeSet {
 	return s
 }
 
-var codeNames = map[string]codes.Code{
-	"CANCELLED":           codes.Canceled,
-	"UNKNOWN":             codes.Unknown,
-	"INVALID_ARGUMENT":    codes.InvalidArgument,
-	"DEADLINE_EXCEEDED":   codes.DeadlineExceeded,
-	"NOT_FOUND":           codes.NotFound,
-	"ALREADY_EXISTS":      codes.AlreadyExists,
-	"PERMISSION_DENIED":   codes.PermissionDenied,
-	"RESOURCE_EXHAUSTED":  codes.ResourceExhausted,
-	"FAILED_PRECONDITION": codes.FailedPrecondition,
-	"ABORTED":             codes.Aborted,
-	"OUT_OF_RANGE":        codes.OutOfRange,
-	"UNIMPLEMENTED":       codes.Unimplemented,
-	"INTERNAL":            codes.Internal,
-	"UNAVAILABLE":         codes.Unavailable,
-	"DATA_LOSS":           codes.DataLoss,
-	"UNAUTHENTICATED":     codes.Unauthenticated,
-}
-
 func parseCode(name string) (codes.Code, bool) {
 	name = strings.TrimSpace(name)
-	if c, ok := codeNames[strings.ToUpper(name)]; ok {
+	if c, ok := codename.Parse(strings.ToUpper(name)); ok && c != codes.OK {
 		return c, true
 	}
 	if n, err := strconv.ParseUint(name, 10, 8); err == nil && n > 0 && n <= uint64(codes.Unauthenticated) {

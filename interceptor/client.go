@@ -21,6 +21,7 @@ import (
 	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/deadline"
 	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/internal/codename"
 	"github.com/stormguard/stormguard/internal/cowmap"
 )
 
@@ -273,19 +274,21 @@ func (k *call) setup(ctx context.Context, cs callSettings) (context.Context, err
 	if !hasKey {
 		key, hasKey = idempotency.KeyFromContext(ctx)
 	}
-	if !hasKey {
-		if vs := metadata.ValueFromOutgoingContext(ctx, idempotency.MetadataKey); len(vs) == 1 {
-			key, hasKey = vs[0], true // set by the caller in metadata: send as is
-		} else if r.policy.Level == idempotency.RetryWithKey && !k.c.o.noKeys {
-			key = idempotency.NewKey()
-			ctx = metadata.AppendToOutgoingContext(ctx, idempotency.MetadataKey, key)
-			hasKey = true
-		}
-	} else {
+	switch {
+	case hasKey:
 		if err := idempotency.ValidateKey(key); err != nil {
 			return ctx, err
 		}
 		ctx = replaceOutgoing(ctx, idempotency.MetadataKey, key)
+	case r.policy.Level == idempotency.RetryWithKey:
+		// Only here does a key change anything (Repeatable); a key the
+		// caller put in the metadata of another method is sent as is.
+		if vs := metadata.ValueFromOutgoingContext(ctx, idempotency.MetadataKey); len(vs) == 1 {
+			hasKey = true
+		} else if !k.c.o.noKeys {
+			ctx = metadata.AppendToOutgoingContext(ctx, idempotency.MetadataKey, idempotency.NewKey())
+			hasKey = true
+		}
 	}
 	k.repeatable = r.policy.Repeatable(hasKey)
 	k.maxAttempts = 1
@@ -338,7 +341,7 @@ func (k *call) endCall(ctx context.Context, err error) {
 		if end.IsZero() {
 			end = k.c.o.now()
 		}
-		t.duration.Record(ctx, seconds(end.Sub(k.start)), k.r.tel.callRecord...)
+		t.duration.Record(ctx, end.Sub(k.start).Seconds(), k.r.tel.callRecord...)
 	}
 	if k.retries > 0 {
 		t.retries.Record(ctx, int64(k.retries), k.r.tel.callRecord...)
@@ -514,21 +517,30 @@ func (k *call) decide(ctx context.Context, err error, tr metadata.MD, a *attempt
 	if d, ok := ctx.Deadline(); ok && !now.Add(delay).Before(d) {
 		return 0, ReasonDeadline, false
 	}
-	if b := k.r.breaker; b != nil && b.RetryAfter() > 0 {
-		return 0, ReasonBreaker, false
-	}
-	if bu := k.r.budget; bu != nil && !k.withdraw(bu, now) {
-		return 0, ReasonBudget, false
+	if reason, ok := k.fund(now); !ok {
+		return 0, reason, false
 	}
 	return delay, "", true
 }
 
-// withdraw asks the budget for a retry or a hedge.
-func (k *call) withdraw(b *budget.Budget, now time.Time) bool {
-	if k.c.budgetAt {
-		return b.WithdrawAt(now)
+// fund checks that the breaker is not open and withdraws one retry or
+// hedge from the budget; it is the last step before either is sent.
+func (k *call) fund(now time.Time) (Reason, bool) {
+	if b := k.r.breaker; b != nil && b.RetryAfter() > 0 {
+		return ReasonBreaker, false
 	}
-	return b.Withdraw()
+	if b := k.r.budget; b != nil {
+		ok := false
+		if k.c.budgetAt {
+			ok = b.WithdrawAt(now)
+		} else {
+			ok = b.Withdraw()
+		}
+		if !ok {
+			return ReasonBudget, false
+		}
+	}
+	return "", true
 }
 
 // backoff returns the next exponential backoff with jitter: a random time
@@ -621,7 +633,7 @@ func (k *call) retryScheduled(err error, delay time.Duration, tr metadata.MD) {
 	if !k.recording {
 		return
 	}
-	attrs := []attribute.KeyValue{AttrCause.String(statusName(status.Code(err))), AttrDelay.Float64(delay.Seconds())}
+	attrs := []attribute.KeyValue{AttrCause.String(codename.Name(status.Code(err))), AttrDelay.Float64(delay.Seconds())}
 	if vs := tr[PushbackKey]; len(vs) == 1 {
 		attrs = append(attrs, AttrPushback.String(vs[0]))
 	}

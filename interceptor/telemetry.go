@@ -5,7 +5,6 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/budget"
+	"github.com/stormguard/stormguard/internal/codename"
 )
 
 // ScopeName is the instrumentation scope of the tracer and meter.
@@ -239,7 +239,7 @@ func newRouteTelemetry(method, target string) *routeTelemetry {
 		rt.attemptOpts[k] = []metric.AddOption{metric.WithAttributeSet(set)}
 	}
 	for c := range rt.callOpts {
-		rt.statusAttr[c] = semconv.RPCResponseStatusCode(statusName(grpccodes.Code(c)))
+		rt.statusAttr[c] = semconv.RPCResponseStatusCode(codename.Name(grpccodes.Code(c)))
 		set := attribute.NewSet(append(append([]attribute.KeyValue(nil), base...), rt.statusAttr[c])...)
 		rt.callOpts[c] = []metric.AddOption{metric.WithAttributeSet(set)}
 	}
@@ -249,48 +249,6 @@ func newRouteTelemetry(method, target string) *routeTelemetry {
 		rt.refusalOpts[r] = []metric.AddOption{metric.WithAttributeSet(set)}
 	}
 	return rt
-}
-
-// statusName returns the canonical name of a code ("UNAVAILABLE"), as
-// rpc.response.status_code wants it.
-func statusName(c grpccodes.Code) string {
-	switch c {
-	case grpccodes.OK:
-		return "OK"
-	case grpccodes.Canceled:
-		return "CANCELLED"
-	case grpccodes.Unknown:
-		return "UNKNOWN"
-	case grpccodes.InvalidArgument:
-		return "INVALID_ARGUMENT"
-	case grpccodes.DeadlineExceeded:
-		return "DEADLINE_EXCEEDED"
-	case grpccodes.NotFound:
-		return "NOT_FOUND"
-	case grpccodes.AlreadyExists:
-		return "ALREADY_EXISTS"
-	case grpccodes.PermissionDenied:
-		return "PERMISSION_DENIED"
-	case grpccodes.ResourceExhausted:
-		return "RESOURCE_EXHAUSTED"
-	case grpccodes.FailedPrecondition:
-		return "FAILED_PRECONDITION"
-	case grpccodes.Aborted:
-		return "ABORTED"
-	case grpccodes.OutOfRange:
-		return "OUT_OF_RANGE"
-	case grpccodes.Unimplemented:
-		return "UNIMPLEMENTED"
-	case grpccodes.Internal:
-		return "INTERNAL"
-	case grpccodes.Unavailable:
-		return "UNAVAILABLE"
-	case grpccodes.DataLoss:
-		return "DATA_LOSS"
-	case grpccodes.Unauthenticated:
-		return "UNAUTHENTICATED"
-	}
-	return "CODE(" + strconv.Itoa(int(c)) + ")"
 }
 
 func codeIndex(c grpccodes.Code) int {
@@ -313,5 +271,3 @@ func endSpan(span trace.Span, rt *routeTelemetry, code grpccodes.Code, msg strin
 	}
 	span.End()
 }
-
-func seconds(d time.Duration) float64 { return d.Seconds() }

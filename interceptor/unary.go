@@ -290,7 +290,7 @@ func (k *call) hedged(ctx context.Context, method string, req any, reply proto.M
 			inflight++
 			armTimer()
 		case <-timer.C:
-			if reason, ok := k.mayHedge(); !ok {
+			if reason, ok := k.fund(k.c.o.now()); !ok {
 				k.refuse(ctx, reason, EventHedgeRefused)
 				hedging = false
 				continue
@@ -307,17 +307,6 @@ func (k *call) hedged(ctx context.Context, method string, req any, reply proto.M
 			return status.FromContextError(ctx.Err()).Err()
 		}
 	}
-}
-
-// mayHedge checks the breaker and withdraws a hedge from the budget.
-func (k *call) mayHedge() (Reason, bool) {
-	if b := k.r.breaker; b != nil && b.RetryAfter() > 0 {
-		return ReasonBreaker, false
-	}
-	if b := k.r.budget; b != nil && !k.withdraw(b, k.c.o.now()) {
-		return ReasonBudget, false
-	}
-	return "", true
 }
 
 // annotate returns err with an ErrorInfo saying why it was not retried,
