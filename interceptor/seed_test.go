@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -69,16 +70,40 @@ func TestSeedOutageOneHop(t *testing.T) {
 	}
 }
 
+// inStep holds every first attempt until n first attempts have arrived
+// (or 5 s have passed), so that a wave of n concurrent callers is one
+// wave, as in the seed articles: every caller has deposited into the
+// budget before any failure comes back, whatever the scheduler does.
+func inStep(n int, script origin.Script) origin.Script {
+	var mu sync.Mutex
+	arrived := 0
+	all := make(chan struct{})
+	return func(c origin.Call) origin.Reply {
+		if c.Attempt == 1 {
+			mu.Lock()
+			if arrived++; arrived == n {
+				close(all)
+			}
+			mu.Unlock()
+			select {
+			case <-all:
+			case <-time.After(5 * time.Second):
+			}
+		}
+		return script(c)
+	}
+}
+
 // Seed 000: 50 callers, 5 of which fail once: the budget is invisible.
 func TestSeedFlaky(t *testing.T) {
-	e := newEnv(t, func(c origin.Call) origin.Reply {
+	e := newEnv(t, inStep(50, func(c origin.Call) origin.Reply {
 		var n int
 		fmt.Sscan(c.RequestID, &n)
 		if n < 5 && c.Attempt == 1 {
 			return origin.Reply{Code: codes.Unavailable}
 		}
 		return origin.Reply{}
-	})
+	}))
 	ok, _ := concurrently(50, func(i int) error {
 		_, err := e.echo.Get(t.Context(), &echov1.GetRequest{RequestId: fmt.Sprint(i)}, interceptor.NoHedging())
 		return err
