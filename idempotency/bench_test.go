@@ -10,9 +10,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
-	echov1 "github.com/stormguard/stormguard/examples/proto/echo/v1"
 	"github.com/stormguard/stormguard/idempotency"
 	"github.com/stormguard/stormguard/internal/origin"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
 // The interceptor on its own, called as grpc calls it (a transport stream

@@ -8,8 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 
-	echov1 "github.com/stormguard/stormguard/examples/proto/echo/v1"
 	"github.com/stormguard/stormguard/idempotency"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
 func TestLookupDemoMethods(t *testing.T) {

@@ -10,9 +10,9 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/stormguard/stormguard/budget"
-	echov1 "github.com/stormguard/stormguard/examples/proto/echo/v1"
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
 // env is an origin served over bufconn and a client of it through the

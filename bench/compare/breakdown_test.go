@@ -8,8 +8,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	echov1 "github.com/stormguard/stormguard/examples/proto/echo/v1"
 	"github.com/stormguard/stormguard/interceptor"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
 // BenchmarkStormguardBreakdown takes stormguard's success path (fake

@@ -19,8 +19,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	echov1 "github.com/stormguard/stormguard/examples/proto/echo/v1"
 	"github.com/stormguard/stormguard/interceptor"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
 // flushTimeout bounds the export of the last spans at exit.

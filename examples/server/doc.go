@@ -1,4 +1,4 @@
-// Command server serves the demo EchoService (examples/proto/echo/v1)
+// Command server serves the demo EchoService (internal/proto/echo/v1)
 // behind stormguard's server interceptors, on 127.0.0.1.
 //
 //	go run ./examples/server -addr 127.0.0.1:50051 -flaky 2

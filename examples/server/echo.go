@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	echov1 "github.com/stormguard/stormguard/examples/proto/echo/v1"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
 // maxListCount bounds the items one List sends.

@@ -13,8 +13,8 @@ import (
 
 	"google.golang.org/grpc"
 
-	echov1 "github.com/stormguard/stormguard/examples/proto/echo/v1"
 	"github.com/stormguard/stormguard/interceptor"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
 // stopGrace bounds the graceful stop: calls still running after it are cut.

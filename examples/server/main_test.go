@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	echov1 "github.com/stormguard/stormguard/examples/proto/echo/v1"
 	"github.com/stormguard/stormguard/interceptor"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

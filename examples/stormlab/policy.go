@@ -6,9 +6,9 @@ import (
 
 	"google.golang.org/grpc"
 
-	echov1 "github.com/stormguard/stormguard/examples/proto/echo/v1"
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
 // The backoff of every retrying row. It is small so that the lab is fast,

@@ -8,8 +8,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	echov1 "github.com/stormguard/stormguard/examples/proto/echo/v1"
 	"github.com/stormguard/stormguard/internal/origin"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
 // labSeed seeds every random choice of the lab that decides an outcome

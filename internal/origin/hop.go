@@ -7,7 +7,7 @@ import (
 
 	"google.golang.org/grpc"
 
-	echov1 "github.com/stormguard/stormguard/examples/proto/echo/v1"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
 // Hop is an EchoService that forwards every call to Next with the handler's

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	echov1 "github.com/stormguard/stormguard/examples/proto/echo/v1"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
 // Call describes one attempt as it reached the origin.

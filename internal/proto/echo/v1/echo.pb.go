@@ -900,7 +900,7 @@ const file_echo_v1_echo_proto_rawDesc = "" +
 	"\x06Notify\x12\x16.echo.v1.NotifyRequest\x1a\x17.echo.v1.NotifyResponse\x12:\n" +
 	"\x04List\x12\x14.echo.v1.ListRequest\x1a\x15.echo.v1.ListResponse\"\x03\x90\x02\x010\x01\x12@\n" +
 	"\x06Upload\x12\x16.echo.v1.UploadRequest\x1a\x17.echo.v1.UploadResponse\"\x03\x90\x02\x02(\x01\x12<\n" +
-	"\x04Chat\x12\x14.echo.v1.ChatRequest\x1a\x15.echo.v1.ChatResponse\"\x03\x90\x02\x02(\x010\x01B@Z>github.com/stormguard/stormguard/examples/proto/echo/v1;echov1b\x06proto3"
+	"\x04Chat\x12\x14.echo.v1.ChatRequest\x1a\x15.echo.v1.ChatResponse\"\x03\x90\x02\x02(\x010\x01B@Z>github.com/stormguard/stormguard/internal/proto/echo/v1;echov1b\x06proto3"
 
 var (
 	file_echo_v1_echo_proto_rawDescOnce sync.Once
