@@ -183,6 +183,9 @@ func (c *Client) route(target, method string) *route {
 		if p.RetryableCodes != 0 {
 			r.retryable = p.RetryableCodes
 		}
+		if r.perAttempt == 0 {
+			r.perAttempt = c.o.perAttempt
+		}
 		switch {
 		case p.Hedging:
 			r.hedge, r.hedgeDelay, r.maxHedges = true, p.HedgingDelay, p.MaxHedges

@@ -56,6 +56,7 @@ type clientOptions struct {
 	noKeys         bool
 	deadlineCfg    deadline.ClientConfig
 	replayLimit    int
+	perAttempt     time.Duration
 	failures       idempotency.CodeSet
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
@@ -206,6 +207,19 @@ func WithReplayLimit(bytes int) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
 		if bytes >= 0 {
 			o.replayLimit = bytes
+		}
+	})
+}
+
+// WithPerAttemptTimeout bounds each unary attempt to d (default: no bound
+// but the call's deadline), for methods whose proto sets no
+// per_attempt_timeout (the proto's value takes precedence). An attempt that
+// runs out of its own time while the call still has time left counts as a
+// retryable failure. Streams ignore it. d ≤ 0 keeps the default.
+func WithPerAttemptTimeout(d time.Duration) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if d > 0 {
+			o.perAttempt = d
 		}
 	})
 }
