@@ -113,6 +113,19 @@ func (c *Client) Downstream(remaining time.Duration) time.Duration {
 	return max(d, 0)
 }
 
+// Check returns the status error an attempt with left time before its
+// deadline fails fast with (codes.DeadlineExceeded, nothing sent), or nil
+// when it may be sent: left must be positive and at least MinRemaining.
+func (c *Client) Check(left time.Duration) error {
+	switch {
+	case left <= 0:
+		return errExpired
+	case left < c.min:
+		return errTooLate
+	}
+	return nil
+}
+
 // AttemptContext is the once-per-attempt step, to be called right before
 // the attempt is sent, with the current time.
 //

@@ -1,6 +1,8 @@
 package interceptor
 
 import (
+	"context"
+	"log/slog"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -13,6 +15,7 @@ import (
 	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/deadline"
 	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/internal/clock"
 )
 
 // Defaults of the client options.
@@ -61,7 +64,13 @@ type clientOptions struct {
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
 	propagators    propagation.TextMapPropagator
-	now            func() time.Time
+	now            func() time.Time // nil: time.Now
+	newTimer       func(time.Duration) clock.Timer
+	instrumented   bool
+	shadow         bool
+	hooks          Hooks
+	retryIf        func(ctx context.Context, method string, err error) bool
+	logger         *slog.Logger
 }
 
 // WithMaxAttempts sets the most attempts of one logical call, the first
@@ -256,12 +265,85 @@ func WithPropagators(p propagation.TextMapPropagator) ClientOption {
 }
 
 // WithClock sets the clock used for budgets, breakers, deadlines and latency
-// (default time.Now); for tests. Backoff and hedging timers still run on real
-// time. nil is ignored.
+// (default time.Now); for tests, together with WithTimer. nil is ignored.
 func WithClock(now func() time.Time) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
 		if now != nil {
 			o.now = now
+		}
+	})
+}
+
+// Timer is a stoppable one-shot timer, like *time.Timer: C returns the
+// channel it sends on when it fires, and Stop reports whether it stopped
+// it before it fired.
+type Timer interface {
+	C() <-chan time.Time
+	Stop() bool
+}
+
+// WithTimer sets how the Client waits: newTimer(d) must return a Timer
+// that fires once d has passed on the WithClock clock. It serves the
+// backoff between attempts and the hedging delay (default: real timers).
+// For tests, with a fake clock, so that they advance time instead of
+// sleeping. nil is ignored.
+func WithTimer(newTimer func(d time.Duration) Timer) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if newTimer != nil {
+			o.newTimer = func(d time.Duration) clock.Timer { return newTimer(d) }
+		}
+	})
+}
+
+// WithInstrumentedAttempts says that another instrumentation records each
+// attempt as a CLIENT span: otelgrpc's stats handler
+// (otelgrpc.NewClientHandler) or grpc-go's stats/opentelemetry. The
+// suite's call span then becomes an INTERNAL span named
+// "Sent.pkg.Svc/Method" (gRFC A72), so that a call has exactly one CLIENT
+// span per attempt, each below the suite's "Attempt.pkg.Svc/Method" span
+// that says why it was sent. See the README section "With otelgrpc".
+func WithInstrumentedAttempts() ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.instrumented = true })
+}
+
+// WithShadowMode makes the budget and the breaker decide and record
+// without refusing: where they would refuse a retry, a hedge or a call,
+// the Client records a stormguard.would_refuse event and a
+// stormguard.client.would_refuse metric (by reason) and sends the attempt
+// anyway. The rules that keep calls safe still apply: a method that may
+// not be repeated is sent once, attempts stop at the attempt limit, the
+// deadline and a server's pushback. For a safe rollout: watch what would be
+// refused before it is.
+func WithShadowMode() ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.shadow = true })
+}
+
+// WithRetryIf narrows what is retried: after a failed attempt that the
+// suite would retry, f is asked, and a false refuses the retry (reason
+// retry_if). f is never asked about a method that may not be repeated, nor
+// about a code that is not retryable: it can narrow, never widen. It is
+// called on the call's goroutine and must be safe for concurrent use. nil
+// is ignored.
+func WithRetryIf(f func(ctx context.Context, fullMethod string, err error) bool) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if f != nil {
+			o.retryIf = f
+		}
+	})
+}
+
+// WithHooks sets callbacks for the Client's decisions (see Hooks). Nil
+// fields are ignored; a later WithHooks replaces an earlier one.
+func WithHooks(h Hooks) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.hooks = h })
+}
+
+// WithLogger sets the logger of the Client's rare warnings (default
+// slog.Default()). nil is ignored.
+func WithLogger(l *slog.Logger) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if l != nil {
+			o.logger = l
 		}
 	})
 }

@@ -62,7 +62,7 @@ func (s *Server) pushback(ctx context.Context, m *refusalMarker, err error) {
 	if err == nil || s.o.noPushback {
 		return
 	}
-	if m.set.Load() || RefusedBy(err) != "" {
+	if m.set.Load() || RefusedBy(err).Propagates() {
 		_ = grpc.SetTrailer(ctx, dontRetry)
 	}
 }

@@ -13,7 +13,8 @@ import (
 )
 
 // Stream returns the stream client interceptor. Install it with
-// grpc.WithChainStreamInterceptor, together with grpc.WithDisableRetry.
+// grpc.WithChainStreamInterceptor, together with grpc.WithDisableRetry (or
+// use DialOptions).
 //
 // A stream of a method that may be repeated is retried like a unary call
 // (same budget, breaker, deadline, pushback and telemetry) until it is
@@ -23,27 +24,174 @@ import (
 // and replayed, in order, on each new attempt. After commit, errors go to
 // the caller unchanged and nothing is ever delivered twice. Streams are not
 // hedged.
-func (c *Client) Stream() grpc.StreamClientInterceptor { return c.stream }
+func (c *Client) Stream() grpc.StreamClientInterceptor { return c.streamInterceptor(false) }
 
-func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	k := &call{c: c, r: c.route(cc.Target(), method)}
-	ctx, err := k.setup(ctx, scanCallOptions(opts))
+func (c *Client) streamInterceptor(grpcRetryOff bool) grpc.StreamClientInterceptor {
+	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		return c.stream(ctx, desc, cc, method, streamer, opts, grpcRetryOff)
+	}
+}
+
+func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts []grpc.CallOption, grpcRetryOff bool) (grpc.ClientStream, error) {
+	k := &call{client: c, route: c.routeFor(targetOf(cc), method)}
+	cs := scanCallOptions(opts)
+	ctx, cancel, err := k.setup(ctx, cs, cc, grpcRetryOff)
 	if err != nil {
 		return nil, err
 	}
 	k.hedge = false
-	ctx, cancel := c.dl.CallContext(ctx)
 	ctx = k.startCall(ctx)
-	s := &clientStream{k: k, ctx: ctx, cancel: cancel, desc: desc, cc: cc, method: method, streamer: streamer, opts: opts}
-	a, err := s.open(kindFirst, nil)
-	if err != nil {
+	s := &clientStream{k: k, ctx: ctx, cancel: cancel, desc: desc, cc: cc, method: method, streamer: streamer, opts: opts, cs: cs}
+	if err := s.open(kindFirst, nil); err != nil {
 		k.endCall(ctx, err)
 		cancel()
 		return nil, err
 	}
-	s.cur = a
 	s.stop = context.AfterFunc(ctx, s.callerLeft)
 	return s, nil
+}
+
+// clientStream is the grpc.ClientStream the caller sees: it switches the
+// underlying attempt on a retry.
+type clientStream struct {
+	k        *call
+	ctx      context.Context // the call's
+	cancel   context.CancelFunc
+	stop     func() bool // stops the AfterFunc watching ctx
+	desc     *grpc.StreamDesc
+	cc       *grpc.ClientConn
+	method   string
+	streamer grpc.Streamer
+	opts     []grpc.CallOption
+	cs       callSettings
+
+	mu        sync.Mutex
+	cur       *streamAttempt
+	committed bool
+	buf       []any // client messages to replay
+	bufSize   int
+	closeSent bool
+	finished  bool
+	finalErr  error         // returned by RecvMsg once finished (io.EOF on success)
+	pending   proto.Message // a response read while resolving a failed send
+}
+
+// streamAttempt is one attempt of a stream.
+type streamAttempt struct {
+	attempt
+	inner grpc.ClientStream
+	// recvMu is held by whoever receives on inner: the caller's RecvMsg, or
+	// the code that drains a failed attempt to learn its status. grpc
+	// allows one receiver at a time.
+	recvMu sync.Mutex
+	// done is closed once the attempt has been replaced or the stream has
+	// finished.
+	done chan struct{}
+}
+
+// errFinished is install's answer when the stream finished (the caller
+// left) while a new attempt was being opened.
+var errFinished = errors.New("stormguard: stream finished")
+
+func (s *clientStream) current() (*streamAttempt, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur, s.finished
+}
+
+// open starts attempts until one is installed in place of old (nil for the
+// first), or returns the error the stream finishes with. The caller holds
+// old.recvMu (if any).
+func (s *clientStream) open(kind attemptKind, old *streamAttempt) error {
+	k := s.k
+	for {
+		a, reason, err := k.begin(s.ctx, kind, streamAttemptMode)
+		if reason != "" {
+			return k.notSent(s.ctx, reason, err)
+		}
+		sa := &streamAttempt{attempt: a, done: make(chan struct{})}
+		creds, credsOpt := newAttemptCreds(k, &s.cs)
+		sa.creds = creds
+		sa.inner, err = s.streamer(a.ctx, s.desc, s.cc, s.method, append(s.opts[:len(s.opts):len(s.opts)], credsOpt)...)
+		if err == nil {
+			if err = s.install(sa, old); err == nil {
+				return nil
+			}
+			if errors.Is(err, errFinished) {
+				k.end(s.ctx, &sa.attempt, nil, true)
+				return s.finalError()
+			}
+		}
+		// The attempt failed before it was handed to the caller.
+		var tr metadata.MD
+		if sa.inner != nil {
+			tr = sa.inner.Trailer()
+		}
+		v := k.after(s.ctx, &sa.attempt, err, tr)
+		if !v.retry {
+			return k.conclude(s.ctx, v)
+		}
+		k.scheduled(v)
+		if err := k.wait(s.ctx, v.delay); err != nil {
+			return err
+		}
+		kind = kindRetry
+	}
+}
+
+// install replays the buffered client messages (and CloseSend) on sa and
+// makes it the current attempt, in one critical section: a SendMsg or
+// CloseSend either comes before it (and is replayed) or after it (and goes
+// to sa); none is lost in between. It returns the attempt's status if a
+// replayed send fails.
+func (s *clientStream) install(sa, old *streamAttempt) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.finished {
+		return errFinished
+	}
+	if err := s.replayLocked(sa); err != nil {
+		return err
+	}
+	s.cur = sa
+	if old != nil {
+		close(old.done)
+	}
+	return nil
+}
+
+func (s *clientStream) replayLocked(sa *streamAttempt) error {
+	for _, m := range s.buf {
+		if err := sa.inner.SendMsg(m); err != nil {
+			if errors.Is(err, io.EOF) {
+				return s.drainLocked(sa)
+			}
+			return err
+		}
+	}
+	if s.closeSent {
+		return sa.inner.CloseSend()
+	}
+	return nil
+}
+
+// drainLocked learns the status of an attempt whose send failed with
+// io.EOF, by receiving on it. Nobody else receives on an attempt that is
+// not yet (or no longer) current. A response message, if one arrives
+// instead, cannot be replayed away: the stream commits and the message is
+// kept for the caller.
+func (s *clientStream) drainLocked(sa *streamAttempt) error {
+	if s.k.route.respType == nil {
+		return io.EOF // unknown response type: nothing to drain with
+	}
+	m := s.k.route.respType.New().Interface()
+	err := sa.inner.RecvMsg(m)
+	if err == nil {
+		s.pending = m
+		s.commitLocked()
+		return nil
+	}
+	return err
 }
 
 // callerLeft finishes the stream when the caller's context is done. It
@@ -66,179 +214,39 @@ func (s *clientStream) callerLeft() {
 	}
 }
 
-// clientStream is the grpc.ClientStream the caller sees: it switches the
-// underlying attempt on a retry.
-type clientStream struct {
-	k        *call
-	ctx      context.Context // the call's
-	cancel   context.CancelFunc
-	stop     func() bool // stops the AfterFunc watching ctx
-	desc     *grpc.StreamDesc
-	cc       *grpc.ClientConn
-	method   string
-	streamer grpc.Streamer
-	opts     []grpc.CallOption
-
-	mu        sync.Mutex
-	cur       *streamAttemptState
-	committed bool
-	buf       []any // client messages to replay
-	bufSize   int
-	closeSent bool
-	finished  bool
-	finalErr  error         // returned by RecvMsg once finished (io.EOF on success)
-	pending   proto.Message // a response read while resolving a failed send
-}
-
-// streamAttemptState is one attempt of a stream.
-type streamAttemptState struct {
-	attempt
-	inner grpc.ClientStream
-	// recvMu is held by whoever receives on inner: the caller's RecvMsg, or
-	// the code that drains a failed attempt to learn its status. grpc
-	// allows one receiver at a time.
-	recvMu sync.Mutex
-	// done is closed once the attempt has been replaced or the stream has
-	// finished.
-	done chan struct{}
-}
-
-func (s *clientStream) current() (*streamAttemptState, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cur, s.finished
-}
-
-// open starts a new attempt and replays the buffered client messages. On
-// a failed replay it drains the attempt's status and retries, as long as
-// the retry rules allow; failed is the attempt this one replaces (nil for
-// the first). It returns the final error when no attempt could be opened.
-// The caller holds failed.recvMu (if any).
-func (s *clientStream) open(kind int, last error) (*streamAttemptState, error) {
-	k := s.k
-	for {
-		a, reason, err := k.begin(s.ctx, kind, streamAttempt)
-		if err != nil {
-			return nil, k.notSent(s.ctx, reason, err, last)
-		}
-		sa := &streamAttemptState{attempt: a, done: make(chan struct{})}
-		sa.inner, err = s.streamer(a.ctx, s.desc, s.cc, s.method, s.opts...)
-		if err == nil {
-			err = s.replay(sa)
-		}
-		if err == nil {
-			return sa, nil
-		}
-		// The attempt failed before it was handed to the caller.
-		k.end(s.ctx, &sa.attempt, err, false)
-		var tr metadata.MD
-		if sa.inner != nil {
-			tr = sa.inner.Trailer()
-		}
-		last = err
-		if err := s.backoff(err, tr, &sa.attempt); err != nil {
-			return nil, err
-		}
-		kind = kindRetry
-	}
-}
-
-// replay sends the buffered client messages to a new attempt. It returns
-// the attempt's status if a send fails.
-func (s *clientStream) replay(sa *streamAttemptState) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, m := range s.buf {
-		if err := sa.inner.SendMsg(m); err != nil {
-			if errors.Is(err, io.EOF) {
-				return s.drainLocked(sa)
-			}
-			return err
-		}
-	}
-	if s.closeSent {
-		return sa.inner.CloseSend()
-	}
-	return nil
-}
-
-// drainLocked learns the status of an attempt whose send failed with
-// io.EOF, by receiving on it. Nobody else receives on an attempt that is
-// not yet (or no longer) current. A response message, if one arrives
-// instead, cannot be replayed away: the stream commits and the message is
-// kept for the caller.
-func (s *clientStream) drainLocked(sa *streamAttemptState) error {
-	if s.k.r.respType == nil {
-		return io.EOF // unknown response type: nothing to drain with
-	}
-	m := s.k.r.respType.New().Interface()
-	err := sa.inner.RecvMsg(m)
-	if err == nil {
-		s.pending = m
-		s.commitLocked()
-		return nil
-	}
-	return err
-}
-
-// backoff decides whether to retry after a failed attempt and waits; it
-// returns the error to finish with when there will be no retry.
-func (s *clientStream) backoff(err error, tr metadata.MD, a *attempt) error {
-	k := s.k
-	delay, reason, ok := k.decide(s.ctx, err, tr, a)
-	if !ok {
-		if reason != "" {
-			k.refuse(s.ctx, reason, EventRetryRefused)
-			return annotate(err, reason)
-		}
-		return err
-	}
-	k.retryScheduled(err, delay, tr)
-	if serr := sleep(s.ctx, delay); serr != nil {
-		return status.FromContextError(serr).Err()
-	}
-	return nil
-}
-
 // fail handles the failure of attempt a, whose recvMu the caller holds:
 // it installs a new attempt (and returns nil) or finishes the stream and
 // returns the error the caller should see.
-func (s *clientStream) fail(a *streamAttemptState, err error) error {
+func (s *clientStream) fail(a *streamAttempt, err error) error {
 	s.mu.Lock()
 	committed, finished := s.committed, s.finished
 	s.mu.Unlock()
-	if finished {
+	switch {
+	case finished:
 		return s.finalError()
-	}
-	if errors.Is(err, io.EOF) { // the stream ended well
+	case errors.Is(err, io.EOF): // the stream ended well
 		s.finish(io.EOF)
 		return io.EOF
-	}
-	if committed {
+	case committed:
 		s.finish(err)
 		return err
 	}
 	k := s.k
-	k.end(s.ctx, &a.attempt, err, false)
-	if berr := s.backoff(err, a.inner.Trailer(), &a.attempt); berr != nil {
-		s.finish(berr)
-		return berr
+	v := k.after(s.ctx, &a.attempt, err, a.inner.Trailer())
+	if !v.retry {
+		ferr := k.conclude(s.ctx, v)
+		s.finish(ferr)
+		return ferr
 	}
-	next, oerr := s.open(kindRetry, err)
-	if oerr != nil {
+	k.scheduled(v)
+	if werr := k.wait(s.ctx, v.delay); werr != nil {
+		s.finish(werr)
+		return werr
+	}
+	if oerr := s.open(kindRetry, a); oerr != nil {
 		s.finish(oerr)
-		return oerr
-	}
-	s.mu.Lock()
-	if s.finished { // the caller left while we were opening
-		s.mu.Unlock()
-		next.cancel()
-		k.end(s.ctx, &next.attempt, s.ctx.Err(), true)
 		return s.finalError()
 	}
-	s.cur = next
-	close(a.done)
-	s.mu.Unlock()
 	return nil
 }
 
@@ -286,7 +294,7 @@ func (s *clientStream) commitLocked() {
 // attempt has ended: it learns the attempt's status and retries if the
 // stream is not committed, or waits for whoever is receiving to do so. It
 // returns true when a new attempt replaced a.
-func (s *clientStream) resolve(a *streamAttemptState) (replaced bool) {
+func (s *clientStream) resolve(a *streamAttempt) (replaced bool) {
 	for {
 		if a.recvMu.TryLock() {
 			s.mu.Lock()
@@ -329,7 +337,7 @@ func (s *clientStream) SendMsg(m any) error {
 		if pm, ok := m.(proto.Message); ok {
 			size = proto.Size(pm)
 		}
-		if size < 0 || s.bufSize+size > s.k.c.o.replayLimit {
+		if size < 0 || s.bufSize+size > s.k.client.o.replayLimit {
 			s.commitLocked() // too much to replay: no retry from now on
 		} else {
 			s.buf = append(s.buf, m)

@@ -5,6 +5,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -31,12 +32,15 @@ const (
 	EventHedgeRefused    = "stormguard.hedge.refused"
 	EventBreakerRejected = "stormguard.breaker.rejected"
 	EventDeadlineFast    = "stormguard.deadline.fail_fast"
+	// EventWouldRefuse is recorded in shadow mode (WithShadowMode) where
+	// the budget or the breaker would have refused; the attempt is sent.
+	EventWouldRefuse = "stormguard.would_refuse"
 )
 
 // Attribute keys of stormguard's spans, events and metrics.
 const (
-	// AttrReason says why a retry or hedge was refused: one of the Reason
-	// values.
+	// AttrReason says why a retry, hedge or call was refused: one of the
+	// Reason values.
 	AttrReason = attribute.Key("stormguard.reason")
 	// AttrAttemptKind is first, retry or hedge.
 	AttrAttemptKind = attribute.Key("stormguard.attempt.kind")
@@ -46,7 +50,7 @@ const (
 	// AttrTransparentRetry is always false on stormguard's attempt spans
 	// (gRFC A72); grpc's own transparent retries happen below them.
 	AttrTransparentRetry = attribute.Key("transparent-retry")
-	// AttrDelay is the wait before a retry or hedge, in seconds.
+	// AttrDelay is the wait before a retry, in seconds.
 	AttrDelay = attribute.Key("stormguard.delay_s")
 	// AttrCause is the status code that caused a retry.
 	AttrCause = attribute.Key("stormguard.cause")
@@ -56,25 +60,44 @@ const (
 	AttrPushback = attribute.Key("stormguard.pushback_ms")
 	// AttrBreakerState is closed, open or half-open.
 	AttrBreakerState = attribute.Key("stormguard.breaker.state")
+	// AttrPeer is the endpoint an attempt was sent to, when known.
+	AttrPeer = attribute.Key("stormguard.peer")
+	// AttrGRPCRetryPolicy is true on call spans of methods that grpc-go's
+	// own service-config retryPolicy covers: the suite then sends one
+	// attempt and leaves the retries to grpc-go (see DialOptions).
+	AttrGRPCRetryPolicy = attribute.Key("stormguard.grpc_retry_policy")
 )
 
-// Reason says why a retry or a hedge was not sent.
-type Reason string
-
-// Reasons for a refused retry or hedge.
+// Metric names. The grpc.client.call.* histograms are the per-call metrics
+// of gRFC A66 and A96, with their attributes (grpc.method, grpc.target,
+// grpc.status); the stormguard.* instruments carry the OpenTelemetry RPC
+// semantic-convention attributes. None is a name that otelgrpc's per-attempt
+// instrumentation (rpc.client.*) reports.
 const (
-	ReasonBudget        Reason = "budget"         // the retry budget had no token
-	ReasonBreaker       Reason = "breaker"        // the target's breaker is open
-	ReasonDeadline      Reason = "deadline"       // the backoff would end past the deadline
-	ReasonPushback      Reason = "pushback"       // the server said not to retry
-	ReasonNotIdempotent Reason = "not_idempotent" // the method may not be repeated
-	ReasonMaxAttempts   Reason = "max_attempts"   // the attempt limit is reached
-	ReasonCode          Reason = "code"           // the status code is not retryable
+	MetricCalls         = "stormguard.client.calls"
+	MetricAttempts      = "stormguard.client.attempts"
+	MetricRefusals      = "stormguard.client.refusals"
+	MetricWouldRefuse   = "stormguard.client.would_refuse"
+	MetricCallDuration  = "grpc.client.call.duration"
+	MetricCallRetries   = "grpc.client.call.retries"
+	MetricCallHedges    = "grpc.client.call.hedges"
+	MetricBreakerState  = "stormguard.breaker.state"
+	MetricBudgetBalance = "stormguard.budget.balance"
 )
+
+// gRFC A66 attribute keys of the grpc.client.call.* histograms.
+const (
+	attrGRPCMethod = attribute.Key("grpc.method")
+	attrGRPCTarget = attribute.Key("grpc.target")
+	attrGRPCStatus = attribute.Key("grpc.status")
+)
+
+// attemptKind says why an attempt was sent.
+type attemptKind uint8
 
 // Attempt kinds.
 const (
-	kindFirst = iota
+	kindFirst attemptKind = iota
 	kindRetry
 	kindHedge
 	numKinds
@@ -82,17 +105,20 @@ const (
 
 var kindNames = [numKinds]string{"first", "retry", "hedge"}
 
-var allReasons = []Reason{ReasonBudget, ReasonBreaker, ReasonDeadline, ReasonPushback, ReasonNotIdempotent, ReasonMaxAttempts, ReasonCode}
+func (k attemptKind) String() string { return kindNames[k] }
 
-// telemetry holds the tracer and the instruments, created once per Client.
+// telemetry holds the tracer and the instruments of one Client.
 type telemetry struct {
-	tracer   trace.Tracer
-	calls    metric.Int64Counter
-	attempts metric.Int64Counter
-	refusals metric.Int64Counter
-	retries  metric.Int64Histogram
-	hedges   metric.Int64Histogram
-	duration metric.Float64Histogram
+	tracer       trace.Tracer // nil: spans off (an explicit no-op provider)
+	instrumented bool         // WithInstrumentedAttempts
+	calls        metric.Int64Counter
+	attempts     metric.Int64Counter
+	refusals     metric.Int64Counter
+	wouldRefuse  metric.Int64Counter
+	retries      metric.Int64Histogram
+	hedges       metric.Int64Histogram
+	duration     metric.Float64Histogram
+	reg          metric.Registration // the gauges' callback; nil if it failed
 }
 
 func newTelemetry(o *clientOptions, c *Client) *telemetry {
@@ -104,7 +130,7 @@ func newTelemetry(o *clientOptions, c *Client) *telemetry {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	t := &telemetry{}
+	t := &telemetry{instrumented: o.instrumented}
 	// A no-op provider given explicitly costs nothing at all: no spans are
 	// started (the global provider, which may get an SDK later, always
 	// gets its spans).
@@ -112,57 +138,72 @@ func newTelemetry(o *clientOptions, c *Client) *telemetry {
 		t.tracer = tp.Tracer(ScopeName, trace.WithSchemaURL(semconv.SchemaURL))
 	}
 	m := mp.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL))
-	// Instrument errors are reported to the global OTel error handler; the
-	// returned instrument is then a working no-op.
+	// Instrument errors go to the global OTel error handler; the returned
+	// instrument is then a working no-op.
 	var err error
-	t.calls, err = m.Int64Counter("stormguard.client.calls", metric.WithUnit("{call}"),
+	t.calls, err = m.Int64Counter(MetricCalls, metric.WithUnit("{call}"),
 		metric.WithDescription("Logical client calls (one per RPC, whatever its attempts), by final status."))
 	handle(err)
-	t.attempts, err = m.Int64Counter("stormguard.client.attempts", metric.WithUnit("{attempt}"),
+	t.attempts, err = m.Int64Counter(MetricAttempts, metric.WithUnit("{attempt}"),
 		metric.WithDescription("Attempts sent, by kind (first, retry, hedge). Amplification = attempts / calls."))
 	handle(err)
-	t.refusals, err = m.Int64Counter("stormguard.client.refusals", metric.WithUnit("{refusal}"),
+	t.refusals, err = m.Int64Counter(MetricRefusals, metric.WithUnit("{refusal}"),
 		metric.WithDescription("Retries, hedges and calls refused, by reason."))
 	handle(err)
-	t.retries, err = m.Int64Histogram("grpc.client.call.retries", metric.WithUnit("{retry}"),
+	t.wouldRefuse, err = m.Int64Counter(MetricWouldRefuse, metric.WithUnit("{refusal}"),
+		metric.WithDescription("Shadow mode: retries, hedges and calls the budget or the breaker would have refused, by reason."))
+	handle(err)
+	t.retries, err = m.Int64Histogram(MetricCallRetries, metric.WithUnit("{retry}"),
 		metric.WithDescription("Retries per call, for calls that retried (gRFC A96)."),
 		metric.WithExplicitBucketBoundaries(1, 2, 3, 4, 5, 10))
 	handle(err)
-	t.hedges, err = m.Int64Histogram("grpc.client.call.hedges", metric.WithUnit("{hedge}"),
+	t.hedges, err = m.Int64Histogram(MetricCallHedges, metric.WithUnit("{hedge}"),
 		metric.WithDescription("Hedges per call, for calls that hedged (gRFC A96)."),
 		metric.WithExplicitBucketBoundaries(1, 2, 3, 4, 5, 10))
 	handle(err)
-	t.duration, err = m.Float64Histogram("rpc.client.call.duration", metric.WithUnit("s"),
-		metric.WithDescription("Duration of logical client calls, all attempts included."))
+	t.duration, err = m.Float64Histogram(MetricCallDuration, metric.WithUnit("s"),
+		metric.WithDescription("Duration of logical client calls, all attempts and backoffs included (gRFC A66)."),
+		metric.WithExplicitBucketBoundaries(0, 0.00001, 0.00005, 0.0001, 0.0003, 0.0006, 0.0008, 0.001, 0.002,
+			0.003, 0.004, 0.005, 0.006, 0.008, 0.01, 0.013, 0.016, 0.02, 0.025, 0.03, 0.04, 0.05, 0.065, 0.08,
+			0.1, 0.13, 0.16, 0.2, 0.25, 0.3, 0.4, 0.5, 0.65, 0.8, 1, 2, 5, 10, 20, 50, 100))
 	handle(err)
-
-	_, err = m.Int64ObservableGauge("stormguard.breaker.state", metric.WithUnit("{state}"),
-		metric.WithDescription("Breaker state per target: 0 closed, 1 open, 2 half-open."),
-		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
-			if c.breakers == nil {
-				return nil
-			}
-			c.breakers.Range(func(target string, b *breaker.Breaker) bool {
-				obs.Observe(breakerStateValue(b.State()), metric.WithAttributes(targetAttrs(target)...))
-				return true
-			})
-			return nil
-		}))
-	handle(err)
-	_, err = m.Float64ObservableGauge("stormguard.budget.balance", metric.WithUnit("{retry}"),
-		metric.WithDescription("Retries (or hedges) the target's budget would grant now."),
-		metric.WithFloat64Callback(func(_ context.Context, obs metric.Float64Observer) error {
-			if c.budgets == nil {
-				return nil
-			}
-			c.budgets.Range(func(target string, b *budget.Budget) bool {
-				obs.Observe(b.Stats().Balance, metric.WithAttributes(targetAttrs(target)...))
-				return true
-			})
-			return nil
-		}))
-	handle(err)
+	t.reg = registerGauges(m, c)
 	return t
+}
+
+// registerGauges registers this Client's breaker-state and budget-balance
+// observations. The gauges are registered with a callback per Client
+// (Meter.RegisterCallback), not at creation, because creating an
+// instrument a second time on one Meter returns the first one and drops
+// the new callbacks: two Clients on one MeterProvider would otherwise
+// report only the first Client's targets.
+func registerGauges(m metric.Meter, c *Client) metric.Registration {
+	state, err := m.Int64ObservableGauge(MetricBreakerState, metric.WithUnit("{state}"),
+		metric.WithDescription("Breaker state per target: 0 closed, 1 open, 2 half-open."))
+	handle(err)
+	balance, err2 := m.Float64ObservableGauge(MetricBudgetBalance, metric.WithUnit("{retry}"),
+		metric.WithDescription("Retries (or hedges) the target's budget would grant now."))
+	handle(err2)
+	if err != nil || err2 != nil {
+		return nil
+	}
+	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		if c.breakers != nil {
+			c.breakers.Range(func(target string, b *breaker.Breaker) bool {
+				o.ObserveInt64(state, breakerStateValue(b.State()), metric.WithAttributes(targetAttrs(target)...))
+				return true
+			})
+		}
+		if c.budgets != nil {
+			c.budgets.Range(func(target string, b *budget.Budget) bool {
+				o.ObserveFloat64(balance, b.Stats().Balance, metric.WithAttributes(targetAttrs(target)...))
+				return true
+			})
+		}
+		return nil
+	}, state, balance)
+	handle(err)
+	return reg
 }
 
 func handle(err error) {
@@ -211,60 +252,170 @@ func splitTarget(target string) (host string, port int) {
 	return rest, 0
 }
 
-// routeTelemetry holds what a route precomputes so that a call records
-// spans and metrics without building attributes or option slices.
-type routeTelemetry struct {
-	callStart    []trace.SpanStartOption
-	attemptStart [numKinds][]trace.SpanStartOption
-	attemptOpts  [numKinds][]metric.AddOption
-	callOpts     [grpccodes.Unauthenticated + 1][]metric.AddOption
-	callRecord   []metric.RecordOption
-	refusalOpts  map[Reason][]metric.AddOption
-	statusAttr   [grpccodes.Unauthenticated + 1]attribute.KeyValue
-}
-
-func newRouteTelemetry(method, target string) *routeTelemetry {
-	name := strings.TrimPrefix(method, "/")
-	base := append([]attribute.KeyValue{semconv.RPCSystemNameGRPC, semconv.RPCMethod(name)}, targetAttrs(target)...)
-	rt := &routeTelemetry{refusalOpts: map[Reason][]metric.AddOption{}}
-	rt.callStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(base...)}
-	for k := range numKinds {
-		attrs := []attribute.KeyValue{
-			AttrAttemptKind.String(kindNames[k]),
-			AttrHedge.Bool(k == kindHedge),
-			AttrTransparentRetry.Bool(false),
-		}
-		rt.attemptStart[k] = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...)}
-		set := attribute.NewSet(append(append([]attribute.KeyValue(nil), base...), AttrAttemptKind.String(kindNames[k]))...)
-		rt.attemptOpts[k] = []metric.AddOption{metric.WithAttributeSet(set)}
-	}
-	for c := range rt.callOpts {
-		rt.statusAttr[c] = semconv.RPCResponseStatusCode(codename.Name(grpccodes.Code(c)))
-		set := attribute.NewSet(append(append([]attribute.KeyValue(nil), base...), rt.statusAttr[c])...)
-		rt.callOpts[c] = []metric.AddOption{metric.WithAttributeSet(set)}
-	}
-	rt.callRecord = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(base...))}
-	for _, r := range allReasons {
-		set := attribute.NewSet(append(append([]attribute.KeyValue(nil), base...), AttrReason.String(string(r)))...)
-		rt.refusalOpts[r] = []metric.AddOption{metric.WithAttributeSet(set)}
-	}
-	return rt
-}
+// numCodes is the number of gRPC status codes (OK to Unauthenticated).
+const numCodes = int(grpccodes.Unauthenticated) + 1
 
 func codeIndex(c grpccodes.Code) int {
-	if c > grpccodes.Unauthenticated {
+	if int(c) >= numCodes {
 		return int(grpccodes.Unknown)
 	}
 	return int(c)
 }
 
+// otherMethod is the metric attribute value of a method the protobuf
+// registry does not know (semantic conventions: "_OTHER"; gRFC A66:
+// "other"), so that a proxy forwarding caller-chosen names cannot grow
+// metric cardinality without bound.
+const (
+	otherMethodSemconv = "_OTHER"
+	otherMethodA66     = "other"
+)
+
+// routeTelemetry holds what a route's calls record with: attribute sets
+// and option slices, built on first use and then shared, so that a call
+// records spans and metrics without building any, and a route that only
+// ever sees OK costs only what OK needs.
+type routeTelemetry struct {
+	name     string // span name: "pkg.Svc/Method"
+	base     []attribute.KeyValue
+	a66      []attribute.KeyValue
+	callSpan []trace.SpanStartOption
+
+	attempt  [numKinds]lazy[attemptOptions]
+	calls    [numCodes]lazy[[]metric.AddOption]
+	duration [numCodes]lazy[[]metric.RecordOption]
+	refusals lazyMap[Reason, []metric.AddOption]
+	would    lazyMap[Reason, []metric.AddOption]
+	perCall  lazy[[]metric.RecordOption] // retries, hedges
+}
+
+type attemptOptions struct {
+	span     []trace.SpanStartOption
+	metric   []metric.AddOption
+	spanName string
+}
+
+func newRouteTelemetry(method, target string, known, instrumented bool) *routeTelemetry {
+	name := strings.TrimPrefix(method, "/")
+	semName, a66Name := name, name
+	if !known {
+		semName, a66Name = otherMethodSemconv, otherMethodA66
+	}
+	rt := &routeTelemetry{
+		name: name,
+		base: append([]attribute.KeyValue{semconv.RPCSystemNameGRPC, semconv.RPCMethod(semName)}, targetAttrs(target)...),
+		a66:  []attribute.KeyValue{attrGRPCMethod.String(a66Name), attrGRPCTarget.String(target)},
+	}
+	kind := trace.SpanKindClient
+	if instrumented {
+		rt.name = "Sent." + name // gRFC A72: the call span above instrumented attempts
+		kind = trace.SpanKindInternal
+	}
+	rt.callSpan = []trace.SpanStartOption{trace.WithSpanKind(kind), trace.WithAttributes(rt.base...)}
+	return rt
+}
+
+func (rt *routeTelemetry) attemptOpts(k attemptKind) *attemptOptions {
+	return rt.attempt[k].get(func() attemptOptions {
+		attrs := []attribute.KeyValue{
+			AttrAttemptKind.String(k.String()),
+			AttrHedge.Bool(k == kindHedge),
+			AttrTransparentRetry.Bool(false),
+		}
+		return attemptOptions{
+			span:     []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...)},
+			metric:   addOpts(rt.base, AttrAttemptKind.String(k.String())),
+			spanName: "Attempt." + strings.TrimPrefix(rt.name, "Sent."),
+		}
+	})
+}
+
+func (rt *routeTelemetry) callOpts(c grpccodes.Code) []metric.AddOption {
+	i := codeIndex(c)
+	return *rt.calls[i].get(func() []metric.AddOption {
+		return addOpts(rt.base, semconv.RPCResponseStatusCode(codename.Name(grpccodes.Code(i))))
+	})
+}
+
+func (rt *routeTelemetry) durationOpts(c grpccodes.Code) []metric.RecordOption {
+	i := codeIndex(c)
+	return *rt.duration[i].get(func() []metric.RecordOption {
+		return recordOpts(rt.a66, attrGRPCStatus.String(codename.Name(grpccodes.Code(i))))
+	})
+}
+
+func (rt *routeTelemetry) perCallOpts() []metric.RecordOption {
+	return *rt.perCall.get(func() []metric.RecordOption { return recordOpts(rt.a66) })
+}
+
+func (rt *routeTelemetry) refusalOpts(r Reason) []metric.AddOption {
+	return rt.refusals.get(r, func() []metric.AddOption { return addOpts(rt.base, AttrReason.String(string(r))) })
+}
+
+func (rt *routeTelemetry) wouldRefuseOpts(r Reason) []metric.AddOption {
+	return rt.would.get(r, func() []metric.AddOption { return addOpts(rt.base, AttrReason.String(string(r))) })
+}
+
+func addOpts(base []attribute.KeyValue, extra ...attribute.KeyValue) []metric.AddOption {
+	set := attribute.NewSet(append(append([]attribute.KeyValue(nil), base...), extra...)...)
+	return []metric.AddOption{metric.WithAttributeSet(set)}
+}
+
+func recordOpts(base []attribute.KeyValue, extra ...attribute.KeyValue) []metric.RecordOption {
+	set := attribute.NewSet(append(append([]attribute.KeyValue(nil), base...), extra...)...)
+	return []metric.RecordOption{metric.WithAttributeSet(set)}
+}
+
+// lazy is a value built on first use, lock-free afterwards. Concurrent
+// first uses may each build it; one result wins and the others are
+// dropped.
+type lazy[T any] struct{ p atomic.Pointer[T] }
+
+func (l *lazy[T]) get(build func() T) *T {
+	if v := l.p.Load(); v != nil {
+		return v
+	}
+	v := build()
+	if l.p.CompareAndSwap(nil, &v) {
+		return &v
+	}
+	return l.p.Load()
+}
+
+// lazyMap is lazy per key, for the few keys of the refusal table.
+type lazyMap[K comparable, V any] struct {
+	p atomic.Pointer[map[K]V]
+}
+
+func (l *lazyMap[K, V]) get(k K, build func() V) V {
+	for {
+		old := l.p.Load()
+		if old != nil {
+			if v, ok := (*old)[k]; ok {
+				return v
+			}
+		}
+		v := build()
+		next := make(map[K]V, 1)
+		if old != nil {
+			for k2, v2 := range *old {
+				next[k2] = v2
+			}
+		}
+		next[k] = v
+		if l.p.CompareAndSwap(old, &next) {
+			return v
+		}
+	}
+}
+
 // endSpan sets the span's status from a gRPC code and ends it.
-func endSpan(span trace.Span, rt *routeTelemetry, code grpccodes.Code, msg string) {
+func endSpan(span trace.Span, code grpccodes.Code, msg string) {
 	if span == nil {
 		return
 	}
 	if span.IsRecording() {
-		span.SetAttributes(rt.statusAttr[codeIndex(code)])
+		span.SetAttributes(semconv.RPCResponseStatusCode(codename.Name(code)))
 		if code != grpccodes.OK {
 			span.SetStatus(codes.Error, msg)
 		}

@@ -1,0 +1,286 @@
+package interceptor
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/stormguard/stormguard/breaker"
+	"github.com/stormguard/stormguard/deadline"
+)
+
+// attemptMode says what context an attempt needs.
+type attemptMode uint8
+
+const (
+	plainAttempt      attemptMode = iota // the call's context, or a per-attempt timeout
+	cancelableAttempt                    // its own cancel (hedging)
+	streamAttemptMode                    // its own cancel, no per-attempt timeout
+)
+
+// attempt is the state of one attempt.
+type attempt struct {
+	ctx     context.Context
+	cancel  context.CancelFunc // nil when the attempt made no context of its own
+	span    trace.Span
+	ticket  breaker.Ticket
+	kind    attemptKind
+	start   time.Time
+	timeout bool          // the attempt has its own per-attempt timeout
+	ended   uint32        // atomic: 1 once end has run
+	creds   *attemptCreds // nil when the attempt was sent without
+}
+
+// begin starts an attempt of the given kind: the send-time checks (time
+// left, the breaker, then, for retries and hedges, a token from the
+// budget), the attempt's metadata, context, span and metrics. When the
+// attempt may not be sent, begin returns why and the status a first
+// attempt fails with; nothing was sent and nothing was withdrawn.
+func (c *call) begin(ctx context.Context, kind attemptKind, mode attemptMode) (attempt, Reason, error) {
+	now := c.start // the first attempt starts with the call
+	if c.sent > 0 {
+		now = c.client.now()
+	}
+	if c.hasDeadline {
+		if err := c.client.dl.Check(c.deadline.Sub(now)); err != nil {
+			return attempt{}, ReasonDeadline, err
+		}
+	}
+	a := attempt{kind: kind, start: now}
+	if b := c.route.breaker; b != nil {
+		t, err := b.Admit()
+		switch {
+		case err == nil:
+			a.ticket = t
+		case c.client.o.shadow:
+			c.wouldRefuse(ctx, ReasonBreaker)
+		default:
+			return attempt{}, ReasonBreaker, circuitOpenError(b)
+		}
+	}
+	if kind != kindFirst {
+		if reason, ok := c.withdraw(ctx, now); !ok {
+			a.ticket.Ignore()
+			return attempt{}, reason, nil
+		}
+	}
+	actx := ctx
+	if c.sent > 0 {
+		actx = metadata.AppendToOutgoingContext(actx, PreviousAttemptsKey, strconv.Itoa(c.sent))
+	}
+	switch {
+	case c.route.perAttempt > 0 && mode != streamAttemptMode:
+		actx, a.cancel = context.WithTimeout(actx, c.route.perAttempt)
+		a.timeout = true
+	case mode != plainAttempt:
+		actx, a.cancel = context.WithCancel(actx)
+	}
+	rt := c.route.tel
+	ao := rt.attemptOpts(kind)
+	if c.recording {
+		actx, a.span = c.client.tel.tracer.Start(actx, ao.spanName, ao.span...)
+		a.span.SetAttributes(AttrPreviousAttempts.Int(c.sent))
+	}
+	if p := c.client.o.propagators; p != nil {
+		md, ok := metadata.FromOutgoingContext(actx) // a copy
+		if !ok {
+			md = metadata.MD{}
+		}
+		p.Inject(actx, mdCarrier(md))
+		actx = metadata.NewOutgoingContext(actx, md)
+	}
+	c.client.tel.attempts.Add(ctx, 1, ao.metric...)
+	switch kind {
+	case kindRetry:
+		c.retries++
+	case kindHedge:
+		c.hedges++
+	}
+	c.sent++
+	a.ctx = actx
+	return a, "", nil
+}
+
+// withdraw takes a token from the budget for a retry or a hedge that is
+// about to be sent. In shadow mode it records a refusal it would have made
+// and grants.
+func (c *call) withdraw(ctx context.Context, now time.Time) (Reason, bool) {
+	b := c.route.budget
+	if b == nil {
+		return "", true
+	}
+	var ok bool
+	if c.client.budgetAt {
+		ok = b.WithdrawAt(now)
+	} else {
+		ok = b.Withdraw()
+	}
+	if !ok && c.client.o.shadow {
+		c.wouldRefuse(ctx, ReasonBudget)
+		return "", true
+	}
+	return ReasonBudget, ok
+}
+
+// end reports an attempt's outcome: to the breaker, the latency tracker and
+// its span. abandoned is true for a hedge cancelled because another attempt
+// won, which says nothing about the target.
+func (c *call) end(callCtx context.Context, a *attempt, err error, abandoned bool) {
+	if !atomic.CompareAndSwapUint32(&a.ended, 0, 1) {
+		return // a stream attempt may be ended by its receiver and by the caller leaving
+	}
+	code := status.Code(err)
+	now := c.client.now()
+	c.last = now
+	switch {
+	case abandoned || (code == codes.Canceled && callCtx.Err() != nil):
+		a.ticket.Ignore()
+		if abandoned && c.route.lat != nil {
+			c.route.lat.observe(now.Sub(a.start)) // a lower bound: it was cut short
+		}
+	default:
+		failed := code != codes.OK && c.client.failures.Has(code)
+		if c.client.breakerAt {
+			a.ticket.DoneAt(failed, now)
+		} else {
+			a.ticket.Done(failed)
+		}
+		if c.route.lat != nil && (code == codes.OK || !c.route.retryable.Has(code)) {
+			c.route.lat.observe(now.Sub(a.start))
+		}
+	}
+	if a.cancel != nil {
+		a.cancel()
+	}
+	if a.span != nil {
+		msg := ""
+		if err != nil {
+			msg = status.Convert(err).Message()
+			if p := a.peer(); p != nil && a.span.IsRecording() {
+				a.span.SetAttributes(AttrPeer.String(p.String()))
+			}
+		}
+		endSpan(a.span, code, msg)
+	}
+}
+
+func (a *attempt) peer() net.Addr {
+	if a.creds == nil {
+		return nil
+	}
+	return a.creds.peerAddr()
+}
+
+// attemptCreds are the call credentials an attempt is sent with. grpc asks
+// them for metadata when the transport builds the attempt's headers: after
+// the pick (the endpoint is known) and right before the headers go out. So
+// the stormguard-deadline-ms header states the time left at that moment,
+// not before a wait for a connection, and costs nothing on the
+// interceptor's path; and the attempt learns which endpoint it went to
+// without a grpc.Peer option. The caller's own call credentials, if any,
+// are wrapped, not replaced.
+//
+// One attemptCreds serves the attempts of a call one after the other; grpc
+// calls it synchronously while it starts a stream.
+type attemptCreds struct {
+	client   *Client
+	deadline time.Time // zero: no deadline, no header
+	user     credentials.PerRPCCredentials
+	md       map[string]string // reused: grpc copies it before returning
+
+	mu   sync.Mutex
+	addr net.Addr
+}
+
+// GetRequestMetadata implements credentials.PerRPCCredentials.
+func (a *attemptCreds) GetRequestMetadata(ctx context.Context, uri ...string) (map[string]string, error) {
+	if p, ok := peer.FromContext(ctx); ok {
+		a.mu.Lock()
+		a.addr = p.Addr
+		a.mu.Unlock()
+	}
+	if a.md == nil {
+		a.md = make(map[string]string, 2)
+	}
+	clear(a.md)
+	if a.user != nil {
+		umd, err := a.user.GetRequestMetadata(ctx, uri...)
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range umd {
+			a.md[k] = v
+		}
+	}
+	if !a.deadline.IsZero() {
+		a.md[deadline.MetadataKey] = deadline.FormatHeader(a.client.dl.Downstream(a.deadline.Sub(a.client.now())))
+	}
+	return a.md, nil
+}
+
+// RequireTransportSecurity implements credentials.PerRPCCredentials: only
+// as much as the caller's own call credentials require.
+func (a *attemptCreds) RequireTransportSecurity() bool {
+	return a.user != nil && a.user.RequireTransportSecurity()
+}
+
+func (a *attemptCreds) peerAddr() net.Addr {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.addr
+}
+
+// reset prepares a for a new call.
+func (a *attemptCreds) reset(c *call, cs *callSettings) {
+	a.client, a.deadline, a.user = c.client, time.Time{}, nil
+	if c.hasDeadline {
+		a.deadline = c.deadline
+	}
+	if cs.hasCreds {
+		a.user = cs.userCreds.Creds
+	}
+	a.mu.Lock()
+	a.addr = nil
+	a.mu.Unlock()
+}
+
+// newAttemptCreds returns credentials for one attempt of c, and the call
+// option that sends them.
+func newAttemptCreds(c *call, cs *callSettings) (*attemptCreds, grpc.CallOption) {
+	a := &attemptCreds{}
+	a.reset(c, cs)
+	return a, grpc.PerRPCCredentials(a)
+}
+
+// mdCarrier lets propagators write into gRPC metadata, whose keys must be
+// lower case (propagation.HeaderCarrier would write "Traceparent", which
+// grpc refuses).
+type mdCarrier metadata.MD
+
+func (c mdCarrier) Get(key string) string {
+	if vs := metadata.MD(c).Get(key); len(vs) > 0 {
+		return vs[0]
+	}
+	return ""
+}
+
+func (c mdCarrier) Set(key, value string) { metadata.MD(c).Set(key, value) }
+
+func (c mdCarrier) Keys() []string {
+	keys := make([]string, 0, len(c))
+	for k := range c {
+		keys = append(keys, k)
+	}
+	return keys
+}

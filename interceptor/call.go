@@ -1,0 +1,197 @@
+package interceptor
+
+import (
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/stormguard/stormguard/deadline"
+	"github.com/stormguard/stormguard/idempotency"
+)
+
+// callSettings are the per-call options found among a call's CallOptions.
+type callSettings struct {
+	maxAttempts int
+	noHedge     bool
+	key         string
+	hasKey      bool
+	userCreds   grpc.PerRPCCredsCallOption // the caller's own call credentials, if any
+	hasCreds    bool
+}
+
+func scanCallOptions(opts []grpc.CallOption) (s callSettings) {
+	for _, o := range opts {
+		switch o := o.(type) {
+		case maxAttemptsOption:
+			s.maxAttempts = o.n
+		case noHedgingOption:
+			s.noHedge = true
+		case idempotency.KeyCallOption:
+			if o.Key != "" {
+				s.key, s.hasKey = o.Key, true
+			}
+		case *idempotency.KeyCallOption:
+			if o != nil && o.Key != "" {
+				s.key, s.hasKey = o.Key, true
+			}
+		case grpc.PerRPCCredsCallOption:
+			s.userCreds, s.hasCreds = o, o.Creds != nil
+		}
+	}
+	return s
+}
+
+// call is the state of one logical call: one engine for unary calls,
+// hedged calls and streams.
+type call struct {
+	client      *Client
+	route       *route
+	span        trace.Span
+	recording   bool
+	start       time.Time
+	maxAttempts int
+	repeatable  bool
+	hedge       bool
+	grpcRetry   bool // grpc-go's retryPolicy covers the method: one attempt of ours
+	deadline    time.Time
+	hasDeadline bool
+	sent        int // attempts sent
+	retries     int
+	hedges      int
+	backoffN    int       // retries since the last pushback
+	last        time.Time // when the last attempt ended
+	lastErr     error     // the last attempt's error
+}
+
+// setup resolves the call's settings: the idempotency key (added to ctx),
+// whether it may be repeated, its attempt limit, whether it hedges, and its
+// deadline (the method's service-config timeout applies once to the whole
+// call, when it is tighter than the caller's deadline; a Client default
+// timeout to calls that have none). It returns the context to send the
+// attempts with and the CancelFunc to call when the call is over.
+func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, grpcRetryOff bool) (context.Context, context.CancelFunc, error) {
+	r := c.route
+	c.start = c.client.now()
+	key, hasKey := cs.key, cs.hasKey
+	if !hasKey {
+		key, hasKey = idempotency.KeyFromContext(ctx)
+	}
+	switch {
+	case hasKey:
+		if err := idempotency.ValidateKey(key); err != nil {
+			return ctx, noCancel, err
+		}
+		ctx = replaceOutgoing(ctx, idempotency.MetadataKey, key)
+	case r.policy.Level == idempotency.RetryWithKey:
+		// Only here does a key change anything (Repeatable); a key the
+		// caller put in the metadata of another method is sent as is.
+		if vs := metadata.ValueFromOutgoingContext(ctx, idempotency.MetadataKey); len(vs) == 1 {
+			hasKey = true
+		} else if !c.client.o.noKeys {
+			ctx = metadata.AppendToOutgoingContext(ctx, idempotency.MetadataKey, idempotency.NewKey())
+			hasKey = true
+		}
+	}
+	c.repeatable = r.policy.Repeatable(hasKey)
+	c.maxAttempts = 1
+	if c.repeatable {
+		c.maxAttempts = r.maxAttempts
+		if cs.maxAttempts > 0 {
+			c.maxAttempts = cs.maxAttempts
+		}
+	}
+	mc := r.methodConfig(cc, c.start)
+	if mc.grpcRetry && !grpcRetryOff && c.repeatable {
+		// grpc-go retries this method itself: sending more attempts of
+		// our own would multiply them.
+		c.grpcRetry = true
+		c.client.warnGRPCRetry(r)
+	}
+	c.hedge = c.repeatable && !c.grpcRetry && r.hedge && !cs.noHedge && c.maxAttempts > 1
+	if metadata.ValueFromOutgoingContext(ctx, deadline.MetadataKey) != nil {
+		ctx = removeOutgoing(ctx, deadline.MetadataKey) // stale: the attempts send their own
+	}
+	var cancel context.CancelFunc
+	if dl, ok := ctx.Deadline(); mc.timeout > 0 && (!ok || c.start.Add(mc.timeout).Before(dl)) {
+		ctx, cancel = context.WithDeadline(ctx, c.start.Add(mc.timeout))
+	} else {
+		ctx, cancel = c.client.dl.CallContext(ctx) // a default timeout, if configured
+	}
+	c.deadline, c.hasDeadline = ctx.Deadline()
+	return ctx, cancel, nil
+}
+
+// noCancel is the CancelFunc of a call that made no context of its own.
+var noCancel context.CancelFunc = func() {}
+
+// replaceOutgoing sets key to the single value v in ctx's outgoing
+// metadata, dropping any value already there.
+func replaceOutgoing(ctx context.Context, key, v string) context.Context {
+	if len(metadata.ValueFromOutgoingContext(ctx, key)) == 0 {
+		return metadata.AppendToOutgoingContext(ctx, key, v)
+	}
+	md, _ := metadata.FromOutgoingContext(ctx)
+	md = md.Copy()
+	md.Set(key, v)
+	return metadata.NewOutgoingContext(ctx, md)
+}
+
+// removeOutgoing drops key from ctx's outgoing metadata.
+func removeOutgoing(ctx context.Context, key string) context.Context {
+	md, _ := metadata.FromOutgoingContext(ctx) // a copy
+	delete(md, key)
+	return metadata.NewOutgoingContext(ctx, md)
+}
+
+// startCall deposits into the budget and starts the call span.
+func (c *call) startCall(ctx context.Context) context.Context {
+	if b := c.route.budget; b != nil {
+		if c.client.budgetAt {
+			b.DepositAt(c.start)
+		} else {
+			b.Deposit()
+		}
+	}
+	if t := c.client.tel.tracer; t != nil {
+		ctx, c.span = t.Start(ctx, c.route.tel.name, c.route.tel.callSpan...)
+		c.recording = c.span.IsRecording()
+		if c.recording && c.grpcRetry {
+			c.span.SetAttributes(AttrGRPCRetryPolicy.Bool(true))
+		}
+	}
+	return ctx
+}
+
+// endCall records the call's outcome and ends its span.
+func (c *call) endCall(ctx context.Context, err error) {
+	st, _ := status.FromError(err)
+	code := st.Code()
+	t, rt := c.client.tel, c.route.tel
+	t.calls.Add(ctx, 1, rt.callOpts(code)...)
+	if t.duration.Enabled(ctx) {
+		end := c.last // when the last attempt ended, usually the call's end
+		if end.IsZero() {
+			end = c.client.now()
+		}
+		t.duration.Record(ctx, end.Sub(c.start).Seconds(), rt.durationOpts(code)...)
+	}
+	if c.retries > 0 {
+		t.retries.Record(ctx, int64(c.retries), rt.perCallOpts()...)
+	}
+	if c.hedges > 0 {
+		t.hedges.Record(ctx, int64(c.hedges), rt.perCallOpts()...)
+	}
+	endSpan(c.span, code, st.Message())
+}
+
+// event adds a decision event to the call span.
+func (c *call) event(name string, attrs ...attribute.KeyValue) {
+	if c.recording {
+		c.span.AddEvent(name, trace.WithAttributes(attrs...))
+	}
+}

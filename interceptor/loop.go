@@ -1,0 +1,215 @@
+package interceptor
+
+import (
+	"context"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/stormguard/stormguard/internal/codename"
+)
+
+// MaxPushback is the longest grpc-retry-pushback-ms delay the client
+// honours: a server asking for a longer wait is taken to mean "do not
+// retry", so that a call without a deadline never sleeps for days on a
+// server's word.
+const MaxPushback = time.Minute
+
+// verdict is what the loop makes of a finished attempt.
+type verdict struct {
+	retry  bool          // send another attempt, after delay
+	delay  time.Duration // backoff or pushback
+	reason Reason        // why not, when !retry ("" on success or when the caller left)
+	err    error         // the attempt's error
+	tr     metadata.MD   // the attempt's trailer
+}
+
+// after is the one place that turns a finished attempt into what the call
+// does next: it ends the attempt (breaker, latency, span), then decides
+// whether a retry may follow and after how long. It records nothing about
+// the decision: a retry is recorded by the loop that sends it (scheduled),
+// a refusal by conclude.
+func (c *call) after(ctx context.Context, a *attempt, err error, tr metadata.MD) verdict {
+	c.end(ctx, a, err, false)
+	if err == nil {
+		return verdict{}
+	}
+	c.lastErr = err
+	v := verdict{err: err, tr: tr}
+	v.delay, v.reason, v.retry = c.decide(ctx, err, tr, a.timeout)
+	return v
+}
+
+// decide applies the retry rules, in order, to a failed attempt. A yes is
+// tentative: the breaker and the budget are asked again, and a token
+// withdrawn, only when the retry is sent (begin).
+func (c *call) decide(ctx context.Context, err error, tr metadata.MD, ownTimeout bool) (time.Duration, Reason, bool) {
+	if ctx.Err() != nil {
+		return 0, "", false // the caller is gone: nothing to decide
+	}
+	code := status.Code(err)
+	if !c.route.retryable.Has(code) && !(ownTimeout && code == codes.DeadlineExceeded) {
+		return 0, ReasonCode, false
+	}
+	if !c.repeatable {
+		return 0, ReasonNotIdempotent, false
+	}
+	if c.grpcRetry {
+		return 0, ReasonGRPCRetry, false
+	}
+	pushback, hasPushback, stop := parsePushback(tr)
+	if stop {
+		return 0, ReasonPushback, false
+	}
+	if c.sent >= c.maxAttempts {
+		return 0, ReasonMaxAttempts, false
+	}
+	if f := c.client.o.retryIf; f != nil && !f(ctx, c.route.method, err) {
+		return 0, ReasonRetryIf, false
+	}
+	delay := pushback
+	if hasPushback {
+		c.backoffN = 0
+	} else {
+		delay = c.backoff()
+	}
+	now := c.client.now()
+	if c.hasDeadline && !now.Add(delay).Before(c.deadline) {
+		return 0, ReasonDeadline, false
+	}
+	if reason, ok := c.fundable(ctx, now); !ok {
+		return 0, reason, false
+	}
+	return delay, "", true
+}
+
+// fundable reports whether a retry or hedge could be paid for now: the
+// breaker is not open and the budget has a token. It withdraws nothing
+// (begin does, when the attempt is sent), so that a caller is not made to
+// wait a backoff for a retry that is refused anyway.
+func (c *call) fundable(ctx context.Context, now time.Time) (Reason, bool) {
+	reason := Reason("")
+	if b := c.route.breaker; b != nil && b.RetryAfter() > 0 {
+		reason = ReasonBreaker
+	} else if b := c.route.budget; b != nil && b.Stats().Balance < 1 {
+		reason = ReasonBudget
+	}
+	if reason == "" {
+		return "", true
+	}
+	if c.client.o.shadow {
+		c.wouldRefuse(ctx, reason)
+		return "", true
+	}
+	return reason, false
+}
+
+// conclude ends the call with the verdict's error: it records the refusal
+// (event, metric, and the server's don't-retry marker) and annotates the
+// status when the table says so.
+func (c *call) conclude(ctx context.Context, v verdict) error {
+	if v.reason != "" {
+		c.refuse(ctx, v.reason, EventRetryRefused)
+	}
+	return annotate(v.err, v.reason)
+}
+
+// notSent ends the call when begin refused an attempt: a first attempt
+// fails with begin's status; a retry returns the last attempt's error,
+// annotated.
+func (c *call) notSent(ctx context.Context, reason Reason, err error) error {
+	if c.sent == 0 {
+		c.refuse(ctx, reason, reason.info().firstEvent)
+		return err
+	}
+	c.refuse(ctx, reason, EventRetryRefused)
+	return annotate(c.lastErr, reason)
+}
+
+// refuse records that a retry, a hedge or a call was refused.
+func (c *call) refuse(ctx context.Context, reason Reason, event string) {
+	c.client.tel.refusals.Add(ctx, 1, c.route.tel.refusalOpts(reason)...)
+	c.event(event, AttrReason.String(string(reason)))
+	if reason.info().propagates {
+		markRefused(ctx)
+	}
+	if h := c.client.o.hooks.OnRefusal; h != nil {
+		h(RefusalEvent{Method: c.route.method, Target: c.route.target, Reason: reason, Event: event, Attempts: c.sent, Err: c.lastErr})
+	}
+}
+
+// wouldRefuse records, in shadow mode, a refusal the budget or the breaker
+// would have made.
+func (c *call) wouldRefuse(ctx context.Context, reason Reason) {
+	c.client.tel.wouldRefuse.Add(ctx, 1, c.route.tel.wouldRefuseOpts(reason)...)
+	c.event(EventWouldRefuse, AttrReason.String(string(reason)))
+}
+
+// scheduled records a retry decision.
+func (c *call) scheduled(v verdict) {
+	if h := c.client.o.hooks.OnRetry; h != nil {
+		h(RetryEvent{Method: c.route.method, Target: c.route.target, Attempt: c.sent + 1, Delay: v.delay, Err: v.err})
+	}
+	if !c.recording {
+		return
+	}
+	attrs := []attribute.KeyValue{AttrCause.String(codename.Name(status.Code(v.err))), AttrDelay.Float64(v.delay.Seconds())}
+	if vs := v.tr[PushbackKey]; len(vs) == 1 {
+		attrs = append(attrs, AttrPushback.String(vs[0]))
+	}
+	c.span.AddEvent(EventRetryScheduled, trace.WithAttributes(attrs...))
+}
+
+// wait waits d (on the Client's timers) or until ctx is done.
+func (c *call) wait(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		if err := ctx.Err(); err != nil {
+			return status.FromContextError(err).Err()
+		}
+		return nil
+	}
+	t := c.client.newTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C():
+		return nil
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+// backoff returns the next exponential backoff with jitter: a random time
+// in [d/2, d] with d = min(max, base·2ⁿ).
+func (c *call) backoff() time.Duration {
+	d := c.client.o.backoffBase << min(c.backoffN, 30)
+	if d <= 0 || d > c.client.o.backoffMax {
+		d = c.client.o.backoffMax
+	}
+	c.backoffN++
+	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+}
+
+// parsePushback reads grpc-retry-pushback-ms from trailers: has is true for
+// one value from 0 to MaxPushback (the delay); stop is true for a negative,
+// malformed or larger value, or several values.
+func parsePushback(tr metadata.MD) (delay time.Duration, has, stop bool) {
+	vs := tr[PushbackKey]
+	switch len(vs) {
+	case 0:
+		return 0, false, false
+	case 1:
+	default:
+		return 0, false, true
+	}
+	ms, err := strconv.ParseInt(vs[0], 10, 32)
+	if err != nil || ms < 0 || ms > MaxPushback.Milliseconds() {
+		return 0, false, true
+	}
+	return time.Duration(ms) * time.Millisecond, true, false
+}

@@ -1,0 +1,147 @@
+package interceptor
+
+import (
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/stormguard/stormguard/breaker"
+	"github.com/stormguard/stormguard/budget"
+	"github.com/stormguard/stormguard/idempotency"
+)
+
+// MaxRoutes bounds the (target, method) routes a Client caches. Generated
+// code has far fewer; a proxy forwarding caller-chosen method names gets,
+// beyond the bound, a route built for each call (and, for methods the
+// protobuf registry does not know, metrics under one "_OTHER" method).
+const MaxRoutes = 10_000
+
+// methodConfigTTL is how long a route trusts the grpc service config it
+// read for its method before reading it again: service config changes take
+// effect within this time, and a call does not take the ClientConn's lock.
+const methodConfigTTL = time.Second
+
+type routeKey struct{ target, method string }
+
+// route is everything a call needs that depends only on its target and
+// method, resolved once and cached.
+type route struct {
+	method      string // "/pkg.Svc/Method"
+	target      string // cc.Target()
+	policy      idempotency.Policy
+	budget      *budget.Budget   // nil: none
+	breaker     *breaker.Breaker // nil: none
+	maxAttempts int              // for repeatable calls
+	retryable   idempotency.CodeSet
+	hedge       bool
+	hedgeDelay  time.Duration // 0: adaptive
+	maxHedges   int
+	perAttempt  time.Duration
+	lat         *latency                 // adaptive hedging; nil unless hedge && hedgeDelay == 0
+	respType    protoreflect.MessageType // streams: to drain a failed attempt; may be nil
+	tel         *routeTelemetry
+
+	mc         atomic.Pointer[methodConfig]
+	warnedOnce atomic.Bool // the grpc-go retryPolicy warning was logged
+}
+
+// methodConfig is what the ClientConn's service config says of the
+// route's method, as read at a time from one ClientConn.
+type methodConfig struct {
+	cc        *grpc.ClientConn
+	read      time.Time
+	timeout   time.Duration // 0: none
+	grpcRetry bool          // a retryPolicy: grpc-go retries the method itself
+}
+
+// routeFor returns the route of (target, method), cached up to MaxRoutes.
+func (c *Client) routeFor(target, method string) *route {
+	k := routeKey{target, method}
+	if r, ok := c.routes.Load(k); ok {
+		return r
+	}
+	return c.routes.LoadOrCreate(k, c.newRoute)
+}
+
+func (c *Client) newRoute(k routeKey) *route {
+	target, method := k.target, k.method
+	p := c.resolver.Lookup(method)
+	r := &route{
+		method:      method,
+		target:      target,
+		policy:      p,
+		maxAttempts: c.o.maxAttempts,
+		retryable:   c.retryable,
+		perAttempt:  p.PerAttemptTimeout,
+		tel:         newRouteTelemetry(method, target, p.Known, c.o.instrumented),
+		respType:    idempotency.ResponseType(method),
+	}
+	if r.perAttempt == 0 {
+		r.perAttempt = c.o.perAttempt
+	}
+	// Budgets and breakers are per service: "host:port" and
+	// "dns:///host:port" name the same one.
+	key := canonicalTarget(target)
+	if c.budgets != nil {
+		r.budget = c.budgets.For(key)
+	}
+	if c.breakers != nil {
+		r.breaker = c.breakers.For(key)
+	}
+	if p.MaxAttempts > 0 {
+		r.maxAttempts = clampAttempts(p.MaxAttempts)
+	}
+	if p.RetryableCodes != 0 {
+		r.retryable = p.RetryableCodes
+	}
+	switch {
+	case p.Hedging:
+		r.hedge, r.hedgeDelay, r.maxHedges = true, p.HedgingDelay, p.MaxHedges
+	case c.o.hedging:
+		r.hedge, r.hedgeDelay = true, c.o.hedgeDelay
+		if c.o.hedgeAttempts > 0 {
+			r.maxAttempts = clampAttempts(c.o.hedgeAttempts)
+		}
+	}
+	if r.maxHedges <= 0 || r.maxHedges >= r.maxAttempts {
+		r.maxHedges = r.maxAttempts - 1
+	}
+	if r.hedge && r.hedgeDelay == 0 {
+		r.lat = newLatency(c.hedgeQ)
+	}
+	return r
+}
+
+// canonicalTarget returns target in grpc's canonical form for the targets
+// whose scheme is implied: "host:port" is "dns:///host:port". Targets that
+// name a scheme ("dns:///x", "passthrough:///x", "unix:///p") are returned
+// as they are: another resolver may well mean another set of endpoints.
+func canonicalTarget(target string) string {
+	if target == "" || strings.Contains(target, "://") || strings.HasPrefix(target, "unix:") {
+		return target
+	}
+	return "dns:///" + target
+}
+
+// methodConfig returns the service config of the route's method as cc
+// has it, read at most once per methodConfigTTL per ClientConn (nil cc:
+// none).
+func (r *route) methodConfig(cc *grpc.ClientConn, now time.Time) *methodConfig {
+	mc := r.mc.Load()
+	if mc != nil && mc.cc == cc && now.Sub(mc.read) < methodConfigTTL && !now.Before(mc.read) {
+		return mc
+	}
+	next := &methodConfig{cc: cc, read: now}
+	if cc != nil {
+		m := cc.GetMethodConfig(r.method)
+		if m.Timeout != nil && *m.Timeout > 0 {
+			next.timeout = *m.Timeout
+		}
+		next.grpcRetry = m.RetryPolicy != nil
+	}
+	r.mc.Store(next)
+	return next
+}
