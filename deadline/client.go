@@ -14,9 +14,19 @@ import (
 // MaxMarginFraction caps [ClientConfig.MarginFraction].
 const MaxMarginFraction = 0.9
 
+// DefaultMargin is the Margin of a zero ClientConfig: the header is
+// relative, so each hop's deadline would otherwise land later than its
+// caller's by the time the request spent between the header's writing and
+// the server's reading it. With it, no handler down a chain has a deadline
+// later than the original caller's, as long as each hop takes less than
+// DefaultMargin (plus the rounding down to whole milliseconds) to get
+// there; see the package documentation for the measurement behind it.
+const DefaultMargin = 5 * time.Millisecond
+
 // ClientConfig configures a [Client]. The zero value propagates the
-// deadline unchanged, fails fast only on an already expired deadline and
-// gives calls without a deadline none. Negative durations count as zero.
+// deadline less DefaultMargin, fails fast only on an already expired
+// deadline and gives calls without a deadline none. Negative durations
+// count as zero, except Margin (see there).
 type ClientConfig struct {
 	// MinRemaining makes an attempt fail fast (DeadlineExceeded, nothing
 	// sent) when less than this is left of its deadline; 0: only when the
@@ -26,7 +36,8 @@ type ClientConfig struct {
 	// 0: none (such calls are sent without a deadline and without the
 	// header).
 	DefaultTimeout time.Duration
-	// Margin is subtracted from the time written into the header.
+	// Margin is subtracted from the time written into the header; 0:
+	// DefaultMargin; negative: none.
 	Margin time.Duration
 	// MarginFraction of the remaining time is subtracted from the header as
 	// well; clamped to [0, MaxMarginFraction]; NaN counts as 0.
@@ -66,7 +77,11 @@ func NewClient(c ClientConfig) *Client {
 	case f > MaxMarginFraction:
 		f = MaxMarginFraction
 	}
-	return &Client{min: max(c.MinRemaining, 0), def: max(c.DefaultTimeout, 0), margin: max(c.Margin, 0), frac: f, now: c.Now}
+	margin := c.Margin
+	if margin == 0 {
+		margin = DefaultMargin
+	}
+	return &Client{min: max(c.MinRemaining, 0), def: max(c.DefaultTimeout, 0), margin: max(margin, 0), frac: f, now: c.Now}
 }
 
 func (c *Client) clock() time.Time {
@@ -129,9 +144,9 @@ func (c *Client) Check(left time.Duration) error {
 // AttemptContext is the once-per-attempt step, to be called right before
 // the attempt is sent, with the current time.
 //
-// When ctx has a deadline with less than MinRemaining left, or none at
-// all, it returns ctx and a status error with codes.DeadlineExceeded: the
-// attempt must not be sent. Otherwise it returns ctx with the outgoing
+// When ctx has a deadline that has passed, or with less than MinRemaining
+// left, it returns ctx and a status error with codes.DeadlineExceeded (see
+// Check): the attempt must not be sent. Otherwise it returns ctx with the outgoing
 // [MetadataKey] header set to Downstream(time left), in whole milliseconds
 // rounded down. A header already present in the outgoing metadata (say, a
 // proxy copied its incoming metadata) is replaced, so exactly one value is

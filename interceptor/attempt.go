@@ -79,13 +79,7 @@ func (c *call) begin(ctx context.Context, kind attemptKind, mode attemptMode) (a
 	if c.sent > 0 {
 		actx = metadata.AppendToOutgoingContext(actx, PreviousAttemptsKey, strconv.Itoa(c.sent))
 	}
-	switch {
-	case c.route.perAttempt > 0 && mode != streamAttemptMode:
-		actx, a.cancel = context.WithTimeout(actx, c.route.perAttempt)
-		a.timeout = true
-	case mode != plainAttempt:
-		actx, a.cancel = context.WithCancel(actx)
-	}
+	actx, a.cancel, a.timeout = c.attemptContext(actx, now, mode)
 	rt := c.route.tel
 	ao := rt.attemptOpts(kind)
 	if c.recording {
@@ -110,6 +104,33 @@ func (c *call) begin(ctx context.Context, kind attemptKind, mode attemptMode) (a
 	c.sent++
 	a.ctx = actx
 	return a, "", nil
+}
+
+// attemptContext gives an attempt the deadline it needs beyond the call
+// context's: the call's own when it was tightened after the context was
+// made (a service-config timeout read late), or the per-attempt timeout
+// when that is tighter (timeout reports it); and a cancel when the mode
+// needs one.
+func (c *call) attemptContext(ctx context.Context, now time.Time, mode attemptMode) (context.Context, context.CancelFunc, bool) {
+	var dl time.Time
+	if c.hasDeadline && (!c.ctxHasDL || c.deadline.Before(c.ctxDeadline)) {
+		dl = c.deadline
+	}
+	timeout := false
+	if p := c.route.perAttempt; p > 0 && mode != streamAttemptMode {
+		if pdl := now.Add(p); !c.hasDeadline || pdl.Before(c.deadline) {
+			dl, timeout = pdl, true
+		}
+	}
+	switch {
+	case !dl.IsZero():
+		ctx, cancel := context.WithDeadline(ctx, dl)
+		return ctx, cancel, timeout
+	case mode != plainAttempt:
+		ctx, cancel := context.WithCancel(ctx)
+		return ctx, cancel, false
+	}
+	return ctx, nil, false
 }
 
 // withdraw takes a token from the budget for a retry or a hedge that is

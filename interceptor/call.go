@@ -49,23 +49,27 @@ func scanCallOptions(opts []grpc.CallOption) (s callSettings) {
 // call is the state of one logical call: one engine for unary calls,
 // hedged calls and streams.
 type call struct {
-	client      *Client
-	route       *route
-	span        trace.Span
-	recording   bool
-	start       time.Time
-	maxAttempts int
-	repeatable  bool
-	hedge       bool
-	grpcRetry   bool // grpc-go's retryPolicy covers the method: one attempt of ours
-	deadline    time.Time
-	hasDeadline bool
-	sent        int // attempts sent
-	retries     int
-	hedges      int
-	backoffN    int       // retries since the last pushback
-	last        time.Time // when the last attempt ended
-	lastErr     error     // the last attempt's error
+	client       *Client
+	route        *route
+	cc           *grpc.ClientConn
+	grpcRetryOff bool      // installed by DialOptions: grpc-go does not retry
+	ctxDeadline  time.Time // the deadline of the context attempts derive from
+	ctxHasDL     bool
+	span         trace.Span
+	recording    bool
+	start        time.Time
+	maxAttempts  int
+	repeatable   bool
+	hedge        bool
+	grpcRetry    bool // grpc-go's retryPolicy covers the method: one attempt of ours
+	deadline     time.Time
+	hasDeadline  bool
+	sent         int // attempts sent
+	retries      int
+	hedges       int
+	backoffN     int       // retries since the last pushback
+	last         time.Time // when the last attempt ended
+	lastErr      error     // the last attempt's error
 }
 
 // setup resolves the call's settings: the idempotency key (added to ctx),
@@ -76,6 +80,7 @@ type call struct {
 // attempts with and the CancelFunc to call when the call is over.
 func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, grpcRetryOff bool) (context.Context, context.CancelFunc, error) {
 	r := c.route
+	c.cc, c.grpcRetryOff = cc, grpcRetryOff
 	c.start = c.client.now()
 	key, hasKey := cs.key, cs.hasKey
 	if !hasKey {
@@ -106,12 +111,7 @@ func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, 
 		}
 	}
 	mc := r.methodConfig(cc, c.start)
-	if mc.grpcRetry && !grpcRetryOff && c.repeatable {
-		// grpc-go retries this method itself: sending more attempts of
-		// our own would multiply them.
-		c.grpcRetry = true
-		c.client.warnGRPCRetry(r)
-	}
+	c.applyGRPCRetry(mc)
 	c.hedge = c.repeatable && !c.grpcRetry && r.hedge && !cs.noHedge && c.maxAttempts > 1
 	if metadata.ValueFromOutgoingContext(ctx, deadline.MetadataKey) != nil {
 		ctx = removeOutgoing(ctx, deadline.MetadataKey) // stale: the attempts send their own
@@ -123,7 +123,32 @@ func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, 
 		ctx, cancel = c.client.dl.CallContext(ctx) // a default timeout, if configured
 	}
 	c.deadline, c.hasDeadline = ctx.Deadline()
+	c.ctxDeadline, c.ctxHasDL = c.deadline, c.hasDeadline
 	return ctx, cancel, nil
+}
+
+// applyGRPCRetry notes that grpc-go retries the method itself (its service
+// config has a retryPolicy and grpc-go's retries are not known to be off):
+// sending more attempts of our own would multiply them.
+func (c *call) applyGRPCRetry(mc *methodConfig) {
+	if mc.grpcRetry && !c.grpcRetryOff && c.repeatable && !c.grpcRetry {
+		c.grpcRetry = true
+		c.client.warnGRPCRetry(c.route)
+	}
+}
+
+// recheckMethodConfig reads the method's service config again after a
+// failed attempt (see route.readMethodConfig): a retryPolicy found now
+// stops the suite's retries, and a method timeout bounds the rest of the
+// call, measured from its start, when it is tighter than its deadline.
+func (c *call) recheckMethodConfig(now time.Time) {
+	mc := c.route.readMethodConfig(c.cc, now)
+	c.applyGRPCRetry(mc)
+	if mc.timeout > 0 {
+		if dl := c.start.Add(mc.timeout); !c.hasDeadline || dl.Before(c.deadline) {
+			c.deadline, c.hasDeadline = dl, true
+		}
+	}
 }
 
 // noCancel is the CancelFunc of a call that made no context of its own.

@@ -60,6 +60,8 @@ func (c *call) decide(ctx context.Context, err error, tr metadata.MD, ownTimeout
 	if !c.repeatable {
 		return 0, ReasonNotIdempotent, false
 	}
+	now := c.client.now()
+	c.recheckMethodConfig(now)
 	if c.grpcRetry {
 		return 0, ReasonGRPCRetry, false
 	}
@@ -79,7 +81,6 @@ func (c *call) decide(ctx context.Context, err error, tr metadata.MD, ownTimeout
 	} else {
 		delay = c.backoff()
 	}
-	now := c.client.now()
 	if c.hasDeadline && !now.Add(delay).Before(c.deadline) {
 		return 0, ReasonDeadline, false
 	}

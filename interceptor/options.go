@@ -196,7 +196,7 @@ func WithHedging(delay time.Duration, maxAttempts int) ClientOption {
 
 // WithoutIdempotencyKeys stops the client from generating idempotency keys
 // for retry_with_key methods: such a method is then retried only when the
-// caller supplies a key (idempotency.WithKey or IdempotencyKey), and
+// caller supplies a key (idempotency.WithKey or idempotency.CallKey), and
 // otherwise sent once.
 func WithoutIdempotencyKeys() ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.noKeys = true })

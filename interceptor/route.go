@@ -134,6 +134,14 @@ func (r *route) methodConfig(cc *grpc.ClientConn, now time.Time) *methodConfig {
 	if mc != nil && mc.cc == cc && now.Sub(mc.read) < methodConfigTTL && !now.Before(mc.read) {
 		return mc
 	}
+	return r.readMethodConfig(cc, now)
+}
+
+// readMethodConfig reads the method's service config from cc now, and
+// caches it. The first calls on a new ClientConn run before grpc has its
+// service config (grpc resolves the target on the first call), so the
+// failure path reads it again.
+func (r *route) readMethodConfig(cc *grpc.ClientConn, now time.Time) *methodConfig {
 	next := &methodConfig{cc: cc, read: now}
 	if cc != nil {
 		m := cc.GetMethodConfig(r.method)

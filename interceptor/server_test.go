@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -142,4 +143,42 @@ func TestServerNoPushbackForOrdinaryFailures(t *testing.T) {
 	_, err = echov1.NewEchoServiceClient(cc).Get(t.Context(), &echov1.GetRequest{}, grpc.Trailer(&tr))
 	assert.Equal(t, codes.Unavailable, status.Code(err))
 	assert.Empty(t, tr.Get(interceptor.PushbackKey))
+}
+
+// Issue 13 item 13: the server answers don't-retry for the reasons the
+// refusal table says propagate (budget, breaker, pushback, max_attempts),
+// and not for a deadline refusal: a caller above, with the same deadline,
+// has no time to retry either, and its own rules say so.
+func TestServerPushbackFollowsTheRefusalTable(t *testing.T) {
+	for _, tt := range []struct {
+		reason interceptor.Reason
+		want   []string
+	}{
+		{interceptor.ReasonBudget, []string{"-1"}},
+		{interceptor.ReasonBreaker, []string{"-1"}},
+		{interceptor.ReasonPushback, []string{"-1"}},
+		{interceptor.ReasonDeadline, nil},
+	} {
+		t.Run(string(tt.reason), func(t *testing.T) {
+			refused, err := status.New(codes.Unavailable, "downstream").WithDetails(&errdetails.ErrorInfo{
+				Reason: interceptor.ErrorReasonRetryRefused, Domain: interceptor.ErrorDomain,
+				Metadata: map[string]string{"refused_by": string(tt.reason)},
+			})
+			require.NoError(t, err)
+			l := origin.Bufconn()
+			s := origin.Serve(l, origin.New(nil), grpc.ChainUnaryInterceptor(interceptor.NewServer().Unary(),
+				func(context.Context, any, *grpc.UnaryServerInfo, grpc.UnaryHandler) (any, error) {
+					return nil, refused.Err()
+				}))
+			t.Cleanup(s.Stop)
+			cc, err := l.Dial()
+			require.NoError(t, err)
+			defer cc.Close()
+			var tr metadata.MD
+			_, err = echov1.NewEchoServiceClient(cc).Get(t.Context(), &echov1.GetRequest{}, grpc.Trailer(&tr))
+			assert.Equal(t, tt.reason, interceptor.RefusedBy(err))
+			assert.Equal(t, tt.want, tr.Get(interceptor.PushbackKey))
+			assert.Equal(t, tt.want != nil, tt.reason.Propagates())
+		})
+	}
 }

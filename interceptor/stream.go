@@ -89,6 +89,10 @@ type streamAttempt struct {
 	done chan struct{}
 }
 
+// testHookReplayed, when set by a test, runs between a new attempt's replay
+// and its installation.
+var testHookReplayed func()
+
 // errFinished is install's answer when the stream finished (the caller
 // left) while a new attempt was being opened.
 var errFinished = errors.New("stormguard: stream finished")
@@ -152,6 +156,9 @@ func (s *clientStream) install(sa, old *streamAttempt) error {
 	}
 	if err := s.replayLocked(sa); err != nil {
 		return err
+	}
+	if testHookReplayed != nil {
+		testHookReplayed()
 	}
 	s.cur = sa
 	if old != nil {

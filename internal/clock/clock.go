@@ -93,6 +93,23 @@ func (f *Fake) Pending() int {
 	return len(f.timers)
 }
 
+// Next returns how far the clock must advance to fire the earliest pending
+// timer, and false when none is pending.
+func (f *Fake) Next() (time.Duration, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.timers) == 0 {
+		return 0, false
+	}
+	next := f.timers[0].at
+	for _, t := range f.timers[1:] {
+		if t.at.Before(next) {
+			next = t.at
+		}
+	}
+	return next.Sub(f.now), true
+}
+
 // WaitPending blocks until at least n timers are pending, or until timeout
 // of real time has passed (it then reports false): a test calls it to know
 // that the code under test has armed its timers before it advances the

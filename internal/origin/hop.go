@@ -12,7 +12,6 @@ import (
 
 // Hop is an EchoService that forwards every call to Next with the handler's
 // context, so a deadline and cancellation travel down a chain of services.
-// It counts the calls it received in Seen.
 type Hop struct {
 	echov1.UnimplementedEchoServiceServer
 	Next echov1.EchoServiceClient
