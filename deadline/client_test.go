@@ -42,19 +42,20 @@ func TestClientHeaderAndMargin(t *testing.T) {
 		left time.Duration
 		want string
 	}{
-		{"plain", deadline.ClientConfig{}, 250 * time.Millisecond, "250"},
-		{"rounded down", deadline.ClientConfig{}, 250*time.Millisecond - time.Nanosecond, "249"},
-		{"sub-millisecond", deadline.ClientConfig{}, 900 * time.Microsecond, "0"},
+		{"default margin", deadline.ClientConfig{}, 250 * time.Millisecond, "245"},
+		{"no margin", deadline.ClientConfig{Margin: -1}, 250 * time.Millisecond, "250"},
+		{"rounded down", deadline.ClientConfig{Margin: -1}, 250*time.Millisecond - time.Nanosecond, "249"},
+		{"sub-millisecond", deadline.ClientConfig{Margin: -1}, 900 * time.Microsecond, "0"},
 		{"fixed margin", deadline.ClientConfig{Margin: 20 * time.Millisecond}, 250 * time.Millisecond, "230"},
-		{"fraction", deadline.ClientConfig{MarginFraction: 0.1}, 250 * time.Millisecond, "225"},
+		{"fraction", deadline.ClientConfig{Margin: -1, MarginFraction: 0.1}, 250 * time.Millisecond, "225"},
 		{"both", deadline.ClientConfig{Margin: 20 * time.Millisecond, MarginFraction: 0.1}, 250 * time.Millisecond, "205"},
 		{"margin eats all", deadline.ClientConfig{Margin: time.Second}, 250 * time.Millisecond, "0"},
-		{"fraction clamped", deadline.ClientConfig{MarginFraction: 5}, time.Second, "100"},
-		{"fraction +Inf", deadline.ClientConfig{MarginFraction: math.Inf(1)}, time.Second, "100"},
-		{"fraction negative", deadline.ClientConfig{MarginFraction: -1}, time.Second, "1000"},
-		{"fraction NaN", deadline.ClientConfig{MarginFraction: math.NaN()}, time.Second, "1000"},
+		{"fraction clamped", deadline.ClientConfig{Margin: -1, MarginFraction: 5}, time.Second, "100"},
+		{"fraction +Inf", deadline.ClientConfig{Margin: -1, MarginFraction: math.Inf(1)}, time.Second, "100"},
+		{"fraction negative", deadline.ClientConfig{Margin: -1, MarginFraction: -1}, time.Second, "1000"},
+		{"fraction NaN", deadline.ClientConfig{Margin: -1, MarginFraction: math.NaN()}, time.Second, "1000"},
 		{"negative margin", deadline.ClientConfig{Margin: -time.Second}, time.Second, "1000"},
-		{"huge", deadline.ClientConfig{}, 400 * 24 * time.Hour, "2592000000"},
+		{"huge", deadline.ClientConfig{Margin: -1}, 400 * 24 * time.Hour, "2592000000"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -94,7 +95,7 @@ func TestClientFailFast(t *testing.T) {
 }
 
 func TestClientStaleHeader(t *testing.T) {
-	c := deadline.NewClient(deadline.ClientConfig{})
+	c := deadline.NewClient(deadline.ClientConfig{Margin: -1})
 	// A proxy copied its incoming metadata, header included, to the outgoing
 	// context, some of it appended later, under mixed case.
 	stale := metadata.NewOutgoingContext(withDeadline(base.Add(time.Second)),

@@ -44,9 +44,17 @@
 // answers DeadlineExceeded while its caller still has the margin left to
 // receive that answer. In a chain, margins add up hop by hop.
 //
+// The header is relative (time left when it is written), so without a
+// margin each hop's deadline lands later than its caller's by the time
+// between the header's writing and the server's reading it. The default
+// margin, [DefaultMargin] (5 ms), covers that: over three hops on loopback
+// no handler saw a deadline later than the original caller's, also under
+// the race detector on a loaded 2-core machine, where a hop took up to
+// 2.5 ms. A negative Margin sends the time left as it is.
+//
 // # Usage
 //
-//	dc := deadline.NewClient(deadline.ClientConfig{Margin: 5 * time.Millisecond})
+//	dc := deadline.NewClient(deadline.ClientConfig{Margin: 10 * time.Millisecond})
 //	conn, err := grpc.NewClient(addr, creds,
 //		grpc.WithChainUnaryInterceptor(dc.Unary()),
 //		grpc.WithChainStreamInterceptor(dc.Stream()),
