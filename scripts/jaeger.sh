@@ -4,7 +4,7 @@
 #   bash scripts/jaeger.sh build     build Jaeger once from tools/jaeger (cached outside the repo)
 #   bash scripts/jaeger.sh start     build if needed, start it in the background, wait until it answers
 #   bash scripts/jaeger.sh stop      stop the Jaeger that 'start' started
-#   bash scripts/jaeger.sh run-e2e   start, run the e2e test (go test -tags e2e ./examples/tracing/), stop
+#   bash scripts/jaeger.sh run-e2e   start, run the e2e test (go test -tags e2e in examples/tracing, its own module), stop
 #   bash scripts/jaeger.sh example   start, run examples/tracing exporting to it, leave Jaeger running
 #   bash scripts/jaeger.sh tidy      go mod tidy -diff in tools/jaeger
 #
@@ -150,7 +150,7 @@ run_e2e() {
   trap stop EXIT
   if ! JAEGER_QUERY_URL="http://$JAEGER_QUERY_HTTP" \
     OTEL_EXPORTER_OTLP_ENDPOINT="http://$JAEGER_OTLP_GRPC" \
-    go -C "$root" test -tags e2e -count=1 -run 'TestJaegerE2E' -v ./examples/tracing/; then
+    go -C "$root/examples/tracing" test -tags e2e -count=1 -run 'TestJaegerE2E' -v .; then
     log "e2e failed; the end of Jaeger's log ($logfile):"
     tail -n 40 "$logfile" >&2 || true
     exit 1
@@ -162,7 +162,7 @@ run_e2e() {
 # Jaeger running so its API can be read; 'stop' stops it.
 example() {
   start
-  OTEL_EXPORTER_OTLP_ENDPOINT="http://$JAEGER_OTLP_GRPC" go -C "$root" run ./examples/tracing
+  OTEL_EXPORTER_OTLP_ENDPOINT="http://$JAEGER_OTLP_GRPC" go -C "$root/examples/tracing" run .
   log "traces: curl -s 'http://$JAEGER_QUERY_HTTP/api/traces?service=stormguard-example&limit=20'"
   log "stop Jaeger with: bash scripts/jaeger.sh stop"
 }

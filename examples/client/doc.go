@@ -4,7 +4,7 @@
 // (retry scheduled, retry refused, hedge sent, ...) as events.
 //
 //	go run ./examples/server -addr 127.0.0.1:50051 -flaky 2 &
-//	go run ./examples/client -addr 127.0.0.1:50051
+//	go -C examples/client run . -addr 127.0.0.1:50051
 //
 // Spans go to stdout (the OpenTelemetry stdout exporter), or over OTLP/gRPC
 // when OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)

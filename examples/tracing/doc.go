@@ -24,5 +24,5 @@
 //
 // Try it:
 //
-//	go run ./examples/tracing
+//	go -C examples/tracing run .
 package main

@@ -10,7 +10,7 @@ package main
 // which builds Jaeger (once, cached), starts it on loopback, runs
 //
 //	JAEGER_QUERY_URL=http://127.0.0.1:16686 OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 \
-//	  go test -tags e2e -count=1 -run TestJaegerE2E -v ./examples/tracing/
+//	  go -C examples/tracing test -tags e2e -count=1 -run TestJaegerE2E -v .
 //
 // and stops it.
 
@@ -171,7 +171,7 @@ func TestJaegerE2E(t *testing.T) {
 	defer cancel()
 	t0 := time.Now()
 
-	// The example, exactly as `go run ./examples/tracing` runs it with the
+	// The example, exactly as `go -C examples/tracing run .` runs it with the
 	// variable set: its spans go to Jaeger over OTLP/gRPC, and a copy stays
 	// in memory to compare with what Jaeger returns.
 	results, spans, err := runExample(ctx, endpoint)

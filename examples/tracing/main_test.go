@@ -33,7 +33,7 @@ func TestSpanTree(t *testing.T) {
 	checkShape(t, results, fromStubs(mem.GetSpans()))
 }
 
-// TestRealMain runs the example as `go run ./examples/tracing` does
+// TestRealMain runs the example as `go -C examples/tracing run .` does
 // without OTEL_EXPORTER_OTLP_ENDPOINT, and checks what it prints.
 func TestRealMain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), runTimeout)

@@ -44,7 +44,7 @@ func (c *collector) Export(_ context.Context, req *collectortrace.ExportTraceSer
 }
 
 // TestOTLPExport runs the example with an OTLP endpoint, as
-// OTEL_EXPORTER_OTLP_ENDPOINT=http://... go run ./examples/tracing does,
+// OTEL_EXPORTER_OTLP_ENDPOINT=http://... go -C examples/tracing run . does,
 // against an in-process receiver: every span arrives, under the service
 // name stormguard-example. (The e2e test does the same against Jaeger and
 // reads the spans back through its API.)

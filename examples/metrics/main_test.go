@@ -1,0 +1,219 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// runTimeout bounds one run of the traffic (about 3 s on an idle 2-core
+// machine; the search stalls are 56 × up to 500 ms when hedges are refused).
+const runTimeout = 2 * time.Minute
+
+// startDemo starts the example with /metrics on a free loopback port.
+func startDemo(t *testing.T) *Demo {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	d, err := Start(Config{Listener: ln, Seed: 1})
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	return d
+}
+
+// TestTraffic runs the traffic, checks each phase as the caller and the
+// services saw it, then reads /metrics as Prometheus would and checks what
+// the suite's metrics say against the same expectations and against the
+// attempts the services counted.
+func TestTraffic(t *testing.T) {
+	d := startDemo(t)
+	ctx, cancel := context.WithTimeout(t.Context(), runTimeout)
+	defer cancel()
+	start := time.Now()
+	reports, err := d.Run(ctx)
+	require.NoError(t, err)
+	t.Logf("traffic ran in %v", time.Since(start))
+	var table bytes.Buffer
+	PrintReports(&table, reports)
+	t.Logf("\n%s", table.String())
+
+	require.Len(t, reports, len(wantPhases))
+	for i, w := range wantPhases {
+		got := reports[i].Orders
+		assert.Equal(t, w, phaseWant{calls: got.Calls, ok: got.OK, failed: got.Failed, attempts: got.Attempts, refusedBy: got.RefusedBy},
+			"orders in phase %s", reports[i].Phase.Name)
+		s := reports[i].Search
+		assert.Equal(t, s.Calls, s.OK, "search in phase %s: every Get succeeds", reports[i].Phase.Name)
+	}
+
+	fams := scrape(t, ctx, "http://"+d.MetricsAddr()+"/metrics")
+	ordersAddr, searchAddr := d.Targets()
+	orders, search := targetLabels(ordersAddr), targetLabels(searchAddr)
+
+	assert.Equal(t, ordersWant.callsByStatus, sumBy(fams, "stormguard_client_calls_total", orders, "rpc_response_status_code"))
+	assert.Equal(t, ordersWant.attemptsByKind, sumBy(fams, "stormguard_client_attempts_total", orders, "stormguard_attempt_kind"))
+	assert.Equal(t, ordersWant.refusalsByReason, sumBy(fams, "stormguard_client_refusals_total", orders, "stormguard_reason"))
+	assert.Equal(t, ordersWant.budgetBalance, sumBy(fams, "stormguard_budget_balance", orders, "")[""])
+	assert.Equal(t, map[string]float64{"": 0}, sumBy(fams, "stormguard_breaker_state", orders, ""), "orders' breaker closed again")
+	// The attempts the suite counted are the attempts that reached orders.
+	attempts := sumBy(fams, "stormguard_client_attempts_total", orders, "")[""]
+	assert.Equal(t, float64(d.orders.Total()), attempts)
+	assert.InDelta(t, ordersAmplification, attempts/sumBy(fams, "stormguard_client_calls_total", orders, "")[""], 1e-12)
+	// Every failed call records one refusal.
+	assert.Equal(t, ordersWant.callsByStatus["UNAVAILABLE"], sumBy(fams, "stormguard_client_refusals_total", orders, "")[""])
+
+	assert.Equal(t, map[string]float64{"OK": Ticks}, sumBy(fams, "stormguard_client_calls_total", search, "rpc_response_status_code"))
+	kinds := sumBy(fams, "stormguard_client_attempts_total", search, "stormguard_attempt_kind")
+	assert.Equal(t, float64(Ticks), kinds["first"], "search: one first attempt per call")
+	assert.Positive(t, kinds["hedge"], "search: the stalled attempts were hedged")
+	assert.Zero(t, kinds["retry"], "search: nothing failed, nothing retried")
+	// A hedge cancelled before it arrived is counted but never reaches search.
+	assert.GreaterOrEqual(t, kinds["first"]+kinds["hedge"], float64(d.search.Total()))
+	assert.Equal(t, map[string]float64{"": 0}, sumBy(fams, "stormguard_breaker_state", search, ""))
+
+	// The resource, as Prometheus's target_info.
+	ti := sumBy(fams, "target_info", map[string]string{"service_name": ServiceName}, "")
+	assert.Equal(t, map[string]float64{"": 1}, ti, "target_info{service_name=%q}", ServiceName)
+}
+
+// TestRealMain runs the command as `go -C examples/metrics run . -exit`
+// does, on a free port, and checks what it prints.
+func TestRealMain(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), runTimeout)
+	defer cancel()
+	var out bytes.Buffer
+	require.NoError(t, realMain(ctx, &out, []string{"-listen", "127.0.0.1:0", "-exit"}))
+	s := out.String()
+	for _, want := range []string{
+		"metrics: serving http://127.0.0.1:",
+		"phase     ticks     service  calls  ok   failed  attempts  per call  refused (RefusedBy)",
+		"flaky     0-299     orders   300    294  6       315       1.05      -",
+		"outage    300-799   orders   500    0    500     273       0.55      breaker 255, budget 214",
+		"recovery  800-1399  orders   600    331  269     331       0.55      breaker 269",
+		"metrics: traffic done in ",
+	} {
+		assert.Contains(t, s, want)
+	}
+	assert.NotContains(t, s, "until interrupted")
+	t.Log("\n" + s)
+}
+
+// TestRealMainServesUntilInterrupted checks that without -exit the command
+// keeps serving /metrics after the traffic and returns when its context
+// ends (as on Ctrl-C).
+func TestRealMainServesUntilInterrupted(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), runTimeout)
+	defer cancel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close()) // realMain listens there itself
+	out := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() { done <- realMain(ctx, out, []string{"-listen", addr}) }()
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "until interrupted") }, runTimeout, 10*time.Millisecond)
+	fams := scrape(t, ctx, "http://"+addr+"/metrics")
+	assert.Equal(t, float64(2*Ticks), sumBy(fams, "stormguard_client_calls_total", nil, "")[""])
+	cancel()
+	require.NoError(t, <-done)
+}
+
+func TestRealMainRejectsBadArguments(t *testing.T) {
+	for _, args := range [][]string{{"-nosuchflag"}, {"extra"}, {"-listen", "256.0.0.1:0"}} {
+		var out bytes.Buffer
+		assert.Error(t, realMain(t.Context(), &out, args), "%q", args)
+	}
+}
+
+// httpClient keeps no idle connections, which goleak would report.
+var httpClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+
+// scrape GETs a Prometheus text exposition and parses it.
+func scrape(t *testing.T, ctx context.Context, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	require.NoError(t, err)
+	resp, err := httpClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	require.NoError(t, err)
+	return fams
+}
+
+// targetLabels are the labels of a target's series.
+func targetLabels(target string) map[string]string {
+	host, port, _ := net.SplitHostPort(target)
+	return map[string]string{"server_address": host, "server_port": port}
+}
+
+// sumBy sums the samples of family name whose labels include match, by the
+// value of label by ("" sums them all under "").
+func sumBy(fams map[string]*dto.MetricFamily, name string, match map[string]string, by string) map[string]float64 {
+	out := map[string]float64{}
+	f := fams[name]
+	if f == nil {
+		return out
+	}
+next:
+	for _, m := range f.GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		for k, v := range match {
+			if labels[k] != v {
+				continue next
+			}
+		}
+		var v float64
+		switch {
+		case m.Counter != nil:
+			v = m.GetCounter().GetValue()
+		case m.Gauge != nil:
+			v = m.GetGauge().GetValue()
+		default:
+			continue
+		}
+		key := ""
+		if by != "" {
+			key = labels[by]
+		}
+		out[key] += v
+	}
+	return out
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
