@@ -69,7 +69,7 @@ func (c *call) begin(ctx context.Context, kind attemptKind, mode attemptMode) (a
 			return attempt{}, ReasonBreaker, circuitOpenError(b)
 		}
 	}
-	if kind != kindFirst {
+	if kind == kindHedge || (kind == kindRetry && !c.failover) {
 		if reason, ok := c.withdraw(ctx, now); !ok {
 			a.ticket.Ignore()
 			return attempt{}, reason, nil
@@ -177,6 +177,7 @@ func (c *call) end(callCtx context.Context, a *attempt, err error, abandoned boo
 		} else {
 			a.ticket.Done(failed)
 		}
+		c.route.endpoints.record(a.peer(), failed, now)
 		if c.route.lat != nil && (code == codes.OK || !c.route.retryable.Has(code)) {
 			c.route.lat.observe(now.Sub(a.start))
 		}
@@ -219,17 +220,32 @@ type attemptCreds struct {
 	deadline time.Time // zero: no deadline, no header
 	user     credentials.PerRPCCredentials
 	md       map[string]string // reused: grpc copies it before returning
+	avoid    []net.Addr        // a fail-over retry re-picks these endpoints...
+	repicks  int               // ...at most this many times
 
-	mu   sync.Mutex
-	addr net.Addr
+	mu     sync.Mutex
+	addr   net.Addr
+	vetoed bool // the last pick was refused: re-invoke
 }
+
+// errAvoided fails a fail-over retry's pick of an endpoint it avoids,
+// before anything is sent; the Client picks again.
+var errAvoided = status.Error(codes.Unavailable, "stormguard: endpoint avoided by a fail-over retry; picking another")
 
 // GetRequestMetadata implements credentials.PerRPCCredentials.
 func (a *attemptCreds) GetRequestMetadata(ctx context.Context, uri ...string) (map[string]string, error) {
 	if p, ok := peer.FromContext(ctx); ok {
 		a.mu.Lock()
 		a.addr = p.Addr
+		veto := a.repicks > 0 && contains(a.avoid, p.Addr)
+		if veto {
+			a.repicks--
+			a.vetoed = true
+		}
 		a.mu.Unlock()
+		if veto {
+			return nil, errAvoided
+		}
 	}
 	if a.md == nil {
 		a.md = make(map[string]string, 2)
@@ -262,6 +278,34 @@ func (a *attemptCreds) peerAddr() net.Addr {
 	return a.addr
 }
 
+// takeVeto reports whether the attempt's pick was refused (see
+// errAvoided), and clears it: the caller then invokes again.
+func (a *attemptCreds) takeVeto() bool {
+	if a == nil {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	v := a.vetoed
+	if v {
+		a.vetoed, a.addr = false, nil
+	}
+	return v
+}
+
+// prepare sets a up for the next attempt of c: every attempt avoids the
+// target's outlier endpoints (those that fail while the others serve), by
+// picking again, at most maxRepicks times, when grpc picked one of them.
+func (a *attemptCreds) prepare(c *call) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.addr, a.vetoed = nil, false
+	a.avoid, a.repicks = c.avoid, 0
+	if len(c.avoid) > 0 {
+		a.repicks = maxRepicks
+	}
+}
+
 // reset prepares a for a new call.
 func (a *attemptCreds) reset(c *call, cs *callSettings) {
 	a.client, a.deadline, a.user = c.client, time.Time{}, nil
@@ -272,7 +316,7 @@ func (a *attemptCreds) reset(c *call, cs *callSettings) {
 		a.user = cs.userCreds.Creds
 	}
 	a.mu.Lock()
-	a.addr = nil
+	a.addr, a.vetoed, a.avoid, a.repicks = nil, false, nil, 0
 	a.mu.Unlock()
 }
 

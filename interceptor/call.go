@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"context"
+	"net"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -67,9 +68,11 @@ type call struct {
 	sent         int // attempts sent
 	retries      int
 	hedges       int
-	backoffN     int       // retries since the last pushback
-	last         time.Time // when the last attempt ended
-	lastErr      error     // the last attempt's error
+	backoffN     int        // retries since the last pushback
+	last         time.Time  // when the last attempt ended
+	lastErr      error      // the last attempt's error
+	failover     bool       // the next retry fails over from an outlier endpoint
+	avoid        []net.Addr // the target's outlier endpoints, which attempts avoid
 }
 
 // setup resolves the call's settings: the idempotency key (added to ctx),
@@ -124,6 +127,9 @@ func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, 
 	}
 	c.deadline, c.hasDeadline = ctx.Deadline()
 	c.ctxDeadline, c.ctxHasDL = c.deadline, c.hasDeadline
+	if !c.client.o.noFailover {
+		c.avoid = r.endpoints.current(c.start)
+	}
 	return ctx, cancel, nil
 }
 

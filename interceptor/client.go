@@ -47,6 +47,7 @@ type Client struct {
 	failures  idempotency.CodeSet
 	hedgeQ    float64
 	routes    cowmap.Map[routeKey, *route]
+	endpoints cowmap.Map[string, *endpoints] // per canonical target
 	// budgetAt and breakerAt are true when the budgets and breakers run on
 	// this Client's clock, so that the times it reads anyway can be passed
 	// to them instead of their reading the clock again.
@@ -69,6 +70,7 @@ func NewClient(opts ...ClientOption) *Client {
 	o.backoffMax = max(o.backoffMax, o.backoffBase)
 	c := &Client{o: o}
 	c.routes.Max = MaxRoutes
+	c.endpoints.Max = MaxRoutes
 	c.resolver = idempotency.NewResolver(idempotency.ResolverConfig{Idempotent: o.idempotent})
 	ratio := budget.DefaultRatio
 	if !o.noBudget {

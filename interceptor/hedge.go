@@ -165,6 +165,7 @@ func (h *hedger) launch(c *call, kind attemptKind) (Reason, error) {
 		ha.reply = h.mt.New().Interface()
 	}
 	creds, credsOpt := newAttemptCreds(c, &h.cs)
+	creds.prepare(c)
 	ha.creds = creds
 	opts := append(h.base[:len(h.base):len(h.base)], grpc.Trailer(&ha.trailer), credsOpt)
 	if h.hdrp != nil {
@@ -182,7 +183,11 @@ func (h *hedger) launch(c *call, kind attemptKind) (Reason, error) {
 
 func runHedgeAttempt(wg *sync.WaitGroup, results chan<- hedgeResult, ha *hedgeAttempt, invoker grpc.UnaryInvoker, method string, req any, cc *grpc.ClientConn, opts []grpc.CallOption) {
 	defer wg.Done()
-	results <- hedgeResult{a: ha, err: invoker(ha.ctx, method, req, ha.reply, cc, opts...)}
+	err := invoker(ha.ctx, method, req, ha.reply, cc, opts...)
+	for ha.creds.takeVeto() { // a fail-over retry picked an endpoint it avoids
+		err = invoker(ha.ctx, method, req, ha.reply, cc, opts...)
+	}
+	results <- hedgeResult{a: ha, err: err}
 }
 
 // arm sets the timer of the next hedge, if one may be sent.

@@ -42,19 +42,19 @@ func (c *call) after(ctx context.Context, a *attempt, err error, tr metadata.MD)
 	}
 	c.lastErr = err
 	v := verdict{err: err, tr: tr}
-	v.delay, v.reason, v.retry = c.decide(ctx, err, tr, a.timeout)
+	v.delay, v.reason, v.retry = c.decide(ctx, err, tr, a)
 	return v
 }
 
 // decide applies the retry rules, in order, to a failed attempt. A yes is
 // tentative: the breaker and the budget are asked again, and a token
 // withdrawn, only when the retry is sent (begin).
-func (c *call) decide(ctx context.Context, err error, tr metadata.MD, ownTimeout bool) (time.Duration, Reason, bool) {
+func (c *call) decide(ctx context.Context, err error, tr metadata.MD, a *attempt) (time.Duration, Reason, bool) {
 	if ctx.Err() != nil {
 		return 0, "", false // the caller is gone: nothing to decide
 	}
 	code := status.Code(err)
-	if !c.route.retryable.Has(code) && !(ownTimeout && code == codes.DeadlineExceeded) {
+	if !c.route.retryable.Has(code) && !(a.timeout && code == codes.DeadlineExceeded) {
 		return 0, ReasonCode, false
 	}
 	if !c.repeatable {
@@ -84,6 +84,7 @@ func (c *call) decide(ctx context.Context, err error, tr metadata.MD, ownTimeout
 	if c.hasDeadline && !now.Add(delay).Before(c.deadline) {
 		return 0, ReasonDeadline, false
 	}
+	c.failOver(a, now)
 	if reason, ok := c.fundable(ctx, now); !ok {
 		return 0, reason, false
 	}
@@ -98,7 +99,7 @@ func (c *call) fundable(ctx context.Context, now time.Time) (Reason, bool) {
 	reason := Reason("")
 	if b := c.route.breaker; b != nil && b.RetryAfter() > 0 {
 		reason = ReasonBreaker
-	} else if b := c.route.budget; b != nil && b.Stats().Balance < 1 {
+	} else if b := c.route.budget; b != nil && !c.failover && b.Stats().Balance < 1 {
 		reason = ReasonBudget
 	}
 	if reason == "" {
@@ -109,6 +110,25 @@ func (c *call) fundable(ctx context.Context, now time.Time) (Reason, bool) {
 		return "", true
 	}
 	return reason, false
+}
+
+// failOver decides whether the retry after attempt a is a fail-over: a
+// failed on an endpoint that fails while the target's other endpoints
+// serve (see endpoints.outliers). Every attempt avoids such endpoints, so
+// a fail-over retry goes to one that serves: it is not added load on a
+// failing service, and the budget does not pay for it; the breaker and the
+// attempt limit still apply.
+func (c *call) failOver(a *attempt, now time.Time) {
+	c.failover = false
+	if c.client.o.noFailover {
+		return
+	}
+	p := a.peer()
+	c.avoid = c.route.endpoints.current(now)
+	if p != nil && !contains(c.avoid, p) {
+		c.avoid = c.route.endpoints.judge(now) // this failure may make it one
+	}
+	c.failover = p != nil && contains(c.avoid, p)
 }
 
 // conclude ends the call with the verdict's error: it records the refusal
@@ -161,6 +181,9 @@ func (c *call) scheduled(v verdict) {
 		return
 	}
 	attrs := []attribute.KeyValue{AttrCause.String(codename.Name(status.Code(v.err))), AttrDelay.Float64(v.delay.Seconds())}
+	if c.failover {
+		attrs = append(attrs, AttrFailover.Bool(true))
+	}
 	if vs := v.tr[PushbackKey]; len(vs) == 1 {
 		attrs = append(attrs, AttrPushback.String(vs[0]))
 	}

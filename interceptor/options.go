@@ -71,6 +71,7 @@ type clientOptions struct {
 	hooks          Hooks
 	retryIf        func(ctx context.Context, method string, err error) bool
 	logger         *slog.Logger
+	noFailover     bool
 }
 
 // WithMaxAttempts sets the most attempts of one logical call, the first
@@ -336,6 +337,15 @@ func WithRetryIf(f func(ctx context.Context, fullMethod string, err error) bool)
 // fields are ignored; a later WithHooks replaces an earlier one.
 func WithHooks(h Hooks) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.hooks = h })
+}
+
+// WithoutFailover turns per-endpoint fail-over off: every retry is paid
+// from the budget, and none avoids an endpoint. By default, a retry after
+// a failure on an endpoint that fails while the target's other endpoints
+// serve goes to another endpoint and is not charged to the budget (see the
+// package documentation).
+func WithoutFailover() ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.noFailover = true })
 }
 
 // WithLogger sets the logger of the Client's rare warnings (default

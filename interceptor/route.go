@@ -34,6 +34,7 @@ type route struct {
 	policy      idempotency.Policy
 	budget      *budget.Budget   // nil: none
 	breaker     *breaker.Breaker // nil: none
+	endpoints   *endpoints       // the target's endpoints
 	maxAttempts int              // for repeatable calls
 	retryable   idempotency.CodeSet
 	hedge       bool
@@ -91,6 +92,7 @@ func (c *Client) newRoute(k routeKey) *route {
 	if c.breakers != nil {
 		r.breaker = c.breakers.For(key)
 	}
+	r.endpoints = c.endpoints.LoadOrCreate(key, func(string) *endpoints { return &endpoints{} })
 	if p.MaxAttempts > 0 {
 		r.maxAttempts = clampAttempts(p.MaxAttempts)
 	}

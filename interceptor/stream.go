@@ -115,8 +115,13 @@ func (s *clientStream) open(kind attemptKind, old *streamAttempt) error {
 		}
 		sa := &streamAttempt{attempt: a, done: make(chan struct{})}
 		creds, credsOpt := newAttemptCreds(k, &s.cs)
+		creds.prepare(k)
 		sa.creds = creds
-		sa.inner, err = s.streamer(a.ctx, s.desc, s.cc, s.method, append(s.opts[:len(s.opts):len(s.opts)], credsOpt)...)
+		opts := append(s.opts[:len(s.opts):len(s.opts)], credsOpt)
+		sa.inner, err = s.streamer(a.ctx, s.desc, s.cc, s.method, opts...)
+		for err != nil && creds.takeVeto() { // a fail-over retry picked an endpoint it avoids
+			sa.inner, err = s.streamer(a.ctx, s.desc, s.cc, s.method, opts...)
+		}
 		if err == nil {
 			if err = s.install(sa, old); err == nil {
 				return nil

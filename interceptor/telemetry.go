@@ -60,6 +60,9 @@ const (
 	AttrPushback = attribute.Key("stormguard.pushback_ms")
 	// AttrBreakerState is closed, open or half-open.
 	AttrBreakerState = attribute.Key("stormguard.breaker.state")
+	// AttrFailover is true on a retry scheduled as a fail-over: the failed
+	// attempt's endpoint fails while the target's other endpoints serve.
+	AttrFailover = attribute.Key("stormguard.failover")
 	// AttrPeer is the endpoint an attempt was sent to, when known.
 	AttrPeer = attribute.Key("stormguard.peer")
 	// AttrGRPCRetryPolicy is true on call spans of methods that grpc-go's

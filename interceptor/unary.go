@@ -104,10 +104,16 @@ func (c *call) sequential(ctx context.Context, method string, req, reply any, cc
 			return c.notSent(ctx, reason, err)
 		}
 		a.creds = creds
+		if creds != nil {
+			creds.prepare(c)
+		}
 		if trp != nil {
 			*trp = nil
 		}
 		err = invoker(a.ctx, method, req, reply, cc, opts...)
+		for creds.takeVeto() { // a fail-over retry picked an endpoint it avoids
+			err = invoker(a.ctx, method, req, reply, cc, opts...)
+		}
 		var tr metadata.MD
 		if trp != nil {
 			tr = *trp

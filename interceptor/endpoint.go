@@ -1,0 +1,210 @@
+package interceptor
+
+import (
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Per-endpoint accounting. A target is often several endpoints (a
+// round_robin over the addresses a name resolves to); when one of them
+// fails everything and the others serve, the failures say nothing about the
+// target: a retry that goes to another endpoint is a fail-over, not added
+// load on a failing service. The table below keeps each endpoint's recent
+// outcomes so that the retry decision can tell the two apart.
+const (
+	epSlots      = 4                      // slots in an endpoint's window
+	epSlotWidth  = time.Second            // so the window is the last 3 to 4 seconds
+	epMinSeen    = 5                      // outcomes before an endpoint (or the rest) is judged
+	epBadRatio   = 0.5                    // an endpoint failing at least this share is bad...
+	epGoodRatio  = 0.1                    // ...when the other endpoints fail at most this share
+	epMaxTracked = 256                    // endpoints tracked per target
+	epIdle       = time.Minute            // an endpoint not seen for this long is forgotten
+	maxRepicks   = 3                      // times an attempt re-picks before it sends anyway
+	epRejudge    = 100 * time.Millisecond // how long a judgement of the outliers stands
+)
+
+// endpoints tracks the recent outcomes of one target's endpoints, keyed by
+// the peer address grpc reports (one net.Addr per connection). Recording an
+// outcome is lock-free for a known endpoint; judging, on the failure path,
+// walks the table.
+type endpoints struct {
+	m      sync.Map // net.Addr → *endpoint
+	n      atomic.Int32
+	judged atomic.Pointer[judgement]
+}
+
+// judgement is the set of outliers as of a time.
+type judgement struct {
+	at       time.Time
+	outliers []net.Addr
+}
+
+// current returns the outliers, judged again at most every epRejudge: one
+// atomic load on the success path.
+func (t *endpoints) current(now time.Time) []net.Addr {
+	j := t.judged.Load()
+	if j != nil && now.Sub(j.at) < epRejudge && !now.Before(j.at) {
+		return j.outliers
+	}
+	return t.judge(now)
+}
+
+// judge judges the outliers now.
+func (t *endpoints) judge(now time.Time) []net.Addr {
+	var out []net.Addr
+	if t.n.Load() >= 2 { // one endpoint (or none) has no others to compare with
+		out = t.outliers(now)
+	}
+	t.judged.Store(&judgement{at: now, outliers: out})
+	return out
+}
+
+type endpoint struct {
+	addr  net.Addr
+	slots [epSlots]epSlot
+	last  atomic.Int64 // slot number of the newest outcome
+}
+
+type epSlot struct {
+	n        atomic.Int64 // slot number it counts for
+	ok, fail atomic.Int64
+}
+
+// record counts one outcome of an attempt sent to addr at now.
+func (t *endpoints) record(addr net.Addr, failed bool, now time.Time) {
+	if addr == nil {
+		return
+	}
+	e, ok := t.m.Load(addr)
+	if !ok {
+		if t.n.Load() >= epMaxTracked {
+			t.sweep(now)
+			if t.n.Load() >= epMaxTracked {
+				return
+			}
+		}
+		var loaded bool
+		if e, loaded = t.m.LoadOrStore(addr, &endpoint{addr: addr}); !loaded {
+			t.n.Add(1)
+		}
+	}
+	e.(*endpoint).record(failed, slotOf(now))
+}
+
+func slotOf(now time.Time) int64 { return now.UnixNano() / int64(epSlotWidth) }
+
+func (e *endpoint) record(failed bool, n int64) {
+	s := &e.slots[n%epSlots]
+	if old := s.n.Load(); old != n {
+		// A slot from an older turn of the ring: the first to see it
+		// resets it (a benign race may lose a count at the boundary).
+		if old > n || !s.n.CompareAndSwap(old, n) {
+			if s.n.Load() != n {
+				return // a stale outcome; drop it
+			}
+		} else {
+			s.ok.Store(0)
+			s.fail.Store(0)
+		}
+	}
+	if failed {
+		s.fail.Add(1)
+	} else {
+		s.ok.Add(1)
+	}
+	if e.last.Load() < n {
+		e.last.Store(n)
+	}
+}
+
+// counts returns the outcomes in the window ending at slot n.
+func (e *endpoint) counts(n int64) (ok, fail int64) {
+	for i := range e.slots {
+		s := &e.slots[i]
+		if sn := s.n.Load(); sn > n-epSlots && sn <= n {
+			ok += s.ok.Load()
+			fail += s.fail.Load()
+		}
+	}
+	return ok, fail
+}
+
+// sweep forgets endpoints not seen for epIdle.
+func (t *endpoints) sweep(now time.Time) {
+	limit := slotOf(now.Add(-epIdle))
+	t.m.Range(func(k, v any) bool {
+		if v.(*endpoint).last.Load() < limit {
+			t.m.Delete(k)
+			t.n.Add(-1)
+		}
+		return true
+	})
+}
+
+// outliers returns the endpoints that fail while the rest of the target
+// serves: each has failed at least epBadRatio of its recent attempts
+// (with at least epMinSeen), while all the other endpoints together have
+// failed at most epGoodRatio of theirs (with at least epMinSeen). With
+// failures spread evenly (independent failures, a failing target) there
+// are none.
+func (t *endpoints) outliers(now time.Time) []net.Addr {
+	n := slotOf(now)
+	type seen struct {
+		addr     net.Addr
+		ok, fail int64
+	}
+	var all []seen
+	var totalOK, totalFail int64
+	t.m.Range(func(_, v any) bool {
+		e := v.(*endpoint)
+		ok, fail := e.counts(n)
+		if ok+fail > 0 {
+			all = append(all, seen{e.addr, ok, fail})
+			totalOK += ok
+			totalFail += fail
+		}
+		return true
+	})
+	var out []net.Addr
+	for _, s := range all {
+		if s.ok+s.fail < epMinSeen || float64(s.fail) < epBadRatio*float64(s.ok+s.fail) {
+			continue
+		}
+		restOK, restFail := totalOK-s.ok, totalFail-s.fail
+		if rest := restOK + restFail; rest >= epMinSeen && float64(restFail) <= epGoodRatio*float64(rest) {
+			out = append(out, s.addr)
+		}
+	}
+	return out
+}
+
+// contains reports whether addrs holds a.
+func contains(addrs []net.Addr, a net.Addr) bool {
+	for _, x := range addrs {
+		if x == a {
+			return true
+		}
+	}
+	return false
+}
+
+// snapshot returns the endpoints seen in the window ending now, sorted by
+// address.
+func (t *endpoints) snapshot(now time.Time) []EndpointState {
+	n := slotOf(now)
+	avoided := t.current(now)
+	var out []EndpointState
+	t.m.Range(func(_, v any) bool {
+		e := v.(*endpoint)
+		ok, fail := e.counts(n)
+		if ok+fail > 0 {
+			out = append(out, EndpointState{Addr: e.addr.String(), OK: ok, Failed: fail, Avoided: contains(avoided, e.addr)})
+		}
+		return true
+	})
+	slices.SortFunc(out, func(a, b EndpointState) int { return compareStrings(a.Addr, b.Addr) })
+	return out
+}

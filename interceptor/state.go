@@ -1,0 +1,122 @@
+package interceptor
+
+import (
+	"encoding/json"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/stormguard/stormguard/breaker"
+	"github.com/stormguard/stormguard/budget"
+)
+
+// TargetState is a snapshot of what a Client knows of one target, for a
+// health or debug page. Targets are canonical ("dns:///host:port" for
+// "host:port").
+type TargetState struct {
+	Target    string          `json:"target"`
+	Budget    *BudgetState    `json:"budget,omitempty"`  // nil without a budget
+	Breaker   *BreakerState   `json:"breaker,omitempty"` // nil without a breaker
+	Endpoints []EndpointState `json:"endpoints,omitempty"`
+}
+
+// BudgetState is a target's retry budget (see budget.Stats).
+type BudgetState struct {
+	Balance   float64 `json:"balance"` // retries or hedges it would grant now
+	Requests  uint64  `json:"requests"`
+	Granted   uint64  `json:"granted"`
+	FromFloor uint64  `json:"from_floor"`
+	Refused   uint64  `json:"refused"`
+}
+
+// BreakerState is a target's circuit breaker (see breaker.Stats).
+type BreakerState struct {
+	State     string     `json:"state"` // closed, open or half-open
+	Attempts  int64      `json:"attempts"`
+	Failures  int64      `json:"failures"`
+	OpenUntil *time.Time `json:"open_until,omitempty"`
+	Opened    uint64     `json:"opened"`
+	Rejected  uint64     `json:"rejected"`
+}
+
+// EndpointState is one endpoint of a target, as the Client saw it in the
+// last few seconds.
+type EndpointState struct {
+	Addr    string `json:"addr"`
+	OK      int64  `json:"ok"`
+	Failed  int64  `json:"failed"`
+	Avoided bool   `json:"avoided"` // it fails while the others serve: attempts go elsewhere
+}
+
+// Targets returns a snapshot of every target the Client has called, sorted
+// by target. It is safe for concurrent use with calls; each target's parts
+// are read one after the other, not at one instant.
+func (c *Client) Targets() []TargetState {
+	byTarget := map[string]*TargetState{}
+	get := func(t string) *TargetState {
+		if s, ok := byTarget[t]; ok {
+			return s
+		}
+		s := &TargetState{Target: t}
+		byTarget[t] = s
+		return s
+	}
+	if c.budgets != nil {
+		c.budgets.Range(func(t string, b *budget.Budget) bool {
+			st := b.Stats()
+			get(t).Budget = &BudgetState{Balance: st.Balance, Requests: st.Requests, Granted: st.Granted, FromFloor: st.FromFloor, Refused: st.Refused}
+			return true
+		})
+	}
+	if c.breakers != nil {
+		c.breakers.Range(func(t string, b *breaker.Breaker) bool {
+			st := b.Stats()
+			bs := &BreakerState{State: st.State.String(), Attempts: st.Attempts, Failures: st.Failures, Opened: st.Opened, Rejected: st.Rejected}
+			if !st.OpenUntil.IsZero() {
+				bs.OpenUntil = &st.OpenUntil
+			}
+			get(t).Breaker = bs
+			return true
+		})
+	}
+	now := c.now()
+	c.endpoints.Range(func(t string, e *endpoints) bool {
+		get(t).Endpoints = e.snapshot(now)
+		return true
+	})
+	out := make([]TargetState, 0, len(byTarget))
+	for _, s := range byTarget {
+		out = append(out, *s)
+	}
+	slices.SortFunc(out, func(a, b TargetState) int { return compareStrings(a.Target, b.Target) })
+	return out
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// StateHandler returns an http.Handler that serves Targets as JSON
+// ({"targets": [...]}) to GET and HEAD requests, for a debug page. It
+// exposes target and endpoint addresses: serve it only where those may be
+// seen.
+func (c *Client) StateHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		_ = json.NewEncoder(w).Encode(struct {
+			Targets []TargetState `json:"targets"`
+		}{c.Targets()})
+	})
+}
