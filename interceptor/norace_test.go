@@ -1,5 +1,0 @@
-//go:build !race
-
-package interceptor_test
-
-const raceEnabled = false
