@@ -2,7 +2,11 @@
 //
 // A retry budget bounds retries while a dependency partly works; a breaker
 // stops the traffic once the dependency has proven it is down, and finds out
-// quickly and gently when it is back. The package knows nothing of gRPC: a
+// quickly and gently when it is back. By default a breaker opens only when
+// every attempt in its window failed: refusing calls to a dependency that
+// still serves some of them would cost availability that no retries at all
+// would have had, so a partial failure is the budget's business, not the
+// breaker's. The package knows nothing of gRPC: a
 // Breaker is a plain concurrent data structure with an injectable clock, and
 // the caller decides which attempt outcomes count as failures.
 //
