@@ -69,7 +69,7 @@ func TestSeed004SimulationWithoutBudget(t *testing.T) {
 }
 
 func TestSeed004SimulationWithBudget(t *testing.T) {
-	b, clk := newBudget(budget.Config{}) // the defaults: 10%, 10s TTL, floor 1/s
+	b, clk := newBudget(budget.Config{MinPerSecond: 1}) // 10%, 10s TTL, floor 1/s
 	at := func(tick int) { clk.Set(time.Duration(tick) * time.Second) }
 	r := simulate(
 		func(tick int) { at(tick); b.Deposit() },
