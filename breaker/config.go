@@ -53,9 +53,9 @@ const windowBuckets = 10
 // panics on a Config.
 type Config struct {
 	// FailureRatio opens the breaker when this share of the attempts in
-	// Window failed. 0, negative or NaN → 1 (open only when every attempt
-	// in Window failed: a target that still serves some calls keeps its
-	// breaker closed); above 1 (or +Inf) → 1.
+	// Window failed. 0, negative or NaN → 1: only when every attempt
+	// failed, so a target that still serves some calls keeps its breaker
+	// closed. Above 1 (or +Inf) → 1.
 	FailureRatio float64
 	// MinAttempts is the least number of attempts that must have been seen
 	// in Window before FailureRatio can open the breaker. ≤ 0 → 20.

@@ -2,13 +2,18 @@
 //
 // A retry budget bounds retries while a dependency partly works; a breaker
 // stops the traffic once the dependency has proven it is down, and finds out
-// quickly and gently when it is back. By default a breaker opens only when
-// every attempt in its window failed: refusing calls to a dependency that
-// still serves some of them would cost availability that no retries at all
-// would have had, so a partial failure is the budget's business, not the
-// breaker's. The package knows nothing of gRPC: a
+// quickly and gently when it is back. The package knows nothing of gRPC: a
 // Breaker is a plain concurrent data structure with an injectable clock, and
 // the caller decides which attempt outcomes count as failures.
+//
+// # Defaults
+//
+// By default a breaker opens only when every attempt in its 10 s window
+// failed, at least 20 of them, and lets a probe through after 1 s (plus up
+// to 20% jitter), a period each failed probe round doubles up to 4 s. A
+// breaker that refused a dependency still serving some calls, or kept
+// refusing one that had healed, would cost availability that no retries at
+// all would have had.
 //
 // # States
 //
