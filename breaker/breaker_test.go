@@ -186,7 +186,12 @@ func seq(steps ...[]step) []step {
 }
 
 func TestTransitions(t *testing.T) {
-	base := Config{MinAttempts: 20, Window: 10 * time.Second, OpenTimeout: 5 * time.Second, Jitter: -1}
+	// The mechanisms, with the values they were written for (the defaults
+	// before issue 14) pinned: TestDefaultBreaker covers the defaults.
+	base := Config{
+		FailureRatio: 0.5, MinAttempts: 20, Window: 10 * time.Second,
+		OpenTimeout: 5 * time.Second, MaxOpenTimeout: 40 * time.Second, Jitter: -1,
+	}
 	with := func(f func(*Config)) Config { c := base; f(&c); return c }
 	s := time.Second
 	open20 := []step{fail(20), want(StateOpen)}                       // opens a base breaker
@@ -247,7 +252,7 @@ func TestTransitions(t *testing.T) {
 			ok(1), want(StateClosed), counted(0, 0), fail(19), want(StateClosed), fail(1), want(StateOpen),
 			retryAfter(5 * s),
 		}), "closed>open open>half-open half-open>closed closed>open"},
-		{"failed probe reopens; open period doubles up to 8x, resets on close", base, seq(halfOpen, []step{
+		{"failed probe reopens; open period doubles up to MaxOpenTimeout (8x), resets on close", base, seq(halfOpen, []step{
 			fail(1), want(StateOpen), retryAfter(10 * s), tick(10*s - 1), refused(), tick(1), want(StateHalfOpen),
 			fail(1), retryAfter(20 * s), tick(20 * s),
 			fail(1), retryAfter(40 * s), tick(40 * s),
@@ -373,8 +378,8 @@ func TestStateString(t *testing.T) {
 func TestConfigDefaultsAndClamping(t *testing.T) {
 	nan, inf := math.NaN(), math.Inf(1)
 	def := settings{
-		ratio: 0.5, minAttempts: 20, width: time.Second, window: 10 * time.Second,
-		consecutive: 0, openTimeout: 5 * time.Second, maxOpen: 40 * time.Second, probes: 1, jitter: 0.2,
+		ratio: 1, minAttempts: 20, width: time.Second, window: 10 * time.Second,
+		consecutive: 0, openTimeout: time.Second, maxOpen: 4 * time.Second, probes: 1, jitter: 0.2,
 	}
 	cases := []struct {
 		name string
@@ -395,13 +400,15 @@ func TestConfigDefaultsAndClamping(t *testing.T) {
 		{"window rounded to tenths", Config{Window: 1234 * time.Millisecond}, func(s *settings) {
 			s.width, s.window = 123400*time.Microsecond, 1234*time.Millisecond
 		}},
-		{"max open defaults to 8x", Config{OpenTimeout: time.Minute}, func(s *settings) {
-			s.openTimeout, s.maxOpen = time.Minute, 8*time.Minute
+		{"max open defaults to 4x", Config{OpenTimeout: time.Minute}, func(s *settings) {
+			s.openTimeout, s.maxOpen = time.Minute, 4*time.Minute
 		}},
-		{"max open saturates", Config{OpenTimeout: math.MaxInt64 / 4}, func(s *settings) {
-			s.openTimeout, s.maxOpen = math.MaxInt64/4, math.MaxInt64
+		{"max open saturates", Config{OpenTimeout: math.MaxInt64 / 3}, func(s *settings) {
+			s.openTimeout, s.maxOpen = math.MaxInt64/3, math.MaxInt64
 		}},
-		{"max open below open timeout", Config{MaxOpenTimeout: time.Second}, func(s *settings) { s.maxOpen = 5 * time.Second }},
+		{"max open below open timeout", Config{OpenTimeout: 5 * time.Second, MaxOpenTimeout: time.Second}, func(s *settings) {
+			s.openTimeout, s.maxOpen = 5*time.Second, 5*time.Second
+		}},
 		{"explicit", Config{
 			FailureRatio: 0.25, MinAttempts: 3, Window: time.Minute, ConsecutiveFailures: 4,
 			OpenTimeout: time.Second, HalfOpenProbes: 2, MaxOpenTimeout: 3 * time.Second, Jitter: 0.5,
@@ -446,24 +453,41 @@ func TestOpenPeriodSaturates(t *testing.T) {
 // every state.
 func TestInvalidConfigNeverPanics(t *testing.T) {
 	nan, inf := math.NaN(), math.Inf(1)
-	for i, c := range []Config{
-		{FailureRatio: nan, MinAttempts: -5, Window: -1, ConsecutiveFailures: -3, OpenTimeout: -1, HalfOpenProbes: -2, Jitter: nan},
-		{FailureRatio: inf, Window: 1, OpenTimeout: 1, MaxOpenTimeout: math.MaxInt64, Jitter: inf, Rand: func() float64 { return -inf }},
-		{FailureRatio: -inf, OpenTimeout: math.MaxInt64, Jitter: 1, Rand: func() float64 { return nan }},
-		{OpenTimeout: math.MaxInt64, Jitter: 1, Rand: func() float64 { return inf }},
+	for i, tc := range []struct {
+		c    Config
+		want []State // states the run must reach
+	}{
+		{Config{FailureRatio: nan, MinAttempts: -5, Window: -1, ConsecutiveFailures: -3, OpenTimeout: -1, HalfOpenProbes: -2, Jitter: nan},
+			[]State{StateOpen, StateHalfOpen}},
+		{Config{FailureRatio: inf, Window: 1, OpenTimeout: 1, MaxOpenTimeout: math.MaxInt64, Jitter: inf, Rand: func() float64 { return -inf }},
+			nil}, // a 10ns window never holds MinAttempts
+		{Config{FailureRatio: -inf, OpenTimeout: math.MaxInt64, Jitter: 1, Rand: func() float64 { return nan }},
+			[]State{StateOpen}},
+		{Config{OpenTimeout: math.MaxInt64, Jitter: 1, Rand: func() float64 { return inf }},
+			[]State{StateOpen}},
 	} {
 		clk := newClock()
+		c := tc.c
 		c.Now = clk.Now
+		reached := map[State]bool{}
+		c.OnStateChange = func(_ string, _, to State) { reached[to] = true }
 		b := New(c)
 		for j := range 200 {
 			if done, err := b.Allow(); err == nil {
-				done(j%3 != 0)
+				// The first 40 fail, so that the default FailureRatio
+				// (every attempt failed) opens; then two in three.
+				done(j < 40 || j%3 != 0)
 			}
 			clk.Advance(time.Duration(j) * time.Millisecond)
 			_ = b.Stats()
 			_ = b.OpenUntil()
 			if d := b.RetryAfter(); d < 0 {
 				t.Fatalf("config %d: RetryAfter = %v", i, d)
+			}
+		}
+		for _, s := range tc.want {
+			if !reached[s] {
+				t.Errorf("config %d never reached %v (reached %v)", i, s, reached)
 			}
 		}
 	}
@@ -492,21 +516,31 @@ func TestAllowRefusedReturnsNoopDone(t *testing.T) {
 
 func TestZeroValueBreaker(t *testing.T) {
 	var b Breaker
-	for range 20 {
+	var before, after time.Time // around the failure that opens it
+	for i := range 20 {
 		done, err := b.Allow()
 		if err != nil {
 			t.Fatal(err)
 		}
+		if i == 19 {
+			before = time.Now()
+		}
 		done(true)
 	}
+	after = time.Now()
 	if s := b.Stats(); s.State != StateOpen || s.Opened != 1 {
 		t.Fatalf("zero Breaker after 20 failures: %+v", s)
 	}
-	if d := b.RetryAfter(); d < 5*time.Second || d > 6*time.Second {
-		t.Fatalf("RetryAfter = %v, want 5s plus up to 20%% jitter", d)
+	// The default open period: 1s plus up to 20% jitter, from the moment
+	// it opened (bounds from the real clock read around that moment, not
+	// from a sleep).
+	until := b.OpenUntil()
+	if lo, hi := before.Add(time.Second), after.Add(1200*time.Millisecond); until.Before(lo) || until.After(hi) {
+		t.Fatalf("OpenUntil = %v, want within [%v, %v]: 1s plus up to 20%% jitter", until, lo, hi)
 	}
-	if until := b.OpenUntil(); time.Until(until) < 4*time.Second {
-		t.Fatalf("OpenUntil = %v, %v from now", until, time.Until(until))
+	d := b.RetryAfter()
+	if now := time.Now(); d < until.Sub(now) || d > until.Sub(after) {
+		t.Fatalf("RetryAfter = %v, want the time left until OpenUntil", d)
 	}
 	if b.Target() != "" {
 		t.Fatalf("Target = %q", b.Target())
@@ -516,7 +550,7 @@ func TestZeroValueBreaker(t *testing.T) {
 func TestOpenUntilAndTarget(t *testing.T) {
 	clk := newClock()
 	start := clk.Now()
-	b := New(Config{Now: clk.Now, Target: "db:5432", MinAttempts: 1, Jitter: -1})
+	b := New(Config{Now: clk.Now, Target: "db:5432", MinAttempts: 1, OpenTimeout: 5 * time.Second, Jitter: -1})
 	if !b.OpenUntil().IsZero() || b.RetryAfter() != 0 {
 		t.Fatal("closed breaker reports an open period")
 	}
@@ -547,7 +581,7 @@ func TestCallbackReentrancy(t *testing.T) {
 	var b *Breaker
 	var got []string
 	b = New(Config{
-		Now: clk.Now, MinAttempts: 1, Jitter: -1,
+		Now: clk.Now, MinAttempts: 1, OpenTimeout: 5 * time.Second, Jitter: -1,
 		OnStateChange: func(_ string, from, to State) {
 			tr := from.String() + ">" + to.String()
 			got = append(got, "enter "+tr)
@@ -600,7 +634,7 @@ func TestCallbackPanicDoesNotWedgeDelivery(t *testing.T) {
 	clk := newClock()
 	var calls []string
 	b := New(Config{
-		Now: clk.Now, MinAttempts: 1, Jitter: -1,
+		Now: clk.Now, MinAttempts: 1, OpenTimeout: 5 * time.Second, Jitter: -1,
 		OnStateChange: func(_ string, from, to State) {
 			calls = append(calls, from.String()+">"+to.String())
 			if len(calls) == 1 {
@@ -636,7 +670,8 @@ func TestConcurrentUse(t *testing.T) {
 	var mu sync.Mutex
 	var chain []transition
 	b := New(Config{
-		Now: clk.Now, MinAttempts: 10, Window: time.Second, OpenTimeout: 10 * time.Millisecond,
+		Now: clk.Now, FailureRatio: 0.5, MinAttempts: 10, Window: time.Second,
+		OpenTimeout: 10 * time.Millisecond, MaxOpenTimeout: 80 * time.Millisecond,
 		HalfOpenProbes: probes, ConsecutiveFailures: 5,
 		OnStateChange: func(_ string, from, to State) {
 			if active.Add(1) != 1 {
@@ -704,7 +739,7 @@ func TestHalfOpenConcurrentAdmissions(t *testing.T) {
 	const probes = 3
 	for round := range 20 {
 		clk := newClock()
-		b := New(Config{Now: clk.Now, MinAttempts: 1, HalfOpenProbes: probes, Jitter: -1})
+		b := New(Config{Now: clk.Now, MinAttempts: 1, OpenTimeout: 5 * time.Second, HalfOpenProbes: probes, Jitter: -1})
 		done, _ := b.Allow()
 		done(true)
 		clk.Advance(5 * time.Second)

@@ -33,15 +33,15 @@ func (s State) String() string {
 
 // Defaults applied by New for zero (or invalid) Config fields.
 const (
-	DefaultFailureRatio   = 0.5
+	DefaultFailureRatio   = 1.0
 	DefaultMinAttempts    = 20
 	DefaultWindow         = 10 * time.Second
-	DefaultOpenTimeout    = 5 * time.Second
+	DefaultOpenTimeout    = time.Second
 	DefaultHalfOpenProbes = 1
 	DefaultJitter         = 0.2
 	// DefaultMaxOpenFactor is MaxOpenTimeout's default as a multiple of
-	// OpenTimeout: three consecutive failed probe rounds reach it.
-	DefaultMaxOpenFactor = 8
+	// OpenTimeout: two consecutive failed probe rounds reach it.
+	DefaultMaxOpenFactor = 4
 )
 
 // windowBuckets is the number of time buckets the sliding Window is cut into.
@@ -53,7 +53,9 @@ const windowBuckets = 10
 // panics on a Config.
 type Config struct {
 	// FailureRatio opens the breaker when this share of the attempts in
-	// Window failed. 0, negative or NaN → 0.5; above 1 (or +Inf) → 1.
+	// Window failed. 0, negative or NaN → 1: only when every attempt
+	// failed, so a target that still serves some calls keeps its breaker
+	// closed. Above 1 (or +Inf) → 1.
 	FailureRatio float64
 	// MinAttempts is the least number of attempts that must have been seen
 	// in Window before FailureRatio can open the breaker. ≤ 0 → 20.
@@ -69,7 +71,7 @@ type Config struct {
 	ConsecutiveFailures int
 	// OpenTimeout is the base open period, after which the breaker lets
 	// probes through (half-open). The actual period is jittered (see Jitter)
-	// and grows on failed probes (see MaxOpenTimeout). ≤ 0 → 5s.
+	// and grows on failed probes (see MaxOpenTimeout). ≤ 0 → 1s.
 	OpenTimeout time.Duration
 	// HalfOpenProbes is how many trial attempts may be in flight at once
 	// while half-open, and how many must succeed to close. ≤ 0 → 1.
@@ -91,7 +93,7 @@ type Config struct {
 	Target string
 	// MaxOpenTimeout caps the open period, which doubles for each
 	// consecutive failed probe round (OpenTimeout, 2×, 4×, ...) and returns
-	// to OpenTimeout once the breaker closes. ≤ 0 → 8×OpenTimeout; below
+	// to OpenTimeout once the breaker closes. ≤ 0 → 4×OpenTimeout; below
 	// OpenTimeout → OpenTimeout (the period never grows).
 	MaxOpenTimeout time.Duration
 	// Jitter lengthens each open period by a random share in

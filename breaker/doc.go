@@ -6,6 +6,15 @@
 // Breaker is a plain concurrent data structure with an injectable clock, and
 // the caller decides which attempt outcomes count as failures.
 //
+// # Defaults
+//
+// By default a breaker opens only when every attempt in its 10 s window
+// failed, at least 20 of them, and lets a probe through after 1 s (plus up
+// to 20% jitter), a period each failed probe round doubles up to 4 s. A
+// breaker that refused a dependency still serving some calls, or kept
+// refusing one that had healed, would cost availability that no retries at
+// all would have had.
+//
 // # States
 //
 // A Breaker is closed (attempts pass and their outcomes are counted), open

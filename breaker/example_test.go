@@ -17,10 +17,11 @@ func (c *clock) Advance(d time.Duration) { c.t = c.t.Add(d) }
 func Example() {
 	clk := &clock{t: time.Unix(0, 0)}
 	b := breaker.New(breaker.Config{
-		MinAttempts: 4,  // open once 4 attempts in the window...
-		Jitter:      -1, // (no jitter, so the output is exact)
-		Now:         clk.Now,
-		Target:      "payments:443",
+		FailureRatio: 0.5, // open once half the attempts in the window failed (default: all)
+		MinAttempts:  4,   // and there were at least 4
+		Jitter:       -1,  // (no jitter, so the output is exact)
+		Now:          clk.Now,
+		Target:       "payments:443",
 		OnStateChange: func(target string, from, to breaker.State) {
 			fmt.Printf("%s: %v -> %v\n", target, from, to)
 		},
@@ -32,7 +33,7 @@ func Example() {
 			fmt.Printf("refused, retry after %v\n", b.RetryAfter())
 			return
 		}
-		done(fail) // ...have failed half the time
+		done(fail)
 	}
 	call(false)
 	call(true)
@@ -40,12 +41,12 @@ func Example() {
 	call(true) // 2 of 4 failed: opens
 	call(false)
 
-	clk.Advance(5 * time.Second) // OpenTimeout: one probe may pass
-	call(false)                  // it succeeds: closes
+	clk.Advance(time.Second) // OpenTimeout (default 1s): one probe may pass
+	call(false)              // it succeeds: closes
 	fmt.Println(b.State())
 	// Output:
 	// payments:443: closed -> open
-	// refused, retry after 5s
+	// refused, retry after 1s
 	// payments:443: open -> half-open
 	// payments:443: half-open -> closed
 	// closed

@@ -13,7 +13,7 @@ func TestRegistryForIsPerTarget(t *testing.T) {
 	var mu sync.Mutex
 	var changes []string
 	r := NewRegistry(Config{
-		Now: clk.Now, MinAttempts: 2, Jitter: -1, Target: "ignored",
+		Now: clk.Now, MinAttempts: 2, OpenTimeout: 5 * time.Second, Jitter: -1, Target: "ignored",
 		OnStateChange: func(target string, from, to State) {
 			mu.Lock()
 			changes = append(changes, target+":"+from.String()+">"+to.String())

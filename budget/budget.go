@@ -12,7 +12,7 @@ import (
 const (
 	DefaultRatio        = 0.1
 	DefaultTTL          = 10 * time.Second
-	DefaultMinPerSecond = 1.0
+	DefaultMinPerSecond = 10.0
 )
 
 // Limits applied to large Config values.
@@ -37,7 +37,8 @@ const (
 )
 
 // Config configures a Budget. The zero Config is valid and means the
-// defaults: 10% retries, a 10 s TTL and a floor of one retry per second.
+// defaults: 10% retries, a 10 s TTL and a floor of ten retries per second
+// (with a burst of ten, so a fresh client's first failures are retried).
 //
 // Fields are read once, by New (or NewRegistry); later changes to the Config
 // have no effect on Budgets already made.
@@ -71,7 +72,7 @@ type Config struct {
 	// and a burst of failures gets at most the floor's burst. The bucket
 	// starts full.
 	//
-	// 0, NaN and ±Inf mean DefaultMinPerSecond (1). A negative MinPerSecond
+	// 0, NaN and ±Inf mean DefaultMinPerSecond (10). A negative MinPerSecond
 	// means no floor. Values above MaxMinPerSecond are lowered to it.
 	MinPerSecond float64
 

@@ -203,7 +203,15 @@ func TestFloor(t *testing.T) {
 		rate  float64
 		steps []step
 	}{
-		{"default is 1/s, burst 1", 0, []step{
+		{"default is 10/s, burst 10", 0, []step{
+			{at: 0, withdraws: 15, want: 10},
+			{at: 99 * ms, withdraws: 15, want: 0},
+			{at: 100 * ms, withdraws: 15, want: 1},
+			{at: 999 * ms, withdraws: 15, want: 8},
+			{at: time.Second, withdraws: 15, want: 1},
+			{at: 10 * time.Second, withdraws: 15, want: 10}, // a rate, not a reserve
+		}},
+		{"1/s, burst 1", 1, []step{
 			{at: 0, withdraws: 5, want: 1},
 			{at: 999 * ms, withdraws: 5, want: 0},
 			{at: time.Second, withdraws: 5, want: 1},
@@ -246,7 +254,7 @@ func TestFloor(t *testing.T) {
 }
 
 func TestFloorOneRequestAMinute(t *testing.T) {
-	b, clk := newBudget(budget.Config{})
+	b, clk := newBudget(budget.Config{MinPerSecond: 1})
 	for i := range 60 {
 		clk.Set(time.Duration(i) * time.Minute)
 		b.Deposit() // 0.1 of a retry: the ratio alone never funds one
@@ -269,8 +277,11 @@ func TestFloorBurstOfFailures(t *testing.T) {
 		deposits int
 		want     int
 	}{
-		{0, 0, 1},     // floor burst only
-		{0, 100, 10},  // max(10 from the ratio, burst 1): a minimum, not an addition
+		{0, 0, 10},    // the default floor's burst only
+		{0, 100, 10},  // max(10 from the ratio, default burst 10): a minimum, not an addition
+		{0, 200, 20},  // max(20, default burst 10)
+		{1, 0, 1},     // floor burst only
+		{1, 100, 10},  // max(10 from the ratio, burst 1): a minimum, not an addition
 		{5, 100, 10},  // max(10, burst 5)
 		{20, 100, 20}, // max(10, burst 20)
 		{-1, 100, 10}, // ratio only
@@ -294,7 +305,7 @@ func TestFloorBurstOfFailures(t *testing.T) {
 // healthy deposits would grant up to 900 (0.1 × 9000 in the 10s TTL) at once.
 func TestNoBank(t *testing.T) {
 	const rps = 900
-	b, clk := newBudget(budget.Config{})
+	b, clk := newBudget(budget.Config{MinPerSecond: 1})
 	at := func(sec, i int) time.Duration {
 		return time.Duration(sec)*time.Second + time.Duration(i)*time.Second/rps
 	}
@@ -341,28 +352,31 @@ func TestNoBank(t *testing.T) {
 }
 
 func TestInvalidConfigIsClampedNotPanicking(t *testing.T) {
-	// Each case: 50 deposits at once, then 10000 withdrawals at once.
+	// Each case: 50 deposits at once, then 10000 withdrawals at once. The
+	// ratio and TTL cases pin a floor of 1/s (burst 1), below the ratio's 5,
+	// so that what the ratio grants shows.
 	tests := []struct {
 		name string
 		cfg  budget.Config
 		want int
 	}{
-		{"zero config", budget.Config{}, 5},
-		{"NaN ratio", budget.Config{Ratio: math.NaN()}, 5},
-		{"+Inf ratio", budget.Config{Ratio: math.Inf(1)}, 5},
-		{"-Inf ratio", budget.Config{Ratio: math.Inf(-1)}, 5},
-		{"negative ratio: none", budget.Config{Ratio: -0.5}, 0 + 1},
-		{"tiny ratio rounds to none", budget.Config{Ratio: 4e-7}, 0 + 1},
+		{"zero config", budget.Config{}, 10}, // max(5 from the ratio, floor burst 10)
+		{"NaN ratio", budget.Config{Ratio: math.NaN(), MinPerSecond: 1}, 5},
+		{"+Inf ratio", budget.Config{Ratio: math.Inf(1), MinPerSecond: 1}, 5},
+		{"-Inf ratio", budget.Config{Ratio: math.Inf(-1), MinPerSecond: 1}, 5},
+		{"negative ratio: none", budget.Config{Ratio: -0.5, MinPerSecond: 1}, 0 + 1},
+		{"tiny ratio rounds to none", budget.Config{Ratio: 4e-7, MinPerSecond: 1}, 0 + 1},
 		{"huge ratio lowered to MaxRatio", budget.Config{Ratio: 1e300}, 10000},
-		{"NaN floor", budget.Config{MinPerSecond: math.NaN()}, 5},
-		{"+Inf floor", budget.Config{MinPerSecond: math.Inf(1)}, 5},
+		{"NaN floor", budget.Config{MinPerSecond: math.NaN()}, 10},
+		{"+Inf floor", budget.Config{MinPerSecond: math.Inf(1)}, 10},
+		{"-Inf floor", budget.Config{MinPerSecond: math.Inf(-1)}, 10},
 		{"negative floor: none", budget.Config{MinPerSecond: -3}, 5},
 		{"both none", budget.Config{Ratio: -1, MinPerSecond: -1}, 0},
 		{"huge floor lowered to MaxMinPerSecond", budget.Config{Ratio: -1, MinPerSecond: 1e300}, 10000},
-		{"negative TTL: default", budget.Config{TTL: -time.Second}, 5},
-		{"1ns TTL", budget.Config{TTL: 1}, 5},
-		{"7ns TTL", budget.Config{TTL: 7}, 5},
-		{"huge TTL", budget.Config{TTL: math.MaxInt64}, 5},
+		{"negative TTL: default", budget.Config{TTL: -time.Second, MinPerSecond: 1}, 5},
+		{"1ns TTL", budget.Config{TTL: 1, MinPerSecond: 1}, 5},
+		{"7ns TTL", budget.Config{TTL: 7, MinPerSecond: 1}, 5},
+		{"huge TTL", budget.Config{TTL: math.MaxInt64, MinPerSecond: 1}, 5},
 	}
 	for _, tt := range tests {
 		b, clk := newBudget(tt.cfg)
@@ -381,7 +395,7 @@ func TestInvalidConfigIsClampedNotPanicking(t *testing.T) {
 }
 
 func TestClockGoingBackwardsStandsStill(t *testing.T) {
-	b, clk := newBudget(budget.Config{Ratio: -1}) // floor only: 1/s, burst 1
+	b, clk := newBudget(budget.Config{Ratio: -1, MinPerSecond: 1}) // floor only: 1/s, burst 1
 	clk.Set(10 * time.Second)
 	if !b.Withdraw() {
 		t.Fatal("first floor retry refused")
@@ -421,10 +435,10 @@ func TestAtFormsUseTheGivenTime(t *testing.T) {
 func TestZeroValueUsesDefaults(t *testing.T) {
 	var b budget.Budget
 	deposit(&b, 50)
-	if got := withdraw(&b, 100); got != 5 {
-		t.Fatalf("zero Budget: %d granted after 50 deposits, want 5", got)
+	if got := withdraw(&b, 100); got != 10 {
+		t.Fatalf("zero Budget: %d granted after 50 deposits, want max(5, floor burst 10) = 10", got)
 	}
-	if s := b.Stats(); s.Requests != 50 || s.Granted != 5 || s.FromFloor != 0 || s.Refused != 95 {
+	if s := b.Stats(); s.Requests != 50 || s.Granted != 10 || s.FromFloor != 5 || s.Refused != 90 {
 		t.Fatalf("zero Budget Stats = %+v", s)
 	}
 }
@@ -475,7 +489,7 @@ func TestStatsBalance(t *testing.T) {
 
 func TestConcurrentUse(t *testing.T) {
 	const workers, calls = 8, 2000
-	b, clk := newBudget(budget.Config{})
+	b, clk := newBudget(budget.Config{MinPerSecond: 1})
 	var granted atomic.Int64
 	var wg sync.WaitGroup
 	for range workers {
@@ -518,7 +532,7 @@ func TestConcurrentUse(t *testing.T) {
 // arrived: the floor lets the first retry through, and the ratio does not
 // grant it again. 50 calls, 5 retries in all, however they interleave.
 func TestFloorGrantCountsAgainstTheRatio(t *testing.T) {
-	b, _ := newBudget(budget.Config{})
+	b, _ := newBudget(budget.Config{MinPerSecond: 1})
 	deposit(b, 1)
 	if got := withdraw(b, 1); got != 1 {
 		t.Fatalf("first failure: %d granted, want the floor's 1", got)

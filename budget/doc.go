@@ -29,11 +29,10 @@
 //     most max(1, MinPerSecond) tokens, starting full. Every granted retry
 //     takes a token if there is one, and counts against the ratio's credit,
 //     whatever funded it; a retry the ratio refuses is granted only on a
-//     token. The floor is a minimum, not an
-//     addition: a second's retries are about max(Ratio × requests,
-//     MinPerSecond), never the sum. (With an additive floor, 50 callers
-//     failing at once would get 5 + 1 retries, 1.12 times the load: one more
-//     than the ratio allows, at exactly the wrong moment.)
+//     token. The floor is a minimum, not an addition: a second's retries
+//     are about max(Ratio × requests, MinPerSecond), never the sum. (With
+//     the defaults, 50 callers failing at once get max(5, 10) = 10
+//     retries; an additive floor would give them 15.)
 //
 // On false nothing is withdrawn from either.
 //
@@ -58,9 +57,13 @@
 // alone would let exceed by up to one second's worth of credit.
 //
 // A client that sends fewer than 1/Ratio requests per second never has a
-// whole retry of credit in one second; the floor serves it. The floor is a
-// rate, not a reserve: a burst of failures gets at most max(1, MinPerSecond)
-// floor retries at once, then MinPerSecond per second. So over any interval
+// whole retry of credit in one second; the floor serves it. The default floor,
+// 10 retries per second with a burst of 10 (the rate of Finagle's default
+// RetryBudget, as a minimum rather than an addition), lets a fresh or quiet
+// client retry its first failures. The floor does not accumulate: a burst of
+// failures gets at most max(1, MinPerSecond) floor retries at once, then
+// MinPerSecond per second.
+// So over any interval
 // of length L, granted ≤ Ratio × deposits (in the interval extended by
 // min(TTL, ShortWindow) into the past) + MinPerSecond × L +
 // max(1, MinPerSecond); the package's property test checks exactly this.

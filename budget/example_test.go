@@ -10,7 +10,8 @@ import (
 func Example() {
 	// A fixed clock: everything below happens in the same instant.
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	b := budget.New(budget.Config{Now: func() time.Time { return now }}) // 10%, 10s, floor 1/s
+	// The defaults: 10%, a 10s TTL, a floor of 10/s with a burst of 10.
+	b := budget.New(budget.Config{Now: func() time.Time { return now }})
 
 	for range 50 {
 		b.Deposit() // one per logical call, before its first attempt
@@ -19,11 +20,11 @@ func Example() {
 	for b.Withdraw() { // one per retry or hedge
 		retries++
 	}
-	fmt.Println("retries granted:", retries)
+	fmt.Println("retries granted:", retries) // max(10% of 50, 10): a minimum, not a sum
 	fmt.Printf("%+v\n", b.Stats())
 	// Output:
-	// retries granted: 5
-	// {Requests:50 Granted:5 FromFloor:0 Refused:1 Balance:0}
+	// retries granted: 10
+	// {Requests:50 Granted:10 FromFloor:5 Refused:1 Balance:0}
 }
 
 func ExampleRegistry() {

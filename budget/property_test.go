@@ -148,7 +148,7 @@ func TestPropertyGrantedWithinRatioAndFloor(t *testing.T) {
 		burst := 0.0
 		switch {
 		case rate == 0:
-			rate, burst = 1, 1
+			rate, burst = budget.DefaultMinPerSecond, budget.DefaultMinPerSecond
 		case rate > 0:
 			burst = math.Max(1, rate)
 		default:

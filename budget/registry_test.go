@@ -98,8 +98,8 @@ func TestRegistryZeroAndNil(t *testing.T) {
 	var z budget.Registry
 	b := z.For("x")
 	deposit(b, 50)
-	if got := withdraw(b, 100); got != 5 || z.For("x") != b {
-		t.Fatalf("zero Registry: %d granted, want the defaults' 5", got)
+	if got := withdraw(b, 100); got != 10 || z.For("x") != b {
+		t.Fatalf("zero Registry: %d granted, want the defaults' max(5, 10) = 10", got)
 	}
 
 	var n *budget.Registry
@@ -114,7 +114,7 @@ func TestRegistryZeroAndNil(t *testing.T) {
 
 func TestRegistryUsesTheClock(t *testing.T) {
 	clk := new(fakeClock)
-	r := budget.NewRegistry(budget.Config{Ratio: -1, Now: clk.Now})
+	r := budget.NewRegistry(budget.Config{Ratio: -1, MinPerSecond: 1, Now: clk.Now})
 	b := r.For("x")
 	if !b.Withdraw() || b.Withdraw() {
 		t.Fatal("floor burst is 1")

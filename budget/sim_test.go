@@ -69,7 +69,7 @@ func TestSeed004SimulationWithoutBudget(t *testing.T) {
 }
 
 func TestSeed004SimulationWithBudget(t *testing.T) {
-	b, clk := newBudget(budget.Config{}) // the defaults: 10%, 10s TTL, floor 1/s
+	b, clk := newBudget(budget.Config{MinPerSecond: 1}) // 10%, 10s TTL, floor 1/s
 	at := func(tick int) { clk.Set(time.Duration(tick) * time.Second) }
 	r := simulate(
 		func(tick int) { at(tick); b.Deposit() },
@@ -132,5 +132,31 @@ func TestSeed004SimulationCatchesABank(t *testing.T) {
 	t.Logf("seed bucket: attempts per tick %v, peak %d, served %d", r.attempts, r.peak, r.served)
 	if r.peak <= 1000 || r.served != 15900 {
 		t.Fatalf("seed bucket: peak %d, served %d; want a peak over 1000 (it banks) and 15900 served", r.peak, r.served)
+	}
+}
+
+// TestSeed004SimulationWithDefaultBudget: the same simulation with the
+// defaults (floor 10/s, burst 10) stays within the upstream's 1000 attempts
+// per tick and serves what no budget serves.
+func TestSeed004SimulationWithDefaultBudget(t *testing.T) {
+	b, clk := newBudget(budget.Config{})
+	at := func(tick int) { clk.Set(time.Duration(tick) * time.Second) }
+	r := simulate(
+		func(tick int) { at(tick); b.Deposit() },
+		func(tick int) bool { at(tick); return b.Withdraw() },
+	)
+	s := b.Stats()
+	t.Logf("default budget: attempts per tick %v, peak %d, served %d; %+v", r.attempts, r.peak, r.served, s)
+	if r.peak > 1000 {
+		t.Errorf("peak %d attempts per tick, want ≤ 1000", r.peak)
+	}
+	if r.served != 15900 {
+		t.Errorf("served %d, want 15900 (what no budget serves)", r.served)
+	}
+	// The clock stands still within a tick, and the ratio's first ten grants
+	// take the floor's ten tokens, so the floor funds nothing: the same
+	// 900 + 90 as with a floor of 1/s.
+	if r.peak != 990 || s.Granted != 3*90 || s.FromFloor != 0 {
+		t.Errorf("peak %d, granted %d (%d from the floor), want 990, 3 × 90 (0)", r.peak, s.Granted, s.FromFloor)
 	}
 }
