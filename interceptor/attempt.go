@@ -68,6 +68,13 @@ func (c *call) begin(ctx context.Context, kind attemptKind, mode attemptMode) (a
 		default:
 			return attempt{}, ReasonBreaker, circuitOpenError(b)
 		}
+		if kind != kindFirst && servedNothing(b) {
+			if !c.client.o.shadow {
+				a.ticket.Ignore()
+				return attempt{}, ReasonBreaker, nil
+			}
+			c.wouldRefuse(ctx, ReasonBreaker)
+		}
 	}
 	if kind == kindHedge || (kind == kindRetry && !c.failover) {
 		if reason, ok := c.withdraw(ctx, now); !ok {
@@ -104,6 +111,22 @@ func (c *call) begin(ctx context.Context, kind attemptKind, mode attemptMode) (a
 	c.sent++
 	a.ctx = actx
 	return a, "", nil
+}
+
+// minServedNothing is how many attempts, all failed, say that a target
+// serves nothing lately (see servedNothing).
+const minServedNothing = 3
+
+// servedNothing reports whether every attempt in the breaker's window
+// failed, with at least minServedNothing: the target serves nothing
+// lately. A retry or a hedge is then refused when it is due (a first
+// attempt never is: refusing it would cost what no retries would have
+// had). The breaker itself opens only with MinAttempts such outcomes; this
+// stops the retries of a dead target's first callers before it does, so
+// that the hop next to it refuses, and says so to the hops above.
+func servedNothing(b *breaker.Breaker) bool {
+	st := b.Stats()
+	return st.State == breaker.StateClosed && st.Attempts >= minServedNothing && st.Failures == st.Attempts
 }
 
 // attemptContext gives an attempt the deadline it needs beyond the call

@@ -3,58 +3,180 @@ package interceptor_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/interceptor"
-	"github.com/stormguard/stormguard/internal/origin"
-	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
-// A Put (IDEMPOTENT) whose first attempt fails is retried; a Notify
-// (unmarked) is sent once, whatever happens.
-func Example() {
-	o := origin.New(origin.FailFirst(1, codes.Unavailable))
-	l := origin.Bufconn()
-	srv := origin.Serve(l, o)
-	defer srv.Stop()
+// These examples use only public packages, so that they can be copied: the
+// service is grpc's own health service, served over an in-memory
+// connection. Its Check method is not marked idempotent in its proto, so
+// the examples mark it with WithIdempotent.
 
-	guard := interceptor.NewClient()
-	conn, err := l.Dial( // insecure, grpc.WithDisableRetry()
-		grpc.WithChainUnaryInterceptor(guard.Unary()),
-		grpc.WithChainStreamInterceptor(guard.Stream()),
-	)
+const check = "/grpc.health.v1.Health/Check"
+
+// health is a health service that fails its first `fail` Checks with
+// UNAVAILABLE, stalls its first `stall` Checks until the caller gives up,
+// and counts the Checks it receives.
+type health struct {
+	healthpb.UnimplementedHealthServer
+	fail, stall atomic.Int32
+	calls       atomic.Int32
+}
+
+func (h *health) Check(ctx context.Context, _ *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	h.calls.Add(1)
+	if h.stall.Add(-1) >= 0 {
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	if h.fail.Add(-1) >= 0 {
+		return nil, status.Error(codes.Unavailable, "warming up")
+	}
+	return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
+}
+
+// serve serves h on an in-memory listener, behind opts, and returns a
+// dialer for it and a stop function.
+func serve(h healthpb.HealthServer, opts ...grpc.ServerOption) (grpc.DialOption, func()) {
+	l := bufconn.Listen(1 << 20)
+	s := grpc.NewServer(opts...)
+	healthpb.RegisterHealthServer(s, h)
+	go func() { _ = s.Serve(l) }()
+	dialer := grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return l.DialContext(ctx) })
+	return dialer, s.Stop
+}
+
+// A Client retries a call whose method may be repeated, within its
+// budget, and sends a method that may not be repeated exactly once.
+func ExampleNewClient() {
+	h := &health{}
+	h.fail.Store(1)
+	dialer, stop := serve(h)
+	defer stop()
+
+	guard := interceptor.NewClient(interceptor.WithIdempotent(check))
+	conn, err := grpc.NewClient("passthrough:///health",
+		append(guard.DialOptions(), dialer, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		panic(err)
 	}
 	defer conn.Close()
-	echo := echov1.NewEchoServiceClient(conn)
 
-	_, err = echo.Put(context.Background(), &echov1.PutRequest{RequestId: "p"})
-	fmt.Println("Put:", status.Code(err), "after", o.CountID(echov1.EchoService_Put_FullMethodName, "p"), "attempts")
-	_, err = echo.Notify(context.Background(), &echov1.NotifyRequest{RequestId: "n"})
-	fmt.Println("Notify:", status.Code(err), "after", o.CountID(echov1.EchoService_Notify_FullMethodName, "n"), "attempt")
+	resp, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
+	fmt.Println(resp.GetStatus(), err, "after", h.calls.Load(), "attempts")
 	// Output:
-	// Put: OK after 2 attempts
-	// Notify: Unavailable after 1 attempt
+	// SERVING <nil> after 2 attempts
 }
 
-// RefusedBy tells why a failed call was not retried.
-func ExampleRefusedBy() {
-	o := origin.New(origin.Always(codes.Unavailable))
-	l := origin.Bufconn()
-	srv := origin.Serve(l, o)
-	defer srv.Stop()
-	guard := interceptor.NewClient()
-	conn, _ := l.Dial(grpc.WithChainUnaryInterceptor(guard.Unary()))
-	defer conn.Close()
-	echo := echov1.NewEchoServiceClient(conn)
-
-	// A lone call: its deposit (0.1) funds no retry, the floor funds one.
-	_, err := echo.Put(context.Background(), &echov1.PutRequest{})
-	fmt.Println(status.Code(err), interceptor.RefusedBy(err), o.Total())
+// WithIdempotent marks methods of a proto one cannot annotate: without
+// it, grpc's health Check is unmarked, and sent once.
+func ExampleWithIdempotent() {
+	for _, opts := range [][]interceptor.ClientOption{nil, {interceptor.WithIdempotent(check)}} {
+		h := &health{}
+		h.fail.Store(1)
+		dialer, stop := serve(h)
+		guard := interceptor.NewClient(opts...)
+		conn, _ := grpc.NewClient("passthrough:///health",
+			append(guard.DialOptions(), dialer, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+		_, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
+		fmt.Println(status.Code(err), "after", h.calls.Load(), "attempt(s)")
+		conn.Close()
+		stop()
+	}
 	// Output:
-	// Unavailable budget 2
+	// Unavailable after 1 attempt(s)
+	// OK after 2 attempt(s)
+}
+
+// WithHedging sends another attempt when the first has not answered after
+// the delay; the first answer wins and the other attempt is cancelled.
+func ExampleWithHedging() {
+	h := &health{}
+	h.stall.Store(1) // the first attempt hangs
+	dialer, stop := serve(h)
+	defer stop()
+
+	guard := interceptor.NewClient(interceptor.WithIdempotent(check), interceptor.WithHedging(10*time.Millisecond, 2))
+	conn, _ := grpc.NewClient("passthrough:///health",
+		append(guard.DialOptions(), dialer, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	defer conn.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	fmt.Println(resp.GetStatus(), err)
+	// Output:
+	// SERVING <nil>
+}
+
+// RefusedBy tells why a failed call was not retried: here the budget, for
+// a lone call whose deposit (0.1 of a retry) funds none, with the floor
+// turned off.
+func ExampleRefusedBy() {
+	h := &health{}
+	h.fail.Store(1 << 30) // down
+	dialer, stop := serve(h)
+	defer stop()
+
+	guard := interceptor.NewClient(interceptor.WithIdempotent(check), interceptor.WithBudget(budget.Config{MinPerSecond: -1}))
+	conn, _ := grpc.NewClient("passthrough:///health",
+		append(guard.DialOptions(), dialer, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	defer conn.Close()
+
+	_, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
+	fmt.Println(status.Code(err), interceptor.RefusedBy(err), h.calls.Load())
+	// Output:
+	// Unavailable budget 1
+}
+
+// forward is a service whose Check calls another service: a handler in the
+// middle of a chain.
+type forward struct {
+	healthpb.UnimplementedHealthServer
+	next healthpb.HealthClient
+}
+
+func (f *forward) Check(ctx context.Context, req *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	return f.next.Check(ctx, req)
+}
+
+// A Server tells its callers not to retry (grpc-retry-pushback-ms: -1) when
+// its handler failed because its own call was refused a retry: only the
+// layer next to the failure retries, and a chain does not multiply the
+// load on a dead dependency.
+func ExampleNewServer() {
+	down := &health{}
+	down.fail.Store(1 << 30)
+	dialDown, stopDown := serve(down)
+	defer stopDown()
+
+	// The middle service calls the dead one through its own Client.
+	guard := interceptor.NewClient(interceptor.WithIdempotent(check), interceptor.WithBudget(budget.Config{MinPerSecond: -1}))
+	downConn, _ := grpc.NewClient("passthrough:///down",
+		append(guard.DialOptions(), dialDown, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	defer downConn.Close()
+	srv := interceptor.NewServer(interceptor.WithoutDedupe())
+	dialMiddle, stopMiddle := serve(&forward{next: healthpb.NewHealthClient(downConn)},
+		grpc.ChainUnaryInterceptor(srv.Unary()), grpc.ChainStreamInterceptor(srv.Stream()))
+	defer stopMiddle()
+
+	conn, _ := grpc.NewClient("passthrough:///middle", dialMiddle, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	defer conn.Close()
+	var trailer metadata.MD
+	_, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{}, grpc.Trailer(&trailer))
+	fmt.Println(status.Code(err), interceptor.RefusedBy(err), trailer.Get(interceptor.PushbackKey))
+	// Output:
+	// Unavailable budget [-1]
 }

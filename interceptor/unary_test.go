@@ -68,7 +68,9 @@ func TestNonRetryableCodeIsReturnedAtOnce(t *testing.T) {
 }
 
 func TestMaxAttempts(t *testing.T) {
-	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithoutBudget())
+	// Without the breaker: the target serves nothing, and with it no
+	// retry would be sent after the fifth failure (TestServedNothing).
+	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithoutBudget(), interceptor.WithoutBreaker())
 	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "a"})
 	assert.Equal(t, codes.Unavailable, status.Code(err))
 	assert.Equal(t, 3, e.origin.CountID(put, "a"), "default is 3 attempts in all")

@@ -1,0 +1,144 @@
+package interceptor_test
+
+import (
+	"fmt"
+	"hash/fnv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+
+	"github.com/stormguard/stormguard/interceptor"
+	"github.com/stormguard/stormguard/internal/origin"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
+)
+
+// Issue 14's rule: protection must never cost availability that no retries
+// at all would have had. These tests measure the defaults against no
+// retries on partial failures.
+
+// failDraw fails an attempt with probability p, by a hash of its request id
+// and attempt number: the first attempts of every row draw the same.
+func failDraw(p float64) origin.Script {
+	return func(c origin.Call) origin.Reply {
+		h := fnv.New64a()
+		fmt.Fprintf(h, "%s/%d", c.RequestID, c.Attempt)
+		if float64(h.Sum64()%1_000_000) < p*1_000_000 {
+			return origin.Reply{Code: codes.Unavailable, Message: "drawn to fail"}
+		}
+		return origin.Reply{}
+	}
+}
+
+// run makes calls Puts from workers goroutines through a fresh client (opts
+// nil: no retries) of a fresh origin, and returns the calls that succeeded
+// and the requests the origin saw.
+func run(t *testing.T, script origin.Script, calls, workers int, opts []interceptor.ClientOption) (ok, requests int) {
+	t.Helper()
+	o := origin.New(script)
+	l := origin.Bufconn()
+	srv := origin.Serve(l, o)
+	defer srv.Stop()
+	var dial = l.Dial
+	if opts != nil {
+		guard := interceptor.NewClient(append(noopProviders(), opts...)...)
+		cc, err := dial(guard.DialOptions()...)
+		require.NoError(t, err)
+		defer cc.Close()
+		return workload(t, echov1.NewEchoServiceClient(cc), calls, workers), o.Total()
+	}
+	cc, err := dial()
+	require.NoError(t, err)
+	defer cc.Close()
+	return workload(t, echov1.NewEchoServiceClient(cc), calls, workers), o.Total()
+}
+
+// Independent failures at p = 0.05, 0.3 and 0.5 from a fresh client with 8
+// concurrent workers: at least as many calls succeed as with no retries (the
+// old breaker opened at 50% failures: 0.5% ok at p = 0.5), and the load
+// stays within the budget (the ratio's 10% plus the floor's burst).
+func TestIndependentFailuresDoNoHarm(t *testing.T) {
+	const calls, workers = 2000, 8
+	for _, p := range []float64{0.05, 0.3, 0.5} {
+		t.Run(fmt.Sprint(p), func(t *testing.T) {
+			okBare, _ := run(t, failDraw(p), calls, workers, nil)
+			ok, requests := run(t, failDraw(p), calls, workers, []interceptor.ClientOption{})
+			load := float64(requests) / calls
+			t.Logf("p=%g: no retries %d ok; defaults %d ok at %.3fx", p, okBare, ok, load)
+			assert.GreaterOrEqual(t, ok, okBare)
+			assert.LessOrEqual(t, float64(requests), 1.10*calls+10)
+		})
+	}
+}
+
+// A fresh client whose first callers fail once at 10%, one by one or all
+// at once, rescues every one of them: the floor starts full (10 retries).
+func TestFreshClientFirstFailuresAreRescued(t *testing.T) {
+	failOnce := func(every int) origin.Script {
+		return func(c origin.Call) origin.Reply {
+			var n int
+			fmt.Sscan(c.RequestID, &n)
+			if n%every == 0 && c.Attempt == 1 {
+				return origin.Reply{Code: codes.Unavailable, Message: "first attempt fails"}
+			}
+			return origin.Reply{}
+		}
+	}
+	t.Run("one by one", func(t *testing.T) {
+		ok, requests := run(t, failOnce(10), 50, 1, []interceptor.ClientOption{})
+		assert.Equal(t, 50, ok)
+		assert.Equal(t, 55, requests)
+	})
+	t.Run("all at once", func(t *testing.T) {
+		ok, requests := run(t, failOnce(10), 100, 100, []interceptor.ClientOption{})
+		assert.Equal(t, 100, ok)
+		assert.Equal(t, 110, requests)
+	})
+}
+
+// A target that serves nothing gets no retries once three attempts in a
+// row have failed: a dead dependency's first callers are not retried
+// (before the breaker has the twenty failures it opens on), so that the hop
+// next to it refuses and says so to the hops above.
+func TestServedNothingStopsRetries(t *testing.T) {
+	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithoutBudget())
+	var err error
+	for i := range 3 {
+		_, err = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
+	}
+	assert.Equal(t, 3, e.origin.CountID(put, "0"), "three failures: the third attempt is the evidence")
+	assert.Equal(t, 1, e.origin.CountID(put, "1"))
+	assert.Equal(t, 1, e.origin.CountID(put, "2"))
+	assert.Equal(t, interceptor.ReasonBreaker, interceptor.RefusedBy(err))
+}
+
+// After an outage, the breaker's probe finds the target healed 1 s after
+// it opened (plus at most 20% jitter; the old defaults: 5 s, growing to
+// 40 s), and calls go through again: protection does not outlast its cause.
+func TestRecoveryAfterAnOutage(t *testing.T) {
+	clk, opts := fakeClock()
+	var down atomic.Bool
+	down.Store(true)
+	e := newEnv(t, func(origin.Call) origin.Reply {
+		if down.Load() {
+			return origin.Reply{Code: codes.Unavailable}
+		}
+		return origin.Reply{}
+	}, opts...)
+	for i := range 25 {
+		_, _ = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)}, interceptor.MaxAttempts(1))
+	}
+	down.Store(false)
+	before := e.origin.Total()
+	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "healed"})
+	assert.Equal(t, interceptor.ReasonBreaker, interceptor.RefusedBy(err), "open: the healed target is not known yet")
+	assert.Equal(t, before, e.origin.Total())
+	clk.Advance(1200 * time.Millisecond)
+	_, err = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "probe"})
+	require.NoError(t, err, "1.2 s later the probe goes through")
+	_, err = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "next"})
+	require.NoError(t, err, "and the breaker is closed")
+}
