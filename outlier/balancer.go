@@ -2,7 +2,6 @@ package outlier
 
 import (
 	"encoding/json"
-	"fmt"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -408,6 +407,3 @@ func canonicalAddr(a string) string {
 	}
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String()
 }
-
-// String is for logs and test failures.
-func (ep *endpoint) String() string { return fmt.Sprint(ep.addrs) }

@@ -21,7 +21,8 @@ import (
 // loadBalancingConfig of a service config.
 const Name = "stormguard_outlier"
 
-// Config is the policy's configuration. The zero value is the defaults.
+// Config is the policy's configuration. The zero value is the defaults;
+// zero fields take their default.
 type Config struct {
 	// Child is the name of the wrapped policy; "" → "round_robin".
 	Child string
@@ -59,8 +60,7 @@ type Config struct {
 	FailureCodes []codes.Code
 }
 
-// The defaults of Config; see its fields for the reasons in the README of
-// the package.
+// The defaults of Config; docs/outlier.md gives the reasons.
 const (
 	defaultChild              = "round_robin"
 	defaultInterval           = 100 * time.Millisecond

@@ -18,7 +18,7 @@ const (
 
 // evaluate folds the new outcomes into the buckets, un-ejects and ejects,
 // and tells the child. An evaluation poked by Done (tick false) is skipped
-// when the last one was less than Interval/10 ago. It reports whether the
+// when the last one was less than Interval/100 ago. It reports whether the
 // timer should keep running (outcomes in the window, or an ejection).
 func (b *outlierBalancer) evaluate(tick bool) (active bool) {
 	b.childMu.Lock()
@@ -30,7 +30,7 @@ func (b *outlierBalancer) evaluate(tick bool) (active bool) {
 	cfg := lc.cfg
 	now := b.clk.Now()
 	b.mu.Lock()
-	if !tick && !b.lastEval.IsZero() && now.Sub(b.lastEval) < cfg.Interval/10 {
+	if !tick && !b.lastEval.IsZero() && now.Sub(b.lastEval) < cfg.Interval/100 {
 		b.mu.Unlock()
 		return true
 	}
