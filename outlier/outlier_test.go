@@ -355,3 +355,31 @@ func (c *cluster) window(i int) counts {
 	}
 	return out
 }
+
+// TestPickFirstChild: with pick_first as the child (one connection for all
+// endpoints, no health listener) the policy ejects nothing and an avoided
+// address is used anyway, since there is no other: it does no harm.
+func TestPickFirstChild(t *testing.T) {
+	c := newCluster(t, 2, Config{Child: "pick_first"})
+	if err := c.call(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	used := 0 // the backend pick_first connected to
+	if c.origins[0].Total() == 0 {
+		used = 1
+	}
+	ctx := AvoidContext(context.Background(), c.addrs[used])
+	for range 50 {
+		if err := c.call(ctx); err != nil {
+			t.Fatalf("call avoiding the connected backend: %v, want it sent there anyway", err)
+		}
+	}
+	c.origins[used].SetScript(origin.Always(codes.Unavailable))
+	c.run(300, step)
+	if got := c.ejections(); slices.Max(got) != 0 {
+		t.Errorf("ejections %v, want none", got)
+	}
+	if got := c.totals(); got[1-used] != 0 {
+		t.Errorf("requests per backend %v: pick_first's choice changed", got)
+	}
+}
