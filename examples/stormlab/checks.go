@@ -27,7 +27,18 @@ const (
 	naiveCapPeak    = 2300
 	maxTailP99      = 50 * time.Millisecond
 	maxTailLoad     = 1.10
+	// Issue 14: independent failures, and one backend of N dead.
+	maxIndependentLoad = 1.10
+	minDeadOKPct       = 97.0 // the suite's defaults
+	maxDeadRatio       = 1.10 // requests at the dead backend ÷ no retries'
+	minOutlierOKPct    = 99.0 // the suite with the outlier policy
+	maxOutlierLoad     = 1.10
 )
+
+// independentChecked are the rates of scenario 6 at which issue 14 bounds
+// the suite's load (≤ maxIndependentLoad), and whether its success must
+// also be at least that of no retries.
+var independentChecked = map[string]bool{"p=0.05": true, "p=0.3": true, "p=0.5": true, "p=0.9": false}
 
 // checkBounds returns the checks that apply to the scenarios in results.
 func checkBounds(results []*Result, tailP99 time.Duration) []Check {
@@ -71,6 +82,41 @@ func checkBounds(results []*Result, tailP99 time.Duration) []Check {
 			if naiveRow != nil {
 				add(r, naive, "capacity-drop peak without budget (seed: 2,300)", fmt.Sprint(naiveCapPeak),
 					fmt.Sprint(naiveRow.Peak), naiveRow.Peak == naiveCapPeak)
+			}
+		case "independent":
+			for _, row := range r.Rows {
+				if row.Policy != suiteDefaults {
+					continue
+				}
+				success, checked := independentChecked[row.Variant]
+				if !checked {
+					continue
+				}
+				if none := r.row(noRetries, row.Variant); none != nil && success {
+					add(r, suiteDefaults, fmt.Sprintf("independent %s: success ≥ no retries", row.Variant), fmt.Sprintf("≥ %d", none.OK),
+						fmt.Sprint(row.OK), row.OK >= none.OK)
+				}
+				add(r, suiteDefaults, fmt.Sprintf("independent %s: load", row.Variant), fmt.Sprintf("≤ %.2f×", maxIndependentLoad),
+					fmt.Sprintf("%.2f×", row.Amplification), row.Amplification <= maxIndependentLoad+1e-9)
+			}
+		case "backend-dead":
+			for _, row := range r.Rows {
+				switch row.Policy {
+				case suiteDefaults:
+					add(r, suiteDefaults, fmt.Sprintf("backend dead, %s: ok", row.Variant), fmt.Sprintf("≥ %.0f%%", minDeadOKPct),
+						fmt.Sprintf("%.1f%%", row.okPercent()), row.okPercent() >= minDeadOKPct)
+					got := fmt.Sprintf("%.2f×", row.DeadRatio)
+					if none := r.row(noRetries, row.Variant); none != nil {
+						got = fmt.Sprintf("%d ÷ %d = %.3f×", row.Dead, none.Dead, row.DeadRatio)
+					}
+					add(r, suiteDefaults, fmt.Sprintf("backend dead, %s: dead backend ÷ no retries", row.Variant), fmt.Sprintf("≤ %.2f×", maxDeadRatio),
+						got, row.DeadRatio <= maxDeadRatio+1e-9)
+				case suiteOutlier:
+					add(r, suiteOutlier, fmt.Sprintf("backend dead, %s: ok", row.Variant), fmt.Sprintf("≥ %.0f%%", minOutlierOKPct),
+						fmt.Sprintf("%.1f%%", row.okPercent()), row.okPercent() >= minOutlierOKPct)
+					add(r, suiteOutlier, fmt.Sprintf("backend dead, %s: load", row.Variant), fmt.Sprintf("≤ %.2f×", maxOutlierLoad),
+						fmt.Sprintf("%.2f×", row.Amplification), row.Amplification <= maxOutlierLoad+1e-9)
+				}
 			}
 		case "tail":
 			if suite != nil {

@@ -2,10 +2,11 @@
 // the seed articles measured, and prints one table per scenario with one
 // row per client policy: no retries, three attempts without a budget,
 // grpc-go's own retryPolicy (with and without retryThrottling), the suite
-// with its budget only, and the suite with its defaults.
+// with its budget only, and the suite with its defaults (and, in scenario
+// 9, the suite with the outlier load-balancing policy).
 //
 //	go run ./examples/stormlab              # every scenario, well under 90 s
-//	go run ./examples/stormlab -quick       # scenarios 1, 2, 3, 4, 7 in a few seconds (CI)
+//	go run ./examples/stormlab -quick       # scenarios 1, 2, 3, 4, 7, 9 in a few seconds (CI)
 //	go run ./examples/stormlab -scenario chain,tail -svg chart.svg -json
 //
 // Every server and client is real gRPC on 127.0.0.1 inside this process;
@@ -19,10 +20,13 @@
 //  4. a chain of three services, 10 callers, a dead origin (810 for 10);
 //  5. a slow dependency (200 ms) that keeps working for callers who left,
 //     with caller deadlines of 2 s and 100 ms;
-//  6. independent failures: 2,000 sequential calls at p = 0.05, 0.5, 0.9;
+//  6. independent failures: 2,000 sequential calls at p = 0.05, 0.3, 0.5,
+//     0.7, 0.9;
 //  7. the seed-004 capacity drop, a model run with the real budget and
 //     breaker on an injected clock;
-//  8. a long tail: 5% of attempts slow, with and without hedging.
+//  8. a long tail: 5% of attempts slow, with and without hedging;
+//  9. one backend of N dead: 2,000 calls from 8 workers through grpc-go's
+//     round_robin over 2 and over 3 origins, one answering UNAVAILABLE.
 //
 // Scenarios 1-4 hold every first attempt at the origin until all callers'
 // first attempts have arrived (a wave), and 6 and 8 choose failing or slow
@@ -30,7 +34,7 @@
 // not depend on goroutine scheduling; see the README for which counts may
 // still vary, and why.
 //
-// After the tables, stormlab checks the bounds that issue 9 sets for the
-// suite's default row (and the seed numbers the naive row must reproduce)
-// and exits with status 1 if one is missed; 2 if the lab could not run.
+// After the tables, stormlab checks the bounds that issues 9 and 14 set for
+// the suite's rows (and the seed numbers the naive row must reproduce) and
+// exits with status 1 if one is missed; 2 if the lab could not run.
 package main

@@ -11,11 +11,11 @@ import (
 	"github.com/stormguard/stormguard/internal/origin"
 )
 
-// Scenario 6 (seeds 001 and 004): failures that are independent of load,
-// at three rates.
+// Scenario 6 (seeds 001 and 004, issue 14): failures that are independent
+// of load, at five rates.
 func independentFailures(ctx context.Context) (*Result, error) {
 	const calls = 2000
-	rates := []float64{0.05, 0.5, 0.9}
+	rates := []float64{0.05, 0.3, 0.5, 0.7, 0.9}
 	res := &Result{
 		ID: 6, Key: "independent", Title: "Independent failures",
 		Setup: fmt.Sprintf("%d calls one after the other per row; each attempt fails with UNAVAILABLE with probability p "+

@@ -86,7 +86,7 @@ func (p policy) clientOptions(extra ...interceptor.ClientOption) []interceptor.C
 		opts = append(opts, interceptor.WithoutBudget(), interceptor.WithoutBreaker())
 	case suiteBudget:
 		opts = append(opts, interceptor.WithoutBreaker())
-	case suiteDefaults:
+	case suiteDefaults, suiteOutlier:
 	default:
 		return nil
 	}
@@ -101,7 +101,7 @@ func (p policy) serverOptions() []grpc.ServerOption {
 	switch p.key {
 	case naive:
 		s = interceptor.NewServer(interceptor.WithoutPushback())
-	case suiteBudget, suiteDefaults:
+	case suiteBudget, suiteDefaults, suiteOutlier:
 		s = interceptor.NewServer()
 	default:
 		return nil

@@ -42,6 +42,10 @@ type Row struct {
 	Served int `json:"served,omitempty"`
 	// PeakAmplification is Peak / the requests per tick.
 	PeakAmplification float64 `json:"peak_amplification,omitempty"`
+	// Dead is the requests the dead backend got (scenario 9), and
+	// DeadRatio that ÷ the no-retries row's.
+	Dead      int     `json:"dead_backend_requests,omitempty"`
+	DeadRatio float64 `json:"dead_vs_no_retries,omitempty"`
 	// Chart is the value drawn in the SVG chart for this row, if any.
 	Chart float64 `json:"-"`
 }
@@ -64,11 +68,16 @@ const (
 	colPeak
 	colPeakAmpl
 	colServed
+	colCalls
+	colOKPct
+	colDead
+	colDeadRel
 )
 
 func (c col) head() string {
 	return [...]string{"", "policy", "origin", "ampl.", "ok", "errors by code", "retries refused",
-		"p50", "p99", "slowest", "wasted", "peak/tick", "peak ampl.", "served"}[c]
+		"p50", "p99", "slowest", "wasted", "peak/tick", "peak ampl.", "served",
+		"requests", "ok %", "dead", "dead ÷ none"}[c]
 }
 
 // left reports whether the column is left-aligned (text) rather than
@@ -110,8 +119,27 @@ func (r Row) cell(c col) string {
 		return fmt.Sprintf("%.2f×", r.PeakAmplification)
 	case colServed:
 		return strconv.Itoa(r.Served)
+	case colCalls:
+		return strconv.Itoa(r.Calls)
+	case colOKPct:
+		return fmt.Sprintf("%.1f%%", r.okPercent())
+	case colDead:
+		return strconv.Itoa(r.Dead)
+	case colDeadRel:
+		if r.DeadRatio == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f×", r.DeadRatio)
 	}
 	return ""
+}
+
+// okPercent is the share of calls that succeeded, in percent.
+func (r Row) okPercent() float64 {
+	if r.Calls == 0 {
+		return 0
+	}
+	return 100 * float64(r.OK) / float64(r.Calls)
 }
 
 // counts formats a count map as "a=1 b=2", sorted by name; "-" when empty.

@@ -1,0 +1,201 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
+
+	"github.com/stormguard/stormguard/interceptor"
+	"github.com/stormguard/stormguard/internal/origin"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
+	"github.com/stormguard/stormguard/outlier"
+)
+
+// The workload of scenario 9, as issue 14 measured it.
+const (
+	deadCalls    = 2000
+	deadWorkers  = 8
+	deadDeadline = 2 * time.Second
+)
+
+// suiteOutlier is the extra row of scenario 9: the suite's interceptors,
+// as suiteDefaults, with the outlier policy instead of plain round_robin.
+const suiteOutlier policyKey = "suite-outlier"
+
+// deadPolicies are scenario 9's rows: every policy, then the suite with
+// the outlier policy.
+func deadPolicies() []policy {
+	return append(policies(), policy{suiteOutlier, "stormguard + outlier"})
+}
+
+// Scenario 9 (issue 14): one backend of N answers UNAVAILABLE to
+// everything, behind grpc-go's round_robin.
+func backendDead(ctx context.Context) (*Result, error) {
+	res := &Result{
+		ID: 9, Key: "backend-dead", Title: "One backend of N dead",
+		Setup: fmt.Sprintf("%d requests from %d concurrent workers, %v deadline each, through grpc-go's round_robin over N origins "+
+			"on 127.0.0.1 (a manual resolver); the first origin answers UNAVAILABLE to everything (its transport is up). "+
+			"load = requests at all origins ÷ calls; dead = requests the dead origin got, and that ÷ the no-retries row's. "+
+			"The last row is the suite's defaults with the outlier policy (outlier.ServiceConfig(outlier.Config{})) instead of round_robin.",
+			deadCalls, deadWorkers, deadDeadline),
+		cols:  []col{colVariant, colPolicy, colCalls, colOrigin, colAmpl, colOKPct, colDead, colDeadRel, colErrors, colRefused},
+		chart: "9 backend dead\n%s",
+	}
+	for _, n := range []int{2, 3} {
+		variant := fmt.Sprintf("1 of %d", n)
+		var base *Row
+		for _, p := range deadPolicies() {
+			row, lastDead, err := deadRow(ctx, p, n)
+			if err != nil {
+				return nil, fmt.Errorf("%s, %s, %s: %w", res.Title, variant, p.name, err)
+			}
+			row.Variant = variant
+			if p.key == noRetries {
+				base = &row
+			}
+			if base != nil && base.Dead > 0 {
+				row.DeadRatio = float64(row.Dead) / float64(base.Dead)
+			}
+			if p.key == suiteOutlier {
+				res.Notes = append(res.Notes, fmt.Sprintf("%s, %s: the dead origin's last request came %v after the row's first call began (%d requests).",
+					variant, p.name, lastDead.Round(100*time.Microsecond), row.Dead))
+			}
+			res.Rows = append(res.Rows, row)
+		}
+	}
+	return res, nil
+}
+
+// deadRow runs one row: n origins, the first dead, the workload through p.
+// It also returns how long after the start the dead origin's last request
+// arrived.
+func deadRow(ctx context.Context, p policy, n int) (Row, time.Duration, error) {
+	e := newEnv(p)
+	defer e.close()
+	var origins []*origin.Origin
+	var ls []*origin.Listener
+	for i := range n {
+		script := origin.Succeed()
+		if i == 0 {
+			script = origin.Always(codes.Unavailable)
+		}
+		o := origin.New(script)
+		l, err := e.serve(o)
+		if err != nil {
+			return Row{}, 0, err
+		}
+		origins = append(origins, o)
+		ls = append(ls, l)
+	}
+	client, err := e.dialBackends(ls)
+	if err != nil {
+		return Row{}, 0, err
+	}
+	start := time.Now()
+	out := pool(ctx, deadCalls, deadWorkers, deadDeadline, put(client))
+	total := 0
+	for _, o := range origins {
+		total += o.Total()
+	}
+	row := out.row(p, total)
+	row.Dead = origins[0].Total()
+	var last time.Duration
+	if calls := origins[0].Calls(); len(calls) > 0 {
+		last = calls[len(calls)-1].Arrived.Sub(start)
+	}
+	return row, last, nil
+}
+
+// dialBackends returns a client of every listener in ls through p's client
+// side, with grpc-go's round_robin over them (the outlier policy around it
+// for suiteOutlier) and a manual resolver.
+func (e *env) dialBackends(ls []*origin.Listener) (echov1.EchoServiceClient, error) {
+	var eps []resolver.Endpoint
+	for _, l := range ls {
+		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: l.Target}}})
+	}
+	r := manual.NewBuilderWithScheme("stormlab")
+	r.InitialState(resolver.State{Endpoints: eps})
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(r)}
+	roundRobin := `{"loadBalancingConfig": [{"round_robin": {}}]}`
+	switch e.p.key {
+	case grpcRetry, grpcThrottled:
+		sc, err := withLB(grpcServiceConfig(e.p.key == grpcThrottled), roundRobin)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, grpc.WithDefaultServiceConfig(sc))
+	case noRetries:
+		opts = append(opts, grpc.WithDisableRetry(), grpc.WithDefaultServiceConfig(roundRobin))
+	default:
+		sc := roundRobin
+		if e.p.key == suiteOutlier {
+			sc = outlier.ServiceConfig(outlier.Config{})
+		}
+		guard := interceptor.NewClient(e.p.clientOptions(e.extra...)...)
+		opts = append(opts, grpc.WithDisableRetry(), grpc.WithDefaultServiceConfig(sc),
+			grpc.WithChainUnaryInterceptor(guard.Unary()), grpc.WithChainStreamInterceptor(guard.Stream()))
+	}
+	cc, err := grpc.NewClient("stormlab:///backends", opts...)
+	if err != nil {
+		return nil, err
+	}
+	e.conns = append(e.conns, cc)
+	return echov1.NewEchoServiceClient(cc), nil
+}
+
+// withLB returns the service config sc with the loadBalancingConfig of lb.
+func withLB(sc, lb string) (string, error) {
+	var a, b map[string]any
+	if err := json.Unmarshal([]byte(sc), &a); err != nil {
+		return "", err
+	}
+	if err := json.Unmarshal([]byte(lb), &b); err != nil {
+		return "", err
+	}
+	a["loadBalancingConfig"] = b["loadBalancingConfig"]
+	out, err := json.Marshal(a)
+	return string(out), err
+}
+
+// pool makes calls calls from workers concurrent workers, each call with
+// its own timeout, and returns what they saw.
+func pool(ctx context.Context, calls, workers int, timeout time.Duration, call func(context.Context, int) error) *outcome {
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		out  outcome
+		next atomic.Int64
+	)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= calls || ctx.Err() != nil {
+					return
+				}
+				cctx, cancel := context.WithTimeout(ctx, timeout)
+				t := time.Now()
+				err := call(cctx, i)
+				d := time.Since(t)
+				cancel()
+				mu.Lock()
+				out.record(err, d)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return &out
+}

@@ -1,0 +1,336 @@
+package outlier
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// The fixed parts of "clearly above the rest": an endpoint is ejected only
+// when its failure ratio exceeds the others' by at least minGap, and a
+// one-sided Fisher exact test puts the chance of a gap that large, were
+// failures spread evenly, at or below alpha (shared among the windows
+// tried).
+const (
+	minGap = 0.2
+	alpha  = 1e-6
+)
+
+// evaluate folds the new outcomes into the buckets, un-ejects and ejects,
+// and tells the child. An evaluation poked by Done (tick false) is skipped
+// when the last one was less than Interval/100 ago. It reports whether the
+// timer should keep running (outcomes in the window, or an ejection).
+func (b *outlierBalancer) evaluate(tick bool) (active bool) {
+	b.childMu.Lock()
+	defer b.childMu.Unlock()
+	lc := b.cfg.Load()
+	if b.isClosed() || lc == nil {
+		return false
+	}
+	cfg := lc.cfg
+	now := b.clk.Now()
+	b.mu.Lock()
+	if !tick && !b.lastEval.IsZero() && now.Sub(b.lastEval) < cfg.Interval/100 {
+		b.mu.Unlock()
+		return true
+	}
+	b.lastEval = now
+	eps := b.eps.Values()
+	b.rotate(now, cfg, eps)
+	for _, ep := range eps {
+		ok, fail := ep.ok.Swap(0), ep.fail.Swap(0)
+		if ep.ejected.Load() {
+			continue // requests that were in flight when it was ejected
+		}
+		c := &ep.buckets[b.head]
+		c.ok, c.fail = satAdd(c.ok, ok), satAdd(c.fail, fail)
+	}
+	changed, active := b.decide(now, cfg, eps)
+	b.mu.Unlock()
+	b.deliver(changed)
+	return active
+}
+
+func satAdd(a, b uint32) uint32 {
+	if a+b < a {
+		return math.MaxUint32
+	}
+	return a + b
+}
+
+// rotate advances the bucket ring to now, clearing the buckets it passes.
+// b.mu is held.
+func (b *outlierBalancer) rotate(now time.Time, cfg Config, eps []*endpoint) {
+	if b.headStart.IsZero() || now.Before(b.headStart) {
+		b.headStart = now
+		return
+	}
+	steps := now.Sub(b.headStart) / cfg.Interval
+	if steps <= 0 {
+		return
+	}
+	for _, ep := range eps {
+		n := len(ep.buckets)
+		for s := 1; s <= int(min(steps, time.Duration(n))); s++ {
+			ep.buckets[(b.head+s)%n] = counts{}
+		}
+	}
+	if n := len(eps); n > 0 {
+		b.head = int((time.Duration(b.head) + steps) % time.Duration(len(eps[0].buckets)))
+	}
+	b.headStart = b.headStart.Add(steps * cfg.Interval)
+}
+
+// decide un-ejects endpoints whose time is up (or all of them, when no other
+// endpoint is connected) and ejects the outliers, within the caps. It
+// returns the endpoints that changed, and whether the timer should keep
+// running. b.mu is held.
+func (b *outlierBalancer) decide(now time.Time, cfg Config, eps []*endpoint) (changed []*endpoint, active bool) {
+	ready := make(map[*endpoint]bool, len(eps))
+	for sc := range b.subs {
+		if ep := sc.ep.Load(); ep != nil && sc.ready.Load() {
+			ready[ep] = true
+		}
+	}
+	ejected, readyIn := 0, 0
+	for _, ep := range eps {
+		if ep.ejected.Load() {
+			if now.Sub(ep.ejectedAt) >= ejectionTime(cfg, ep.times) {
+				b.uneject(ep, now)
+				changed = append(changed, ep)
+			} else {
+				ejected++
+			}
+		}
+		if !ep.ejected.Load() && ready[ep] {
+			readyIn++
+		}
+	}
+	if ejected > 0 && readyIn == 0 {
+		// Nothing left to send to: ejected endpoints are better than none.
+		for _, ep := range eps {
+			if ep.ejected.Load() {
+				b.uneject(ep, now)
+				changed = append(changed, ep)
+			}
+		}
+		ejected = 0
+	}
+	for _, ep := range eps {
+		if !ep.ejected.Load() && ep.times > 0 {
+			if k := int(now.Sub(ep.since) / cfg.BaseEjectionTime); k > 0 {
+				ep.times = max(0, ep.times-k)
+				ep.since = ep.since.Add(time.Duration(k) * cfg.BaseEjectionTime)
+			}
+		}
+	}
+
+	// The windows to compare over: the last 1, 2, 4, ... buckets, then all.
+	nb := 0
+	if len(eps) > 0 {
+		nb = len(eps[0].buckets)
+	}
+	var ladder []int
+	for w := 1; w < nb; w *= 2 {
+		ladder = append(ladder, w)
+	}
+	ladder = append(ladder, nb)
+	sums := make([][]counts, len(eps))
+	total := make([]counts, len(ladder))
+	for i, ep := range eps {
+		if ep.ejected.Load() {
+			continue
+		}
+		sums[i] = make([]counts, len(ladder))
+		var acc counts
+		li := 0
+		for w := 1; w <= nb && li < len(ladder); w++ {
+			c := ep.buckets[((b.head-w+1)%nb+nb)%nb]
+			acc.ok, acc.fail = satAdd(acc.ok, c.ok), satAdd(acc.fail, c.fail)
+			if w == ladder[li] {
+				sums[i][li] = acc
+				total[li].ok, total[li].fail = satAdd(total[li].ok, acc.ok), satAdd(total[li].fail, acc.fail)
+				li++
+			}
+		}
+	}
+	active = ejected > 0 || (nb > 0 && total[len(ladder)-1] != counts{})
+
+	maxEjected := maxEjections(len(eps), cfg)
+	if ejected >= maxEjected {
+		return changed, active
+	}
+	type candidate struct {
+		ep    *endpoint
+		ratio float64
+	}
+	var cands []candidate
+	// Each endpoint is judged on the most recent window with enough
+	// requests; older, longer windows may only add evidence for what the
+	// recent one shows. The significance level is shared among the windows.
+	level := alpha / float64(len(ladder))
+	for i, ep := range eps {
+		if sums[i] == nil {
+			continue
+		}
+		for li := range ladder {
+			own := sums[i][li]
+			ni := int(own.ok) + int(own.fail)
+			fr, nr := int(total[li].fail)-int(own.fail), int(total[li].ok)+int(total[li].fail)-ni
+			if ni < cfg.MinRequests || nr < cfg.MinRequests {
+				continue
+			}
+			if !standsOut(int(own.fail), ni, fr, nr, cfg.FailureRatio) {
+				break
+			}
+			if fisherTail(int(own.fail), ni, int(total[li].fail), ni+nr, level) <= level {
+				cands = append(cands, candidate{ep, float64(own.fail) / float64(ni)})
+				break
+			}
+		}
+	}
+	slices.SortStableFunc(cands, func(a, b candidate) int {
+		switch {
+		case a.ratio > b.ratio:
+			return -1
+		case a.ratio < b.ratio:
+			return 1
+		}
+		return 0
+	})
+	for _, c := range cands {
+		if ejected >= maxEjected {
+			break
+		}
+		// Never eject the last connected endpoint.
+		others := 0
+		for _, ep := range eps {
+			if ep != c.ep && !ep.ejected.Load() && ready[ep] {
+				others++
+			}
+		}
+		if others == 0 {
+			continue
+		}
+		b.eject(c.ep, now)
+		changed = append(changed, c.ep)
+		ejected++
+		active = true
+	}
+	return changed, active
+}
+
+// ejectionTime is how long the times-th ejection in a row lasts.
+func ejectionTime(cfg Config, times int) time.Duration {
+	limit := max(cfg.BaseEjectionTime, cfg.MaxEjectionTime)
+	if times <= 0 {
+		return cfg.BaseEjectionTime
+	}
+	if cfg.BaseEjectionTime > 0 && time.Duration(times) > limit/cfg.BaseEjectionTime {
+		return limit
+	}
+	return min(cfg.BaseEjectionTime*time.Duration(times), limit)
+}
+
+// eject marks ep ejected. b.mu is held.
+func (b *outlierBalancer) eject(ep *endpoint, now time.Time) {
+	ep.ejected.Store(true)
+	ep.times++
+	ep.ejections++
+	ep.ejectedAt, ep.since = now, now
+	clear(ep.buckets)
+}
+
+// uneject returns ep, with fresh counters. b.mu is held.
+func (b *outlierBalancer) uneject(ep *endpoint, now time.Time) {
+	ep.ejected.Store(false)
+	ep.since = now
+	clear(ep.buckets)
+	ep.ok.Store(0)
+	ep.fail.Store(0)
+}
+
+// standsOut reports whether an endpoint with fi failures of ni requests
+// looks like an outlier beside the others' fr failures of nr: its ratio is
+// at least ratio, and at least minGap above theirs. Whether that is more
+// than chance is fisherTail's to say.
+func standsOut(fi, ni, fr, nr int, ratio float64) bool {
+	if ni <= 0 || nr <= 0 {
+		return false
+	}
+	ri, rr := float64(fi)/float64(ni), float64(fr)/float64(nr)
+	const eps = 1e-9 // 1.0 - 0.8 is 0.19999999999999996
+	return ri >= ratio && ri-rr >= minGap-eps
+}
+
+// fisherTail returns P(X ≥ x) for X hypergeometric: x of the n requests of
+// one endpoint are among the k failures of all N requests, were the
+// failures spread at random (a one-sided Fisher exact test). It stops
+// summing once the sum exceeds level (the answer is then "more than
+// level"), so its cost is small either way.
+func fisherTail(x, n, k, N int, level float64) float64 {
+	if x <= 0 {
+		return 1
+	}
+	if x > n || x > k || n > N || k > N {
+		return 0
+	}
+	// log C(k, i) + log C(N-k, n-i) - log C(N, n), for i = x, x+1, ...
+	base := -lchoose(N, n)
+	sum := 0.0
+	for i := x; i <= min(k, n); i++ {
+		if n-i > N-k {
+			continue
+		}
+		term := math.Exp(lchoose(k, i) + lchoose(N-k, n-i) + base)
+		sum += term
+		if sum > level {
+			return sum
+		}
+		if term < sum*1e-12 {
+			break
+		}
+	}
+	return sum
+}
+
+// lchoose returns log C(n, k).
+func lchoose(n, k int) float64 {
+	a, _ := math.Lgamma(float64(n) + 1)
+	b, _ := math.Lgamma(float64(k) + 1)
+	c, _ := math.Lgamma(float64(n-k) + 1)
+	return a - b - c
+}
+
+// enforceCapsLocked un-ejects endpoints, most recently ejected first, while
+// more are ejected than the caps allow for the current endpoint set (after
+// a resolver update). b.mu is held.
+func (b *outlierBalancer) enforceCapsLocked(cfg Config) []*endpoint {
+	eps := b.eps.Values()
+	var ejected []*endpoint
+	for _, ep := range eps {
+		if ep.ejected.Load() {
+			ejected = append(ejected, ep)
+		}
+	}
+	maxEjected := maxEjections(len(eps), cfg)
+	if len(ejected) <= maxEjected {
+		return nil
+	}
+	slices.SortFunc(ejected, func(a, b *endpoint) int { return b.ejectedAt.Compare(a.ejectedAt) })
+	now := b.clk.Now()
+	out := ejected[:len(ejected)-maxEjected]
+	for _, ep := range out {
+		b.uneject(ep, now)
+	}
+	return out
+}
+
+// maxEjections is how many of n endpoints may be ejected at once: the
+// percentage of cfg, at least one when n ≥ 2, never all.
+func maxEjections(n int, cfg Config) int {
+	if n < 2 {
+		return 0
+	}
+	return min(max(1, n*cfg.MaxEjectionPercent/100), n-1)
+}
