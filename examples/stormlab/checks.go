@@ -18,10 +18,11 @@ type Check struct {
 // The bounds of the suite's default row, and the seed numbers the naive
 // row must reproduce (a check that the lab's model still works).
 const (
-	maxOutageAmpl   = 1.10
+	maxOutageAmpl   = 1.05
 	maxChainOrigin  = 12
-	naiveOutage     = 150 // 3.00× of 50
-	naiveChain      = 810 // 81.00× of 10
+	naiveOutage     = 150  // 3.00× of 50
+	naiveChain      = 810  // 81.00× of 10
+	naiveChain4     = 2430 // 243.00× of 10
 	maxCapacityPeak = 1000
 	capacityServed  = 15900
 	naiveCapPeak    = 2300
@@ -50,11 +51,15 @@ func checkBounds(results []*Result, tailP99 time.Duration) []Check {
 		suite, naiveRow := r.row(suiteDefaults, ""), r.row(naive, "")
 		switch r.Key {
 		case "outage":
-			if suite != nil {
+			if suite := r.row(suiteDefaults, "wave 1"); suite != nil {
 				add(r, suiteDefaults, "outage amplification", fmt.Sprintf("≤ %.2f×", maxOutageAmpl),
 					fmt.Sprintf("%.2f×", suite.Amplification), suite.Amplification <= maxOutageAmpl+1e-9)
 			}
-			if naiveRow != nil {
+			if suite := r.row(suiteDefaults, "wave 2"); suite != nil {
+				add(r, suiteDefaults, "outage: second wave's origin requests", "0",
+					fmt.Sprint(suite.Origin), suite.Origin == 0)
+			}
+			if naiveRow := r.row(naive, "wave 1"); naiveRow != nil {
 				add(r, naive, "outage origin requests (3.00×)", fmt.Sprint(naiveOutage),
 					fmt.Sprint(naiveRow.Origin), naiveRow.Origin == naiveOutage)
 			}
@@ -64,13 +69,19 @@ func checkBounds(results []*Result, tailP99 time.Duration) []Check {
 					fmt.Sprintf("%d/%d", suite.OK, suite.Calls), suite.OK == suite.Calls)
 			}
 		case "chain":
-			if suite != nil {
-				add(r, suiteDefaults, "chain origin requests for 10 callers", fmt.Sprintf("≤ %d", maxChainOrigin),
-					fmt.Sprint(suite.Origin), suite.Origin <= maxChainOrigin)
+			for _, depth := range []string{"depth 3", "depth 4"} {
+				if suite := r.row(suiteDefaults, depth); suite != nil {
+					add(r, suiteDefaults, "chain origin requests for 10 callers, "+depth, fmt.Sprintf("≤ %d", maxChainOrigin),
+						fmt.Sprint(suite.Origin), suite.Origin <= maxChainOrigin)
+				}
 			}
-			if naiveRow != nil {
-				add(r, naive, "chain origin requests (81.00×)", fmt.Sprint(naiveChain),
+			if naiveRow := r.row(naive, "depth 3"); naiveRow != nil {
+				add(r, naive, "chain origin requests (81.00×), depth 3", fmt.Sprint(naiveChain),
 					fmt.Sprint(naiveRow.Origin), naiveRow.Origin == naiveChain)
+			}
+			if naiveRow := r.row(naive, "depth 4"); naiveRow != nil {
+				add(r, naive, "chain origin requests (243.00×), depth 4", fmt.Sprint(naiveChain4),
+					fmt.Sprint(naiveRow.Origin), naiveRow.Origin == naiveChain4)
 			}
 		case "capacity":
 			if suite != nil {

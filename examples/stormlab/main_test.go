@@ -26,9 +26,9 @@ type exact struct{ origin, ok int }
 // policy under -race.
 func TestQuick(t *testing.T) {
 	var out bytes.Buffer
-	cfg, scenarios, checks := config{quick: true, tailP99: maxTailP99}, 6, 16
+	cfg, scenarios, checks := config{quick: true, tailP99: maxTailP99}, 6, 19
 	if raceEnabled {
-		cfg, scenarios, checks = config{scenarios: "1,2,3,4,7", tailP99: maxTailP99}, 5, 8
+		cfg, scenarios, checks = config{scenarios: "1,2,3,4,7", tailP99: maxTailP99}, 5, 11
 	}
 	rep, err := run(context.Background(), cfg, &out)
 	if err != nil {
@@ -44,28 +44,44 @@ func TestQuick(t *testing.T) {
 		t.Error("report not OK")
 	}
 	if got := len(rep.Checks); got != checks {
-		t.Errorf("%d checks, want %d (outage ×2, flaky, chain ×2, capacity ×3, backend dead ×8 unless -race)", got, checks)
+		t.Errorf("%d checks, want %d (outage ×3, flaky, chain ×4, capacity ×3, backend dead ×8 unless -race)", got, checks)
 	}
-	want := map[string]map[policyKey]exact{
-		"outage": {noRetries: {50, 0}, naive: {150, 0}, grpcRetry: {150, 0}, grpcThrottled: {54, 0}, suiteBudget: {55, 0}},
-		"flaky":  {noRetries: {50, 45}, naive: {55, 50}, grpcRetry: {55, 50}, suiteBudget: {55, 50}, suiteDefaults: {55, 50}},
-		"twice":  {noRetries: {50, 0}, naive: {150, 50}, grpcRetry: {150, 50}, grpcThrottled: {54, 0}, suiteBudget: {55, 0}},
-		"chain":  {noRetries: {10, 0}, naive: {810, 0}, grpcRetry: {810, 0}, grpcThrottled: {26, 0}, suiteBudget: {11, 0}, suiteDefaults: {11, 0}},
-		"capacity": {noRetries: {18000, 15900}, naive: {22200, 15900}, grpcRetry: {22200, 15900},
+	// Rows whose counts follow from the model alone (the suite's defaults
+	// in the storm scenarios depend on how many failures are in when its
+	// first retries are due, within the bounds checked above).
+	type key struct {
+		scenario, variant string
+	}
+	want := map[key]map[policyKey]exact{
+		{"outage", "wave 1"}: {noRetries: {50, 0}, naive: {150, 0}, grpcRetry: {150, 0}, grpcThrottled: {54, 0}, suiteBudget: {60, 0}},
+		{"outage", "wave 2"}: {noRetries: {50, 0}, naive: {150, 0}, grpcRetry: {150, 0}, suiteDefaults: {0, 0}},
+		{"flaky", ""}:        {noRetries: {50, 45}, naive: {55, 50}, grpcRetry: {55, 50}, suiteBudget: {55, 50}, suiteDefaults: {55, 50}},
+		{"twice", ""}:        {noRetries: {50, 0}, naive: {150, 50}, grpcRetry: {150, 50}, grpcThrottled: {54, 0}, suiteBudget: {60, 0}},
+		{"chain", "depth 3"}: {noRetries: {10, 0}, naive: {810, 0}, grpcRetry: {810, 0}, grpcThrottled: {26, 0}, suiteBudget: {20, 0}},
+		{"chain", "depth 4"}: {noRetries: {10, 0}, naive: {2430, 0}, grpcRetry: {2430, 0}, grpcThrottled: {30, 0}, suiteBudget: {20, 0}},
+		{"capacity", ""}: {noRetries: {18000, 15900}, naive: {22200, 15900}, grpcRetry: {22200, 15900},
 			grpcThrottled: {18009, 15900}, suiteBudget: {18270, 15900}, suiteDefaults: {18270, 15900}},
 	}
 	for _, r := range rep.Results {
-		for p, w := range want[r.Key] {
-			row := r.row(p, "")
-			if row == nil {
-				t.Errorf("%s: no row %s", r.Key, p)
+		for k, rows := range want {
+			if k.scenario != r.Key {
 				continue
 			}
-			if got := (exact{row.Origin, row.OK}); got != w {
-				t.Errorf("%s, %s: origin %d, ok %d; want %d, %d", r.Key, row.Label, got.origin, got.ok, w.origin, w.ok)
+			for p, w := range rows {
+				row := r.row(p, k.variant)
+				if row == nil {
+					t.Errorf("%s %s: no row %s", r.Key, k.variant, p)
+					continue
+				}
+				if got := (exact{row.Origin, row.OK}); got != w {
+					t.Errorf("%s %s, %s: origin %d, ok %d; want %d, %d", r.Key, k.variant, row.Label, got.origin, got.ok, w.origin, w.ok)
+				}
 			}
 		}
 		want := len(policies())
+		if r.Key == "outage" || r.Key == "chain" {
+			want = 2 * len(policies())
+		}
 		if r.Key == "backend-dead" {
 			want = 2 * len(deadPolicies())
 			// The outlier policy keeps the dead backend out: far fewer
@@ -86,7 +102,7 @@ func TestQuick(t *testing.T) {
 		t.Errorf("%d scenarios, want %d", len(rep.Results), scenarios)
 	}
 	// The flaky (stormguard defaults) and fails-twice rows the text prints.
-	for _, s := range []string{"1. Outage, one hop", "4. Chain of three services", "all bounds met"} {
+	for _, s := range []string{"1. Outage, one hop", "4. Chain of services", "all bounds met"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("output lacks %q", s)
 		}
@@ -174,7 +190,7 @@ func TestJSONAndSVG(t *testing.T) {
 			t.Errorf("legend lacks %q", p.name)
 		}
 	}
-	for _, s := range []string{"4 chain of 3", "7 capacity drop", "81.00×", "2.56"} {
+	for _, s := range []string{"4 chain depth 3", "4 chain depth 4", "7 capacity drop", "81.00×", "243.00×", "2.56"} {
 		if !strings.Contains(all, s) {
 			t.Errorf("chart lacks %q: %s", s, all)
 		}

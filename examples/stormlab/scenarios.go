@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -82,13 +83,44 @@ func waveScenario(ctx context.Context, res *Result, callers int, script func() o
 	return res, nil
 }
 
-// Scenario 1 (seeds 000 and 002): the origin is down.
+// Scenario 1 (seeds 000 and 002): the origin is down. A second wave of
+// callers follows the first through the same clients: a breaker that
+// opened on the first keeps the second away from the origin.
 func outage(ctx context.Context) (*Result, error) {
-	return waveScenario(ctx, &Result{
+	const callers = 50
+	res := &Result{
 		ID: 1, Key: "outage", Title: "Outage, one hop",
-		Setup: "50 concurrent callers; the origin answers UNAVAILABLE to everything.",
-		chart: "1 outage",
-	}, 50, func() origin.Script { return origin.Always(codes.Unavailable) })
+		Setup: "50 concurrent callers; the origin answers UNAVAILABLE to everything. " +
+			"Wave 2: 50 more callers right after, through the same clients.",
+		cols:  append([]col{colVariant}, waveCols()...),
+		chart: "1 outage %s",
+	}
+	for _, p := range policies() {
+		rows, err := func() ([]Row, error) {
+			e := newEnv(p)
+			defer e.close()
+			o := origin.New(inStep(callers, origin.Always(codes.Unavailable)))
+			client, err := e.oneHop(o)
+			if err != nil {
+				return nil, err
+			}
+			first := wave(ctx, callers, callTimeout, put(client)).row(p, o.Total())
+			first.Variant = "wave 1"
+			seen := o.Total()
+			o.SetScript(origin.Always(codes.Unavailable)) // no holding: wave 2 may send nothing at all
+			second := wave(ctx, callers, callTimeout, func(ctx context.Context, i int) error {
+				return put(client)(ctx, callers+i)
+			}).row(p, o.Total()-seen)
+			second.Variant = "wave 2"
+			return []Row{first, second}, nil
+		}()
+		if err != nil {
+			return nil, fmt.Errorf("%s, %s: %w", res.Title, p.name, err)
+		}
+		res.Rows = append(res.Rows, rows...)
+	}
+	sortByVariant(res)
+	return res, nil
 }
 
 // Scenario 2 (seed 000): a few requests fail once.
@@ -116,34 +148,43 @@ func failsTwice(ctx context.Context) (*Result, error) {
 	}, 50, func() origin.Script { return origin.FailFirst(2, codes.Unavailable) })
 }
 
-// Scenario 4 (seed 000): the 810-for-10 chain.
+// Scenario 4 (seed 000): the 810-for-10 chain, and one hop deeper.
 func chainOfThree(ctx context.Context) (*Result, error) {
-	const callers, hops = 10, 3
+	const callers = 10
 	res := &Result{
-		ID: 4, Key: "chain", Title: "Chain of three services, dead origin",
-		Setup: "10 concurrent callers → A → B → C → origin, which answers UNAVAILABLE to everything; " +
+		ID: 4, Key: "chain", Title: "Chain of services, dead origin",
+		Setup: "10 concurrent callers → A → B → C (→ D) → origin, which answers UNAVAILABLE to everything; " +
 			"every hop runs the row's client and server side.",
-		cols:  waveCols(),
-		chart: "4 chain of 3",
+		cols:  append([]col{colVariant}, waveCols()...),
+		chart: "4 chain %s",
 	}
-	for _, p := range policies() {
-		row, err := func() (Row, error) {
-			e := newEnv(p)
-			defer e.close()
-			o := origin.New(inStep(callers, origin.Always(codes.Unavailable)))
-			top, err := e.chain(o, hops)
+	for _, hops := range []int{3, 4} {
+		for _, p := range policies() {
+			row, err := func() (Row, error) {
+				e := newEnv(p)
+				defer e.close()
+				o := origin.New(inStep(callers, origin.Always(codes.Unavailable)))
+				top, err := e.chain(o, hops)
+				if err != nil {
+					return Row{}, err
+				}
+				out := wave(ctx, callers, callTimeout, put(top))
+				return out.row(p, o.Total()), nil
+			}()
 			if err != nil {
-				return Row{}, err
+				return nil, fmt.Errorf("%s, %d hops, %s: %w", res.Title, hops, p.name, err)
 			}
-			out := wave(ctx, callers, callTimeout, put(top))
-			return out.row(p, o.Total()), nil
-		}()
-		if err != nil {
-			return nil, fmt.Errorf("%s, %s: %w", res.Title, p.name, err)
+			row.Variant = fmt.Sprintf("depth %d", hops)
+			res.Rows = append(res.Rows, row)
 		}
-		res.Rows = append(res.Rows, row)
 	}
 	return res, nil
+}
+
+// sortByVariant groups a result's rows by variant, keeping the policy
+// order within each.
+func sortByVariant(res *Result) {
+	slices.SortStableFunc(res.Rows, func(a, b Row) int { return strings.Compare(a.Variant, b.Variant) })
 }
 
 // selectScenarios parses -scenario (numbers or keys, comma-separated).
