@@ -23,6 +23,7 @@ import (
 	"github.com/stormguard/stormguard/idempotency"
 	"github.com/stormguard/stormguard/internal/codename"
 	"github.com/stormguard/stormguard/internal/cowmap"
+	"github.com/stormguard/stormguard/internal/protoreg"
 )
 
 // Metadata keys the client reads and writes (gRFC A6).
@@ -168,7 +169,7 @@ func (c *Client) route(target, method string) *route {
 			retryable:   c.retryable,
 			perAttempt:  p.PerAttemptTimeout,
 			tel:         newRouteTelemetry(method, target),
-			respType:    idempotency.ResponseType(method),
+			respType:    protoreg.ResponseType(method),
 		}
 		r.attemptName = "Attempt." + r.name
 		if c.budgets != nil {

@@ -8,7 +8,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/stormguard/stormguard/deadline"
-	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/idempotency/dedupe"
 )
 
 // Server is the suite's server side: it applies the caller's propagated
@@ -20,7 +20,7 @@ import (
 type Server struct {
 	o      serverOptions
 	dl     *deadline.Server
-	dedupe *idempotency.Server // nil: off
+	dedupe *dedupe.Server // nil: off
 }
 
 // NewServer returns a Server configured by opts. Nil options are ignored.
@@ -33,7 +33,7 @@ func NewServer(opts ...ServerOption) *Server {
 	}
 	s := &Server{o: o, dl: deadline.NewServer(o.deadlineCfg), dedupe: o.dedupe}
 	if s.dedupe == nil && !o.noDedupe {
-		s.dedupe = idempotency.NewServer(idempotency.ServerConfig{})
+		s.dedupe = dedupe.NewServer(dedupe.Config{})
 	}
 	return s
 }

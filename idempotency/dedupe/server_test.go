@@ -1,4 +1,4 @@
-package idempotency_test
+package dedupe_test
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
@@ -42,7 +43,7 @@ func startEcho(t testing.TB, svc origin.Registerer, serverOpts []grpc.ServerOpti
 }
 
 // dedupeOpts installs s as the server's interceptors.
-func dedupeOpts(s *idempotency.Server) []grpc.ServerOption {
+func dedupeOpts(s *dedupe.Server) []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(s.Unary()), grpc.ChainStreamInterceptor(s.Stream())}
 }
 
@@ -75,7 +76,7 @@ func TestServerReplaysStoredResponse(t *testing.T) {
 	o := origin.New(func(origin.Call) origin.Reply {
 		return origin.Reply{Header: metadata.Pairs("x-h", "1"), Trailer: metadata.Pairs("x-receipt", "r-1")}
 	})
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "order-1")
 	req := &echov1.ChargeRequest{RequestId: "p1", Account: "acct", AmountCents: 1999}
@@ -96,12 +97,12 @@ func TestServerReplaysStoredResponse(t *testing.T) {
 	cents, n := o.Balance("acct")
 	assert.Equal(t, int64(1999), cents)
 	assert.Equal(t, 1, n)
-	assert.Equal(t, idempotency.Stats{Hits: 1, Misses: 1}, s.Stats())
+	assert.Equal(t, dedupe.Stats{Hits: 1, Misses: 1}, s.Stats())
 }
 
 func TestServerWithoutKeyPassesThrough(t *testing.T) {
 	o := origin.New(nil)
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{})
 	c := startEcho(t, o, dedupeOpts(s))
 	req := &echov1.ChargeRequest{RequestId: "p", Account: "acct", AmountCents: 5}
 	for range 2 {
@@ -110,12 +111,12 @@ func TestServerWithoutKeyPassesThrough(t *testing.T) {
 	}
 	_, n := o.Balance("acct")
 	assert.Equal(t, 2, n)
-	assert.Equal(t, idempotency.Stats{}, s.Stats())
+	assert.Equal(t, dedupe.Stats{}, s.Stats())
 }
 
 func TestServerRefusesInvalidKeys(t *testing.T) {
 	o := origin.New(nil)
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{})
 	c := startEcho(t, o, dedupeOpts(s))
 	// What grpc lets a client send: printable ASCII (grpc-go itself refuses
 	// to send control characters and non-ASCII; see the direct test below).
@@ -144,7 +145,7 @@ func TestServerConcurrentDuplicates(t *testing.T) {
 		g.block() // hold the first execution until every duplicate is waiting
 		return origin.Reply{Trailer: metadata.Pairs("x-receipt", "r-dup")}
 	})
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), idempotency.NewKey())
 	req := &echov1.ChargeRequest{RequestId: "dup", Account: "acct", AmountCents: 700}
@@ -173,7 +174,7 @@ func TestServerConcurrentDuplicates(t *testing.T) {
 	cents, charges := o.Balance("acct")
 	assert.Equal(t, int64(700), cents)
 	assert.Equal(t, 1, charges)
-	assert.Equal(t, idempotency.Stats{Hits: n - 1, Misses: 1, Waits: n - 1}, s.Stats())
+	assert.Equal(t, dedupe.Stats{Hits: n - 1, Misses: 1, Waits: n - 1}, s.Stats())
 }
 
 func TestServerKeyReuseWithDifferentRequest(t *testing.T) {
@@ -184,7 +185,7 @@ func TestServerKeyReuseWithDifferentRequest(t *testing.T) {
 		}
 		return origin.Reply{}
 	})
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{})
 	c := startEcho(t, o, dedupeOpts(s))
 
 	t.Run("completed", func(t *testing.T) {
@@ -220,7 +221,7 @@ func TestServerKeyReuseWithDifferentRequest(t *testing.T) {
 
 func TestServerKeyReuseWithDifferentMethod(t *testing.T) {
 	o := origin.New(nil)
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "one-key")
 	_, err := c.Charge(ctx, &echov1.ChargeRequest{RequestId: "p", Account: "acct", AmountCents: 1})
@@ -251,7 +252,7 @@ func TestServerIdentityScoping(t *testing.T) {
 	}
 	t.Run("scoped", func(t *testing.T) {
 		o := origin.New(nil)
-		s := idempotency.NewServer(idempotency.ServerConfig{Identity: tenant})
+		s := dedupe.NewServer(dedupe.Config{Identity: tenant})
 		c := startEcho(t, o, dedupeOpts(s))
 		alice, err := c.Charge(as(context.Background(), "alice"), req)
 		require.NoError(t, err)
@@ -272,7 +273,7 @@ func TestServerIdentityScoping(t *testing.T) {
 	})
 	t.Run("unscoped, for contrast", func(t *testing.T) {
 		o := origin.New(nil)
-		s := idempotency.NewServer(idempotency.ServerConfig{})
+		s := dedupe.NewServer(dedupe.Config{})
 		c := startEcho(t, o, dedupeOpts(s))
 		alice, err := c.Charge(as(context.Background(), "alice"), req)
 		require.NoError(t, err)
@@ -286,7 +287,7 @@ func TestServerRetryableFailureNotStored(t *testing.T) {
 	for _, code := range []codes.Code{codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted, codes.Canceled} {
 		t.Run(code.String(), func(t *testing.T) {
 			o := origin.New(origin.FailFirst(1, code))
-			s := idempotency.NewServer(idempotency.ServerConfig{})
+			s := dedupe.NewServer(dedupe.Config{})
 			c := startEcho(t, o, dedupeOpts(s))
 			ctx := keyed(context.Background(), "k")
 			req := &echov1.ChargeRequest{RequestId: "p", Account: "acct", AmountCents: 3}
@@ -298,7 +299,7 @@ func TestServerRetryableFailureNotStored(t *testing.T) {
 			require.NoError(t, err)
 			assert.True(t, proto.Equal(first, again))
 			assert.Equal(t, 2, o.CountID(chargeMethod, "p"))
-			assert.Equal(t, idempotency.Stats{Hits: 1, Misses: 2, NotStored: 1}, s.Stats())
+			assert.Equal(t, dedupe.Stats{Hits: 1, Misses: 2, NotStored: 1}, s.Stats())
 		})
 	}
 }
@@ -307,7 +308,7 @@ func TestServerOtherFailureStored(t *testing.T) {
 	o := origin.New(func(c origin.Call) origin.Reply {
 		return origin.Reply{Code: codes.FailedPrecondition, Message: "card declined", Trailer: metadata.Pairs("x-decline", "insufficient_funds")}
 	})
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "k")
 	req := &echov1.ChargeRequest{RequestId: "p", Account: "acct", AmountCents: 3}
@@ -319,13 +320,13 @@ func TestServerOtherFailureStored(t *testing.T) {
 		assert.Equal(t, []string{"insufficient_funds"}, tr.Get("x-decline"), "call %d", i)
 	}
 	assert.Equal(t, 1, o.CountID(chargeMethod, "p"))
-	assert.Equal(t, idempotency.Stats{Hits: 2, Misses: 1}, s.Stats())
+	assert.Equal(t, dedupe.Stats{Hits: 2, Misses: 1}, s.Stats())
 }
 
 func TestServerWaiterBoundedByDeadline(t *testing.T) {
 	g := newGate(t)
 	o := origin.New(func(origin.Call) origin.Reply { g.block(); return origin.Reply{} })
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{})
 	// outcomes receives what the server answered each call, as it leaves
 	// the server (the client may give up a moment earlier).
 	outcomes := make(chan error, 4)
@@ -374,7 +375,7 @@ func TestServerWaiterRunsAfterRelease(t *testing.T) {
 		}
 		return origin.Reply{}
 	})
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "k")
 	req := &echov1.ChargeRequest{RequestId: "p", Account: "acct", AmountCents: 3}
@@ -397,7 +398,7 @@ func TestServerWaiterRunsAfterRelease(t *testing.T) {
 	assert.Equal(t, 2, o.CountID(chargeMethod, "p"))
 	_, n := o.Balance("acct")
 	assert.Equal(t, 1, n)
-	assert.Equal(t, idempotency.Stats{Misses: 2, Waits: 1, NotStored: 1}, s.Stats())
+	assert.Equal(t, dedupe.Stats{Misses: 2, Waits: 1, NotStored: 1}, s.Stats())
 }
 
 func TestServerBusyStore(t *testing.T) {
@@ -408,8 +409,8 @@ func TestServerBusyStore(t *testing.T) {
 		}
 		return origin.Reply{}
 	})
-	store := idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxEntries: 1})
-	s := idempotency.NewServer(idempotency.ServerConfig{Store: store})
+	store := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 1})
+	s := dedupe.NewServer(dedupe.Config{Store: store})
 	c := startEcho(t, o, dedupeOpts(s))
 	first := make(chan error, 1)
 	go func() {
@@ -425,12 +426,12 @@ func TestServerBusyStore(t *testing.T) {
 	_, err = c.Charge(keyed(context.Background(), "b"), &echov1.ChargeRequest{RequestId: "other"})
 	require.NoError(t, err, "room again once the first completed")
 	assert.Equal(t, uint64(1), store.Stats().Busy)
-	assert.Equal(t, uint64(1), s.Stats().Evictions)
+	assert.Equal(t, uint64(1), store.Stats().Evictions, "the first record made room for the second key")
 }
 
 func TestServerStreamsPassThrough(t *testing.T) {
 	o := origin.New(nil)
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{})
 	c := startEcho(t, o, dedupeOpts(s))
 	for range 2 {
 		ls, err := c.List(keyed(context.Background(), "k"), &echov1.ListRequest{RequestId: "l", Count: 2})
@@ -444,7 +445,7 @@ func TestServerStreamsPassThrough(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 2, o.CountID(echov1.EchoService_List_FullMethodName, "l"))
-	assert.Equal(t, idempotency.Stats{}, s.Stats())
+	assert.Equal(t, dedupe.Stats{}, s.Stats())
 }
 
 // The tests below call the interceptor directly, for what a grpc client
@@ -469,7 +470,7 @@ func (f *fakeStream) SetTrailer(md metadata.MD) error {
 }
 
 // direct calls s's unary interceptor as grpc would, with incoming md.
-func direct(s *idempotency.Server, method string, md metadata.MD, req any, h grpc.UnaryHandler) (any, *fakeStream, error) {
+func direct(s *dedupe.Server, method string, md metadata.MD, req any, h grpc.UnaryHandler) (any, *fakeStream, error) {
 	fs := &fakeStream{method: method}
 	ctx := grpc.NewContextWithServerTransportStream(metadata.NewIncomingContext(context.Background(), md), fs)
 	resp, err := s.Unary()(ctx, req, &grpc.UnaryServerInfo{FullMethod: method}, h)
@@ -479,7 +480,7 @@ func direct(s *idempotency.Server, method string, md metadata.MD, req any, h grp
 func keyMD(key string) metadata.MD { return metadata.MD{idempotency.MetadataKey: {key}} }
 
 func TestServerRefusesUnsendableKeys(t *testing.T) {
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{})
 	ran := false
 	h := func(context.Context, any) (any, error) { ran = true; return &echov1.ChargeResponse{}, nil }
 	for _, k := range []string{"a\nb", "\x00", "\x7f", "ключ", "tab\t"} {
@@ -490,7 +491,7 @@ func TestServerRefusesUnsendableKeys(t *testing.T) {
 }
 
 func TestServerHandlerPanicReleases(t *testing.T) {
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{})
 	req := &echov1.ChargeRequest{RequestId: "p"}
 	assert.PanicsWithValue(t, "boom", func() {
 		_, _, _ = direct(s, chargeMethod, keyMD("k"), req, func(context.Context, any) (any, error) { panic("boom") })
@@ -503,11 +504,11 @@ func TestServerHandlerPanicReleases(t *testing.T) {
 		assert.Equal(t, "c", resp.(*echov1.ChargeResponse).GetChargeId())
 	}
 	assert.Equal(t, 1, runs, "the retry after the panic runs, and is then stored")
-	assert.Equal(t, idempotency.Stats{Hits: 1, Misses: 2, NotStored: 1}, s.Stats())
+	assert.Equal(t, dedupe.Stats{Hits: 1, Misses: 2, NotStored: 1}, s.Stats())
 }
 
 func TestServerReplaysStatusDetails(t *testing.T) {
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{})
 	st, err := status.New(codes.FailedPrecondition, "declined").WithDetails(wrapperspb.String("insufficient_funds"))
 	require.NoError(t, err)
 	h := func(ctx context.Context, _ any) (any, error) {
@@ -530,7 +531,7 @@ func TestServerReplaysStatusDetails(t *testing.T) {
 }
 
 func TestServerHandlerErrorsAsGrpcSeesThem(t *testing.T) {
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{})
 	req := &echov1.ChargeRequest{}
 	// A plain error is stored as Unknown; a raw context error is
 	// DeadlineExceeded, so not stored.
@@ -549,8 +550,8 @@ func TestServerHandlerErrorsAsGrpcSeesThem(t *testing.T) {
 }
 
 func TestServerUnknownMethodLearnsOutputType(t *testing.T) {
-	store := idempotency.NewMemoryStore(idempotency.MemoryConfig{})
-	s := idempotency.NewServer(idempotency.ServerConfig{Store: store})
+	store := dedupe.NewMemoryStore(dedupe.MemoryConfig{})
+	s := dedupe.NewServer(dedupe.Config{Store: store})
 	const method = "/unknown.v1.Svc/Do"
 	h := func(context.Context, any) (any, error) { return wrapperspb.String("out"), nil }
 	_, _, err := direct(s, method, keyMD("k"), wrapperspb.String("in"), h)
@@ -561,13 +562,13 @@ func TestServerUnknownMethodLearnsOutputType(t *testing.T) {
 
 	// A server that never saw a response of an unknown method cannot
 	// rebuild one: it says so rather than guessing.
-	fresh := idempotency.NewServer(idempotency.ServerConfig{Store: store})
+	fresh := dedupe.NewServer(dedupe.Config{Store: store})
 	_, _, err = direct(fresh, method, keyMD("k"), wrapperspb.String("in"), nil)
 	assert.Equal(t, codes.Internal, status.Code(err))
 }
 
 func TestServerNonProtoRequest(t *testing.T) {
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{})
 	_, _, err := direct(s, chargeMethod, keyMD("k"), struct{}{}, nil)
 	assert.Equal(t, codes.Internal, status.Code(err))
 }
@@ -575,14 +576,14 @@ func TestServerNonProtoRequest(t *testing.T) {
 // failingStore fails every call with err.
 type failingStore struct{ err error }
 
-func (f failingStore) Claim(context.Context, string, idempotency.Fingerprint) (idempotency.Claim, error) {
-	return idempotency.Claim{}, f.err
+func (f failingStore) Claim(context.Context, string, dedupe.Fingerprint) (dedupe.Claim, error) {
+	return dedupe.Claim{}, f.err
 }
-func (f failingStore) Complete(context.Context, idempotency.Claim, *idempotency.Record) error {
+func (f failingStore) Complete(context.Context, dedupe.Claim, *dedupe.Record) error {
 	return f.err
 }
-func (f failingStore) Release(context.Context, idempotency.Claim) error { return f.err }
-func (f failingStore) Wait(context.Context, idempotency.Claim) (*idempotency.Record, error) {
+func (f failingStore) Release(context.Context, dedupe.Claim) error { return f.err }
+func (f failingStore) Wait(context.Context, dedupe.Claim) (*dedupe.Record, error) {
 	return nil, f.err
 }
 
@@ -595,7 +596,7 @@ func TestServerStoreErrors(t *testing.T) {
 		{status.Error(codes.PermissionDenied, "acl"), codes.PermissionDenied},
 		{context.DeadlineExceeded, codes.DeadlineExceeded},
 	} {
-		s := idempotency.NewServer(idempotency.ServerConfig{Store: failingStore{tc.err}})
+		s := dedupe.NewServer(dedupe.Config{Store: failingStore{tc.err}})
 		_, _, err := direct(s, chargeMethod, keyMD("k"), &echov1.ChargeRequest{}, nil)
 		assert.Equal(t, tc.want, status.Code(err), "%v", tc.err)
 		assert.Equal(t, uint64(1), s.Stats().StoreErrors)

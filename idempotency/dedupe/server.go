@@ -1,4 +1,4 @@
-package idempotency
+package dedupe
 
 import (
 	"context"
@@ -14,7 +14,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/stormguard/stormguard/idempotency"
 	"github.com/stormguard/stormguard/internal/cowmap"
+	"github.com/stormguard/stormguard/internal/protoreg"
 )
 
 // DefaultNotStored is the set of codes whose outcome the server
@@ -22,13 +24,13 @@ import (
 // (Unavailable, DeadlineExceeded, ResourceExhausted, Aborted), and
 // Canceled, which a handler returns when its caller left, so that the
 // caller's retry runs the handler again instead of replaying the failure.
-const DefaultNotStored = CodeSet(1<<codes.Canceled | 1<<codes.DeadlineExceeded |
+const DefaultNotStored = idempotency.CodeSet(1<<codes.Canceled | 1<<codes.DeadlineExceeded |
 	1<<codes.ResourceExhausted | 1<<codes.Aborted | 1<<codes.Unavailable)
 
-// ServerConfig configures a Server. The zero value deduplicates keyed
+// Config configures a Server. The zero value deduplicates keyed
 // unary requests in a default [MemoryStore], without identity scoping, and
 // passes every stream through.
-type ServerConfig struct {
+type Config struct {
 	// Store keeps the records; nil: NewMemoryStore(MemoryConfig{}).
 	// Several Servers (for example one per service of a process) may
 	// share a Store: keys are scoped by identity, and a record answers
@@ -47,7 +49,7 @@ type ServerConfig struct {
 	// NotStored lists the codes whose outcome is not stored, so that a
 	// retry executes the handler again; 0: DefaultNotStored. A handler
 	// that returns one of these codes must not have applied its effect.
-	NotStored CodeSet
+	NotStored idempotency.CodeSet
 	// Streams opts server-streaming methods in to deduplication: full
 	// method names ("/pkg.Svc/Method", the leading slash optional) or
 	// whole services ("/pkg.Svc/" or "pkg.Svc"), as in
@@ -66,120 +68,25 @@ type ServerConfig struct {
 	MaxStreamBytes int64
 }
 
-// DefaultMaxStreamBytes is the default of ServerConfig.MaxStreamBytes.
+// DefaultMaxStreamBytes is the default of Config.MaxStreamBytes.
 const DefaultMaxStreamBytes = 1 << 20
 
-// Server is the server side of idempotency keys: server interceptors that
-// run each keyed write once and answer its retries with the stored
-// outcome: every unary method, and the server-streaming methods that
-// ServerConfig.Streams opts in.
-//
-// For a unary request that carries idempotency-key metadata:
-//
-//   - An invalid key (empty, longer than MaxKeyLen, not printable ASCII
-//     without spaces, or several values) fails with codes.InvalidArgument
-//     before the handler runs.
-//   - The key is scoped by the caller's identity (ServerConfig.Identity)
-//     and bound to the method and a SHA-256 of the request (its
-//     deterministic protobuf serialization), its [Fingerprint].
-//   - First sight: the handler runs, and its outcome — response message
-//     bytes, status code, message and details, and the header and trailer
-//     metadata set inside this interceptor — is stored for the store's
-//     TTL. An outcome with a code in NotStored (by default retryable
-//     failures and Canceled), a handler panic, or a response that is not a
-//     protobuf message is not stored: the next attempt runs the handler
-//     again.
-//   - Same key while the first is running: the request waits for the first
-//     one's outcome, for as long as its own deadline allows
-//     (codes.DeadlineExceeded or codes.Canceled otherwise); the handler
-//     does not run twice. If the first one's outcome is not stored, one of
-//     the waiters runs the handler instead.
-//   - Same key after completion: the stored outcome is replayed (same
-//     response message, status, header and trailers) and the handler does
-//     not run.
-//   - Same key with another method or another request: codes.InvalidArgument
-//     before the handler runs; never someone else's response.
-//
-// A replayed response is rebuilt as a message of the method's output type,
-// found once per method in protoregistry.GlobalFiles and GlobalTypes (or,
-// for a method the registry does not know, learned from the handler's
-// first response in this process). Requests without the key pass straight
-// through, at the cost of one metadata lookup.
-//
-// To record header and trailers, the handler of a keyed request runs with
-// a context whose grpc.ServerTransportStream is wrapped; grpc's
-// SetSendCompressor and ClientSupportedCompressors do not work there.
-// grpc.SetHeader, SendHeader, SetTrailer and Method do. A replayed header
-// is set with grpc.SetHeader, and is lost if an interceptor outside this
-// one has already sent the header.
-//
-// # Streams
-//
-// [Server.Stream] deduplicates the streams of the server-streaming methods
-// (one request message, any number of responses) that ServerConfig.Streams
-// lists, and passes every other stream to the handler untouched: with no
-// Streams configured, at the cost of a function call; otherwise at the
-// cost of one lock-free, allocation-free cache lookup of the method name
-// (none for client-streaming and bidirectional methods), and no metadata
-// lookup.
-//
-// A keyed stream of an opted-in server-streaming method follows the unary
-// rules above (invalid key, identity scope, fingerprint, conflicts, wait,
-// NotStored, panics), with these differences:
-//
-//   - The interceptor reads the request message before the handler runs,
-//     as a message of the method's input type from protoregistry.GlobalFiles
-//     and GlobalTypes (a keyed stream of a method whose request type the
-//     registry does not know fails with codes.Internal; the handler does
-//     not run), and fingerprints it as for unary requests. An error
-//     receiving it is returned as the handler would have returned it.
-//   - First sight: the handler runs on a wrapped stream whose first RecvMsg
-//     yields the request already read (copied into the handler's message),
-//     and whose SendMsg forwards each response to the client and records
-//     its serialized bytes (each response is serialized twice: for the
-//     record and by grpc). The stored outcome is the list of responses in
-//     the order sent, the status, and the header and trailer metadata set
-//     on the stream (SetHeader, SendHeader, SetTrailer) or on its context
-//     (grpc.SetHeader and friends). A stream that fails after sending
-//     messages is stored with them, unless its code is in NotStored. An
-//     outcome is not stored either when the handler sent a message that
-//     is not a protobuf message (such as a grpc.PreparedMsg).
-//   - Recording limit: once the recorded responses outgrow
-//     ServerConfig.MaxStreamBytes, recording stops and what was recorded is
-//     dropped; the client still receives every message. If the outcome is
-//     one to store, a tombstone is stored in its place, exactly like a
-//     MemoryStore's oversized record: its replay is codes.Internal
-//     ("response stream was too large to keep for replay"), without
-//     messages or metadata. The request ran once and is not run again
-//     (Stats.Oversized counts these).
-//   - Replay: the stored header, then every stored response, rebuilt as a
-//     message of the method's output type (as for unary), then the stored
-//     trailer and status. The handler does not run. The header is set with
-//     the stream's SetHeader, and is lost if an interceptor outside this
-//     one has already sent it. The handler of a deduplicated stream runs
-//     with a wrapped transport stream in its context, as for unary.
-//
-// Client-streaming and bidirectional methods are passed through untouched
-// even when listed: their requests are not known before the handler runs,
-// so they cannot be fingerprinted before the key is claimed. Reading them
-// all first would change the method: it would hold a whole upload in
-// memory (or have to refuse large ones), and deadlock any bidirectional
-// protocol whose client waits for a response before it sends its next
-// request.
+// Server holds the deduplicating server interceptors: [Server.Unary] for
+// unary methods and [Server.Stream] for the server-streaming methods that
+// Config.Streams opts in. The package documentation says what each does
+// with a keyed request.
 //
 // Create a Server with [NewServer]; the zero Server is not usable. A
 // Server is safe for concurrent use.
 type Server struct {
 	store     Store
 	identity  func(context.Context) string
-	notStored CodeSet
+	notStored idempotency.CodeSet
 	methods   cowmap.Map[string, *methodInfo]
 
-	// streamServices and streamMethods are ServerConfig.Streams, parsed;
-	// streams is false when both are empty.
-	streams                       bool
-	streamServices, streamMethods map[string]bool
-	maxStreamBytes                int64
+	// streams is Config.Streams, parsed.
+	streams        protoreg.MethodSet
+	maxStreamBytes int64
 
 	hits, misses, waits, conflicts, invalid, notStoredN, storeErrors, oversized atomic.Uint64
 }
@@ -204,17 +111,18 @@ type Stats struct {
 	// refusing a new key while full of requests in flight.
 	StoreErrors uint64
 	// Oversized counts deduplicated streams whose responses outgrew
-	// ServerConfig.MaxStreamBytes and whose outcome was stored as a
+	// Config.MaxStreamBytes and whose outcome was stored as a
 	// tombstone.
 	Oversized uint64
-	// Evictions is the store's count of records dropped for room, when
-	// the store has an Evictions() uint64 method (MemoryStore does); 0
-	// otherwise.
-	Evictions uint64
 }
 
+// maxMethods bounds the per-method cache of a Server. Method names come
+// from the services a grpc.Server registers; the bound only keeps a
+// misbehaving caller from growing memory without limit.
+const maxMethods = 10_000
+
 // NewServer returns a Server configured by c.
-func NewServer(c ServerConfig) *Server {
+func NewServer(c Config) *Server {
 	s := &Server{store: c.Store, identity: c.Identity, notStored: c.NotStored}
 	if s.store == nil {
 		s.store = NewMemoryStore(MemoryConfig{})
@@ -222,9 +130,8 @@ func NewServer(c ServerConfig) *Server {
 	if s.notStored == 0 {
 		s.notStored = DefaultNotStored
 	}
-	s.methods.Max = maxCached
-	s.streamServices, s.streamMethods = parseMethodSet(c.Streams)
-	s.streams = len(s.streamServices)+len(s.streamMethods) > 0
+	s.methods.Max = maxMethods
+	s.streams = protoreg.ParseMethodSet(c.Streams)
 	s.maxStreamBytes = c.MaxStreamBytes
 	if s.maxStreamBytes <= 0 {
 		s.maxStreamBytes = DefaultMaxStreamBytes
@@ -234,7 +141,7 @@ func NewServer(c ServerConfig) *Server {
 
 // Stats returns the Server's counters.
 func (s *Server) Stats() Stats {
-	st := Stats{
+	return Stats{
 		Hits:        s.hits.Load(),
 		Misses:      s.misses.Load(),
 		Waits:       s.waits.Load(),
@@ -244,20 +151,16 @@ func (s *Server) Stats() Stats {
 		StoreErrors: s.storeErrors.Load(),
 		Oversized:   s.oversized.Load(),
 	}
-	if ev, ok := s.store.(interface{ Evictions() uint64 }); ok {
-		st.Evictions = ev.Evictions()
-	}
-	return st
 }
 
 // Unary returns the deduplicating unary server interceptor.
 func (s *Server) Unary() grpc.UnaryServerInterceptor { return s.unary }
 
 // Stream returns the stream server interceptor: it deduplicates the
-// server-streaming methods ServerConfig.Streams opts in, and passes every
+// server-streaming methods Config.Streams opts in, and passes every
 // other stream through untouched (see [Server]).
 func (s *Server) Stream() grpc.StreamServerInterceptor {
-	if !s.streams {
+	if s.streams.Empty() {
 		return passStream
 	}
 	return s.stream
@@ -268,7 +171,7 @@ func passStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler
 }
 
 func (s *Server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	key, ok, err := KeyFromIncoming(ctx)
+	key, ok, err := idempotency.KeyFromIncoming(ctx)
 	if !ok {
 		return handler(ctx, req)
 	}
@@ -278,12 +181,12 @@ func (s *Server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	}
 	msg, ok := req.(proto.Message)
 	if !ok {
-		return nil, status.Error(codes.Internal, "idempotency: the request of "+info.FullMethod+
+		return nil, status.Error(codes.Internal, "dedupe: the request of "+info.FullMethod+
 			" is not a protobuf message; it cannot be deduplicated")
 	}
 	fp := Fingerprint{Method: info.FullMethod}
 	if fp.RequestHash, err = hashRequest(msg); err != nil {
-		return nil, status.Error(codes.Internal, "idempotency: cannot serialize the request: "+err.Error())
+		return nil, status.Error(codes.Internal, "dedupe: cannot serialize the request: "+err.Error())
 	}
 	mi := s.method(info.FullMethod)
 	c, rec, err := s.claim(ctx, s.scope(ctx, key), fp)
@@ -328,7 +231,7 @@ func (s *Server) claim(ctx context.Context, scope string, fp Fingerprint) (Claim
 			}
 			if c.Record == nil {
 				s.storeErrors.Add(1)
-				return Claim{}, nil, status.Error(codes.Internal, "idempotency: the store answered DONE without a record")
+				return Claim{}, nil, status.Error(codes.Internal, "dedupe: the store answered DONE without a record")
 			}
 			s.hits.Add(1)
 			return Claim{}, c.Record, nil
@@ -351,7 +254,7 @@ func (s *Server) claim(ctx context.Context, scope string, fp Fingerprint) (Claim
 			// Released without an outcome: claim again, and maybe run it.
 		default:
 			s.storeErrors.Add(1)
-			return Claim{}, nil, status.Error(codes.Internal, "idempotency: store answered "+c.State.String())
+			return Claim{}, nil, status.Error(codes.Internal, "dedupe: store answered "+c.State.String())
 		}
 	}
 }
@@ -359,10 +262,10 @@ func (s *Server) claim(ctx context.Context, scope string, fp Fingerprint) (Claim
 func (s *Server) conflict(fp, holder Fingerprint) error {
 	s.conflicts.Add(1)
 	if fp.Method != holder.Method {
-		return status.Error(codes.InvalidArgument, "idempotency: this "+MetadataKey+
+		return status.Error(codes.InvalidArgument, "dedupe: this "+idempotency.MetadataKey+
 			" was already used for another method; a new request needs a new key")
 	}
-	return status.Error(codes.InvalidArgument, "idempotency: this "+MetadataKey+
+	return status.Error(codes.InvalidArgument, "dedupe: this "+idempotency.MetadataKey+
 		" was already used with a different request to this method; a new request needs a new key")
 }
 
@@ -427,7 +330,7 @@ func (s *Server) release(ctx context.Context, c Claim) {
 func (s *Server) replay(ctx context.Context, mi *methodInfo, fp Fingerprint, rec *Record) (any, error) {
 	if rec == nil || rec.Fingerprint != fp {
 		s.storeErrors.Add(1)
-		return nil, status.Error(codes.Internal, "idempotency: the store answered with a record of another request")
+		return nil, status.Error(codes.Internal, "dedupe: the store answered with a record of another request")
 	}
 	// Best effort: see the Server doc.
 	_ = grpc.SetHeader(ctx, rec.Header)
@@ -437,12 +340,12 @@ func (s *Server) replay(ctx context.Context, mi *methodInfo, fp Fingerprint, rec
 	}
 	mt := mi.outType()
 	if mt == nil {
-		return nil, status.Error(codes.Internal, "idempotency: cannot rebuild the stored response of "+
+		return nil, status.Error(codes.Internal, "dedupe: cannot rebuild the stored response of "+
 			fp.Method+": its output type is unknown to the protobuf registry")
 	}
 	m := mt.New().Interface()
 	if err := proto.Unmarshal(rec.Response, m); err != nil {
-		return nil, status.Error(codes.Internal, "idempotency: cannot rebuild the stored response: "+err.Error())
+		return nil, status.Error(codes.Internal, "dedupe: cannot rebuild the stored response: "+err.Error())
 	}
 	return m, nil
 }
@@ -465,13 +368,13 @@ func storeError(err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return status.FromContextError(err).Err()
 	}
-	return status.Error(codes.Unavailable, "idempotency: store: "+err.Error())
+	return status.Error(codes.Unavailable, "dedupe: store: "+err.Error())
 }
 
 // methodInfo is what the server knows of one method, resolved once.
 type methodInfo struct {
 	out atomic.Pointer[outType]
-	// stream is true when ServerConfig.Streams lists the method (or its
+	// stream is true when Config.Streams lists the method (or its
 	// service): its server streams are deduplicated.
 	stream bool
 	// in is the request type of a method listed in Streams, from the
@@ -507,13 +410,12 @@ func (s *Server) method(full string) *methodInfo {
 // and whether (and with what request type) its streams are deduplicated.
 func (s *Server) resolveMethod(full string) *methodInfo {
 	mi := &methodInfo{}
-	if mt := ResponseType(full); mt != nil {
+	if mt := protoreg.ResponseType(full); mt != nil {
 		mi.out.Store(&outType{mt})
 	}
-	svc, _, ok := splitMethod(full)
-	mi.stream = s.streamMethods[full] || (ok && s.streamServices[svc])
+	mi.stream = s.streams.Has(full)
 	if mi.stream {
-		mi.in = requestType(full)
+		mi.in = protoreg.RequestType(full)
 	}
 	return mi
 }

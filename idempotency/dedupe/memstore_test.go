@@ -1,4 +1,4 @@
-package idempotency_test
+package dedupe_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/idempotency/dedupe"
 )
 
 type fakeClock struct {
@@ -36,61 +37,61 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.t = c.t.Add(d)
 }
 
-func fingerprint(method, req string) idempotency.Fingerprint {
-	return idempotency.Fingerprint{Method: method, RequestHash: sha256.Sum256([]byte(req))}
+func fingerprint(method, req string) dedupe.Fingerprint {
+	return dedupe.Fingerprint{Method: method, RequestHash: sha256.Sum256([]byte(req))}
 }
 
-func okRecord(fp idempotency.Fingerprint, resp string) *idempotency.Record {
-	return &idempotency.Record{Fingerprint: fp, Response: []byte(resp), Trailer: metadata.Pairs("x-receipt", resp)}
+func okRecord(fp dedupe.Fingerprint, resp string) *dedupe.Record {
+	return &dedupe.Record{Fingerprint: fp, Response: []byte(resp), Trailer: metadata.Pairs("x-receipt", resp)}
 }
 
 var bg = context.Background()
 
 // claimComplete claims scope and completes it with a record of resp.
-func claimComplete(t testing.TB, s idempotency.Store, scope string, fp idempotency.Fingerprint, resp string) {
+func claimComplete(t testing.TB, s dedupe.Store, scope string, fp dedupe.Fingerprint, resp string) {
 	t.Helper()
 	c, err := s.Claim(bg, scope, fp)
 	require.NoError(t, err)
-	require.Equal(t, idempotency.Owned, c.State, scope)
+	require.Equal(t, dedupe.Owned, c.State, scope)
 	require.NoError(t, s.Complete(bg, c, okRecord(fp, resp)))
 }
 
 func TestMemoryStoreClaimCompleteReplay(t *testing.T) {
-	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{})
+	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{})
 	fp := fingerprint("/p.S/Charge", "req")
 
 	c, err := s.Claim(bg, "k", fp)
 	require.NoError(t, err)
-	assert.Equal(t, idempotency.Owned, c.State)
+	assert.Equal(t, dedupe.Owned, c.State)
 	assert.Equal(t, fp, c.Holder)
-	assert.Equal(t, idempotency.MemoryStats{Entries: 1, InFlight: 1, Bytes: idempotency.EntryOverhead + 1 + 11}, s.Stats())
+	assert.Equal(t, dedupe.MemoryStats{Entries: 1, InFlight: 1, Bytes: dedupe.EntryOverhead + 1 + 11}, s.Stats())
 
 	// A duplicate, even of another request, sees it in flight with its holder.
 	other := fingerprint("/p.S/Refund", "x")
 	dup, err := s.Claim(bg, "k", other)
 	require.NoError(t, err)
-	assert.Equal(t, idempotency.InFlight, dup.State)
+	assert.Equal(t, dedupe.InFlight, dup.State)
 	assert.Equal(t, fp, dup.Holder)
 
 	rec := okRecord(fp, "resp")
 	require.NoError(t, s.Complete(bg, c, rec))
 	done, err := s.Claim(bg, "k", fp)
 	require.NoError(t, err)
-	assert.Equal(t, idempotency.Done, done.State)
+	assert.Equal(t, dedupe.Done, done.State)
 	assert.Equal(t, fp, done.Holder)
 	assert.Same(t, rec, done.Record)
 	st := s.Stats()
 	assert.Equal(t, 1, st.Entries)
 	assert.Zero(t, st.InFlight)
-	assert.Equal(t, idempotency.EntryOverhead+1+11+rec.Size(), st.Bytes)
+	assert.Equal(t, dedupe.EntryOverhead+1+11+rec.Size(), st.Bytes)
 
 	// The claim is finished: it cannot be completed or released again.
 	assert.Equal(t, codes.Internal, status.Code(s.Complete(bg, c, rec)))
 	assert.Equal(t, codes.Internal, status.Code(s.Release(bg, c)))
 	// Only owned claims of this store complete.
 	assert.Equal(t, codes.Internal, status.Code(s.Complete(bg, done, rec)))
-	assert.Equal(t, codes.Internal, status.Code(s.Release(bg, idempotency.Claim{State: idempotency.Owned, Token: "x"})))
-	c2, err := idempotency.NewMemoryStore(idempotency.MemoryConfig{}).Claim(bg, "k2", fp)
+	assert.Equal(t, codes.Internal, status.Code(s.Release(bg, dedupe.Claim{State: dedupe.Owned, Token: "x"})))
+	c2, err := dedupe.NewMemoryStore(dedupe.MemoryConfig{}).Claim(bg, "k2", fp)
 	require.NoError(t, err)
 	assert.Equal(t, codes.Internal, status.Code(s.Complete(bg, c2, rec)))
 	_, err = s.Wait(bg, c2)
@@ -98,7 +99,7 @@ func TestMemoryStoreClaimCompleteReplay(t *testing.T) {
 }
 
 func TestMemoryStoreCompleteChecksRecord(t *testing.T) {
-	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{})
+	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{})
 	fp := fingerprint("/p.S/Charge", "req")
 	c, err := s.Claim(bg, "k", fp)
 	require.NoError(t, err)
@@ -106,24 +107,24 @@ func TestMemoryStoreCompleteChecksRecord(t *testing.T) {
 	assert.Equal(t, codes.Internal, status.Code(s.Complete(bg, c, okRecord(fingerprint("/p.S/Charge", "other"), "x"))))
 	// Still owned: it can be released.
 	require.NoError(t, s.Release(bg, c))
-	assert.Equal(t, idempotency.MemoryStats{}, s.Stats())
+	assert.Equal(t, dedupe.MemoryStats{}, s.Stats())
 }
 
 func TestMemoryStoreRelease(t *testing.T) {
-	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{})
+	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{})
 	fp := fingerprint("/p.S/Charge", "req")
 	c, err := s.Claim(bg, "k", fp)
 	require.NoError(t, err)
 	require.NoError(t, s.Release(bg, c))
-	assert.Equal(t, idempotency.MemoryStats{}, s.Stats())
+	assert.Equal(t, dedupe.MemoryStats{}, s.Stats())
 	// The next attempt owns it again.
 	c, err = s.Claim(bg, "k", fp)
 	require.NoError(t, err)
-	assert.Equal(t, idempotency.Owned, c.State)
+	assert.Equal(t, dedupe.Owned, c.State)
 }
 
 func TestMemoryStoreWait(t *testing.T) {
-	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{})
+	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{})
 	fp := fingerprint("/p.S/Charge", "req")
 
 	t.Run("completed", func(t *testing.T) {
@@ -131,7 +132,7 @@ func TestMemoryStoreWait(t *testing.T) {
 		require.NoError(t, err)
 		dup, err := s.Claim(bg, "done", fp)
 		require.NoError(t, err)
-		got := make(chan *idempotency.Record)
+		got := make(chan *dedupe.Record)
 		go func() {
 			rec, err := s.Wait(bg, dup)
 			assert.NoError(t, err)
@@ -150,7 +151,7 @@ func TestMemoryStoreWait(t *testing.T) {
 		require.NoError(t, err)
 		dup, err := s.Claim(bg, "rel", fp)
 		require.NoError(t, err)
-		got := make(chan *idempotency.Record)
+		got := make(chan *dedupe.Record)
 		go func() {
 			rec, err := s.Wait(bg, dup)
 			assert.NoError(t, err)
@@ -175,7 +176,7 @@ func TestMemoryStoreWait(t *testing.T) {
 		require.NoError(t, s.Release(bg, owner))
 	})
 	t.Run("record survives eviction", func(t *testing.T) {
-		small := idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxEntries: 1})
+		small := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 1})
 		owner, err := small.Claim(bg, "a", fp)
 		require.NoError(t, err)
 		dup, err := small.Claim(bg, "a", fp)
@@ -191,11 +192,11 @@ func TestMemoryStoreWait(t *testing.T) {
 }
 
 func TestMemoryStoreConcurrentClaimOneOwner(t *testing.T) {
-	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{})
+	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{})
 	fp := fingerprint("/p.S/Charge", "req")
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	states := map[idempotency.ClaimState]int{}
+	states := map[dedupe.ClaimState]int{}
 	for range 50 {
 		wg.Go(func() {
 			c, err := s.Claim(bg, "k", fp)
@@ -206,12 +207,12 @@ func TestMemoryStoreConcurrentClaimOneOwner(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	assert.Equal(t, map[idempotency.ClaimState]int{idempotency.Owned: 1, idempotency.InFlight: 49}, states)
+	assert.Equal(t, map[dedupe.ClaimState]int{dedupe.Owned: 1, dedupe.InFlight: 49}, states)
 }
 
 func TestMemoryStoreTTL(t *testing.T) {
 	clock := newClock()
-	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{TTL: time.Hour, Now: clock.Now})
+	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{TTL: time.Hour, Now: clock.Now})
 	fp := fingerprint("/p.S/Charge", "req")
 	claimComplete(t, s, "a", fp, "r")
 	clock.Advance(30 * time.Minute)
@@ -221,12 +222,12 @@ func TestMemoryStoreTTL(t *testing.T) {
 	clock.Advance(29*time.Minute + 59*time.Second)
 	c, err := s.Claim(bg, "a", fp)
 	require.NoError(t, err)
-	assert.Equal(t, idempotency.Done, c.State)
+	assert.Equal(t, dedupe.Done, c.State)
 
 	clock.Advance(time.Second) // a is exactly TTL old
 	c, err = s.Claim(bg, "a", fp)
 	require.NoError(t, err)
-	assert.Equal(t, idempotency.Owned, c.State, "expired: first sight again")
+	assert.Equal(t, dedupe.Owned, c.State, "expired: first sight again")
 	require.NoError(t, s.Release(bg, c))
 	st := s.Stats()
 	assert.Equal(t, uint64(1), st.Expirations)
@@ -237,37 +238,37 @@ func TestMemoryStoreTTL(t *testing.T) {
 	c, err = s.Claim(bg, "z", fp)
 	require.NoError(t, err)
 	require.NoError(t, s.Release(bg, c))
-	assert.Equal(t, idempotency.MemoryStats{Expirations: 2}, s.Stats())
+	assert.Equal(t, dedupe.MemoryStats{Expirations: 2}, s.Stats())
 }
 
 func TestMemoryStoreLRU(t *testing.T) {
-	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxEntries: 3})
+	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 3})
 	fp := fingerprint("/p.S/Charge", "req")
 	for _, k := range []string{"a", "b", "c"} {
 		claimComplete(t, s, k, fp, k)
 	}
 	c, err := s.Claim(bg, "a", fp) // a hit makes a recently used
 	require.NoError(t, err)
-	require.Equal(t, idempotency.Done, c.State)
+	require.Equal(t, dedupe.Done, c.State)
 
 	claimComplete(t, s, "d", fp, "d") // evicts b, the least recently used
-	state := func(k string) idempotency.ClaimState {
+	state := func(k string) dedupe.ClaimState {
 		c, err := s.Claim(bg, k, fp)
 		require.NoError(t, err)
-		if c.State == idempotency.Owned {
+		if c.State == dedupe.Owned {
 			require.NoError(t, s.Release(bg, c))
 		}
 		return c.State
 	}
-	assert.Equal(t, idempotency.Done, state("a"))
-	assert.Equal(t, idempotency.Done, state("c"))
-	assert.Equal(t, idempotency.Done, state("d"))
-	assert.Equal(t, idempotency.Owned, state("b"))
+	assert.Equal(t, dedupe.Done, state("a"))
+	assert.Equal(t, dedupe.Done, state("c"))
+	assert.Equal(t, dedupe.Done, state("d"))
+	assert.Equal(t, dedupe.Owned, state("b"))
 	assert.Equal(t, uint64(2), s.Stats().Evictions) // b for d, then a (now least recently used) for the probe of b
 }
 
 func TestMemoryStoreInFlightNeverEvicted(t *testing.T) {
-	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxEntries: 2})
+	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 2})
 	fp := fingerprint("/p.S/Charge", "req")
 	a, err := s.Claim(bg, "a", fp)
 	require.NoError(t, err)
@@ -276,23 +277,23 @@ func TestMemoryStoreInFlightNeverEvicted(t *testing.T) {
 
 	_, err = s.Claim(bg, "c", fp)
 	assert.Equal(t, codes.ResourceExhausted, status.Code(err))
-	assert.Equal(t, idempotency.MemoryStats{Entries: 2, InFlight: 2, Bytes: 2 * (idempotency.EntryOverhead + 1 + 11), Busy: 1}, s.Stats())
+	assert.Equal(t, dedupe.MemoryStats{Entries: 2, InFlight: 2, Bytes: 2 * (dedupe.EntryOverhead + 1 + 11), Busy: 1}, s.Stats())
 
 	// Once a completes, it is the one evicted for c; b stays in flight.
 	require.NoError(t, s.Complete(bg, a, okRecord(fp, "a")))
 	c, err := s.Claim(bg, "c", fp)
 	require.NoError(t, err)
-	assert.Equal(t, idempotency.Owned, c.State)
+	assert.Equal(t, dedupe.Owned, c.State)
 	dup, err := s.Claim(bg, "b", fp)
 	require.NoError(t, err)
-	assert.Equal(t, idempotency.InFlight, dup.State)
+	assert.Equal(t, dedupe.InFlight, dup.State)
 	require.NoError(t, s.Complete(bg, b, okRecord(fp, "b")))
 	require.NoError(t, s.Release(bg, c))
 }
 
 func TestMemoryStoreBytesBound(t *testing.T) {
 	const maxBytes = 8 << 10
-	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxBytes: maxBytes})
+	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxBytes: maxBytes})
 	fp := fingerprint("/p.S/Charge", "req")
 	big := string(make([]byte, 1500))
 	for i := range 100 {
@@ -308,7 +309,7 @@ func TestMemoryStoreBytesBound(t *testing.T) {
 
 func TestMemoryStoreOversizedRecord(t *testing.T) {
 	const maxBytes = 4 << 10
-	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxBytes: maxBytes})
+	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxBytes: maxBytes})
 	fp := fingerprint("/p.S/Charge", "req")
 	claimComplete(t, s, "small", fp, "ok")
 
@@ -323,7 +324,7 @@ func TestMemoryStoreOversizedRecord(t *testing.T) {
 	// The key is not free again: the request ran; its replay is a tombstone.
 	c, err = s.Claim(bg, "huge", fp)
 	require.NoError(t, err)
-	require.Equal(t, idempotency.Done, c.State)
+	require.Equal(t, dedupe.Done, c.State)
 	assert.Equal(t, codes.Internal, c.Record.Code)
 	assert.Contains(t, c.Record.Message, "too large")
 	assert.Empty(t, c.Record.Response)
@@ -331,17 +332,17 @@ func TestMemoryStoreOversizedRecord(t *testing.T) {
 }
 
 func TestMemoryStoreRecordDoesNotFitBesideInFlight(t *testing.T) {
-	inflight := int64(idempotency.EntryOverhead + 1 + 11)
-	s := idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxBytes: 2*inflight + 100})
+	inflight := int64(dedupe.EntryOverhead + 1 + 11)
+	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxBytes: 2*inflight + 100})
 	fp := fingerprint("/p.S/Charge", "req")
 	a, err := s.Claim(bg, "a", fp)
 	require.NoError(t, err)
 	b, err := s.Claim(bg, "b", fp)
 	require.NoError(t, err)
 	// 150 bytes would fit alone, not beside b, which is never evicted.
-	require.NoError(t, s.Complete(bg, a, &idempotency.Record{Fingerprint: fp, Response: make([]byte, 150)}))
+	require.NoError(t, s.Complete(bg, a, &dedupe.Record{Fingerprint: fp, Response: make([]byte, 150)}))
 	assert.Equal(t, uint64(1), s.Stats().Oversized)
-	require.NoError(t, s.Complete(bg, b, &idempotency.Record{Fingerprint: fp, Response: make([]byte, 90)}))
+	require.NoError(t, s.Complete(bg, b, &dedupe.Record{Fingerprint: fp, Response: make([]byte, 90)}))
 	st := s.Stats()
 	assert.Equal(t, uint64(1), st.Oversized)
 	assert.Equal(t, 2*inflight+90, st.Bytes)
@@ -360,10 +361,10 @@ func TestMemoryStoreFlood(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const keys, maxEntries, workers = 100_000, 10_000, 8
-			s := idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxEntries: maxEntries, MaxBytes: tc.maxBytes})
+			s := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: maxEntries, MaxBytes: tc.maxBytes})
 			maxBytes := tc.maxBytes
 			if maxBytes == 0 {
-				maxBytes = idempotency.DefaultMaxBytes
+				maxBytes = dedupe.DefaultMaxBytes
 			}
 			fp := fingerprint("/echo.v1.EchoService/Charge", "req")
 			var wg sync.WaitGroup
@@ -372,7 +373,7 @@ func TestMemoryStoreFlood(t *testing.T) {
 					for i := w; i < keys; i += workers {
 						key := idempotency.NewKey()
 						c, err := s.Claim(bg, key, fp)
-						if err != nil || c.State != idempotency.Owned {
+						if err != nil || c.State != dedupe.Owned {
 							t.Errorf("claim %d: %v %v", i, c.State, err)
 							return
 						}
@@ -405,14 +406,14 @@ func TestMemoryStoreFlood(t *testing.T) {
 }
 
 func TestClaimStateString(t *testing.T) {
-	assert.Equal(t, "OWNED", idempotency.Owned.String())
-	assert.Equal(t, "IN_FLIGHT", idempotency.InFlight.String())
-	assert.Equal(t, "DONE", idempotency.Done.String())
-	assert.Equal(t, "ClaimState(7)", idempotency.ClaimState(7).String())
+	assert.Equal(t, "OWNED", dedupe.Owned.String())
+	assert.Equal(t, "IN_FLIGHT", dedupe.InFlight.String())
+	assert.Equal(t, "DONE", dedupe.Done.String())
+	assert.Equal(t, "ClaimState(7)", dedupe.ClaimState(7).String())
 }
 
 func TestRecordSize(t *testing.T) {
-	r := &idempotency.Record{
+	r := &dedupe.Record{
 		Response: make([]byte, 10),
 		Message:  "abc",
 		Header:   metadata.Pairs("k", "vv"),
@@ -422,15 +423,15 @@ func TestRecordSize(t *testing.T) {
 }
 
 func TestRecordSizeCountsStreamResponses(t *testing.T) {
-	r := &idempotency.Record{Responses: [][]byte{make([]byte, 10), nil, make([]byte, 5)}, Message: "ab"}
-	assert.Equal(t, int64(10+0+5+3*idempotency.ResponseOverhead+2), r.Size())
+	r := &dedupe.Record{Responses: [][]byte{make([]byte, 10), nil, make([]byte, 5)}, Message: "ab"}
+	assert.Equal(t, int64(10+0+5+3*dedupe.ResponseOverhead+2), r.Size())
 
 	// A MemoryStore counts them against its bounds like any other bytes.
-	m := idempotency.NewMemoryStore(idempotency.MemoryConfig{})
-	fp := idempotency.Fingerprint{Method: "/p.S/M"}
+	m := dedupe.NewMemoryStore(dedupe.MemoryConfig{})
+	fp := dedupe.Fingerprint{Method: "/p.S/M"}
 	c, err := m.Claim(context.Background(), "k", fp)
 	require.NoError(t, err)
 	r.Fingerprint = fp
 	require.NoError(t, m.Complete(context.Background(), c, r))
-	assert.Equal(t, idempotency.EntryOverhead+1+6+r.Size(), m.Stats().Bytes)
+	assert.Equal(t, dedupe.EntryOverhead+1+6+r.Size(), m.Stats().Bytes)
 }

@@ -1,4 +1,4 @@
-package idempotency
+package dedupe
 
 import (
 	"context"
@@ -179,14 +179,6 @@ func (m *MemoryStore) Stats() MemoryStats {
 	return s
 }
 
-// Evictions returns how many completed entries were dropped for room
-// before their TTL (as in Stats).
-func (m *MemoryStore) Evictions() uint64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.stats.Evictions
-}
-
 // Claim implements [Store]. It fails with codes.ResourceExhausted when a
 // new key does not fit because the bounds are taken by in-flight entries.
 func (m *MemoryStore) Claim(_ context.Context, scope string, fp Fingerprint) (Claim, error) {
@@ -211,7 +203,7 @@ func (m *MemoryStore) Claim(_ context.Context, scope string, fp Fingerprint) (Cl
 	for len(m.entries)+1 > m.maxEntries || m.bytes+size > m.maxBytes {
 		if !m.evictOldestLocked() {
 			m.stats.Busy++
-			return Claim{}, status.Error(codes.ResourceExhausted, "idempotency: store full of requests in flight ("+
+			return Claim{}, status.Error(codes.ResourceExhausted, "dedupe: store full of requests in flight ("+
 				strconv.Itoa(m.inFlight)+" entries); try again later")
 		}
 	}
@@ -223,13 +215,13 @@ func (m *MemoryStore) Claim(_ context.Context, scope string, fp Fingerprint) (Cl
 }
 
 // tooLarge is the message of a tombstone's replay.
-const tooLarge = "idempotency: this request was executed, but its response was too large to keep for replay; it is not executed again"
+const tooLarge = "dedupe: this request was executed, but its response was too large to keep for replay; it is not executed again"
 
 // Complete implements [Store]. A record that does not fit is replaced by a
 // tombstone (see MemoryStore).
 func (m *MemoryStore) Complete(_ context.Context, c Claim, rec *Record) error {
 	if rec == nil {
-		return status.Error(codes.Internal, "idempotency: Complete with a nil record")
+		return status.Error(codes.Internal, "dedupe: Complete with a nil record")
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -238,7 +230,7 @@ func (m *MemoryStore) Complete(_ context.Context, c Claim, rec *Record) error {
 		return err
 	}
 	if rec.Fingerprint != e.fp {
-		return status.Error(codes.Internal, "idempotency: Complete with a record for another request")
+		return status.Error(codes.Internal, "dedupe: Complete with a record for another request")
 	}
 	now := m.now()
 	m.expireLocked(now)
@@ -291,7 +283,7 @@ func (m *MemoryStore) Release(_ context.Context, c Claim) error {
 func (m *MemoryStore) Wait(ctx context.Context, c Claim) (*Record, error) {
 	e, ok := c.Token.(*entry)
 	if !ok || e == nil || e.store != m {
-		return nil, status.Error(codes.Internal, "idempotency: Wait with a claim of another store")
+		return nil, status.Error(codes.Internal, "dedupe: Wait with a claim of another store")
 	}
 	m.mu.Lock()
 	if e.state != inFlight {
@@ -318,10 +310,10 @@ func (m *MemoryStore) Wait(ctx context.Context, c Claim) (*Record, error) {
 func (m *MemoryStore) ownedLocked(c Claim) (*entry, error) {
 	e, ok := c.Token.(*entry)
 	if !ok || e == nil || e.store != m || c.State != Owned {
-		return nil, status.Error(codes.Internal, "idempotency: not an owned claim of this store")
+		return nil, status.Error(codes.Internal, "dedupe: not an owned claim of this store")
 	}
 	if e.state != inFlight {
-		return nil, status.Error(codes.Internal, "idempotency: claim already completed or released")
+		return nil, status.Error(codes.Internal, "dedupe: claim already completed or released")
 	}
 	return e, nil
 }

@@ -1,4 +1,4 @@
-package idempotency_test
+package dedupe_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
@@ -31,7 +32,7 @@ var (
 func benchHandler(context.Context, any) (any, error) { return benchResp, nil }
 
 func BenchmarkServerNoKey(b *testing.B) {
-	u := idempotency.NewServer(idempotency.ServerConfig{}).Unary()
+	u := dedupe.NewServer(dedupe.Config{}).Unary()
 	ctx := benchCtx(metadata.Pairs("x-request-id", "1", "user-agent", "bench"))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -42,7 +43,7 @@ func BenchmarkServerNoKey(b *testing.B) {
 }
 
 func BenchmarkServerHit(b *testing.B) {
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{})
 	u := s.Unary()
 	ctx := benchCtx(metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey(), "user-agent", "bench"))
 	if _, err := u(ctx, benchReq, benchInfo, benchHandler); err != nil {
@@ -64,7 +65,7 @@ func BenchmarkServerHit(b *testing.B) {
 // completing it evicts the least recently used record, the steady state
 // of a full store.
 func BenchmarkServerMiss(b *testing.B) {
-	s := idempotency.NewServer(idempotency.ServerConfig{Store: idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxEntries: 1024})})
+	s := dedupe.NewServer(dedupe.Config{Store: dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 1024})})
 	u := s.Unary()
 	ctxs := make([]context.Context, 4096)
 	for i := range ctxs {
@@ -86,10 +87,10 @@ func BenchmarkServerMiss(b *testing.B) {
 // The same over real grpc on bufconn, end to end (client, transport,
 // server), for scale.
 
-func benchClient(b *testing.B, dedupe bool) echov1.EchoServiceClient {
+func benchClient(b *testing.B, withDedupe bool) echov1.EchoServiceClient {
 	var opts []grpc.ServerOption
-	if dedupe {
-		opts = dedupeOpts(idempotency.NewServer(idempotency.ServerConfig{}))
+	if withDedupe {
+		opts = dedupeOpts(dedupe.NewServer(dedupe.Config{}))
 	}
 	return startEcho(b, origin.New(nil), opts)
 }
@@ -155,8 +156,8 @@ func noopStreamHandler(any, grpc.ServerStream) error { return nil }
 
 // benchStream runs the stream interceptor of c on a List stream with
 // incoming md, b.N times, and checks that each call sent want responses.
-func benchStream(b *testing.B, c idempotency.ServerConfig, md metadata.MD, h grpc.StreamHandler, want int) *idempotency.Server {
-	s := idempotency.NewServer(c)
+func benchStream(b *testing.B, c dedupe.Config, md metadata.MD, h grpc.StreamHandler, want int) *dedupe.Server {
+	s := dedupe.NewServer(c)
 	st := s.Stream()
 	ctx := grpc.NewContextWithServerTransportStream(metadata.NewIncomingContext(context.Background(), md), &fakeStream{method: listMethod})
 	f := &fakeServerStream{ctx: ctx, req: benchListReq}
@@ -179,32 +180,32 @@ func benchStream(b *testing.B, c idempotency.ServerConfig, md metadata.MD, h grp
 
 // BenchmarkStreamPassThrough: no Streams configured; a keyed stream.
 func BenchmarkStreamPassThrough(b *testing.B) {
-	benchStream(b, idempotency.ServerConfig{}, metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey()), noopStreamHandler, 0)
+	benchStream(b, dedupe.Config{}, metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey()), noopStreamHandler, 0)
 }
 
 // BenchmarkStreamNotOptedIn: Streams lists other methods; a keyed List
 // passes through.
 func BenchmarkStreamNotOptedIn(b *testing.B) {
-	c := idempotency.ServerConfig{Streams: []string{"/other.v1.Svc/", echov1.EchoService_Chat_FullMethodName}}
+	c := dedupe.Config{Streams: []string{"/other.v1.Svc/", echov1.EchoService_Chat_FullMethodName}}
 	benchStream(b, c, metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey()), noopStreamHandler, 0)
 }
 
 // BenchmarkStreamNoKey: List is opted in; the stream carries no key.
 func BenchmarkStreamNoKey(b *testing.B) {
-	c := idempotency.ServerConfig{Streams: []string{listMethod}}
+	c := dedupe.Config{Streams: []string{listMethod}}
 	benchStream(b, c, metadata.Pairs("x-request-id", "1", "user-agent", "bench"), noopStreamHandler, 0)
 }
 
 // BenchmarkStreamHandlerAlone is the bench List handler without
 // deduplication (no Streams), for comparison with a hit, which replaces it.
 func BenchmarkStreamHandlerAlone(b *testing.B) {
-	benchStream(b, idempotency.ServerConfig{}, nil, benchListHandler, benchListCount)
+	benchStream(b, dedupe.Config{}, nil, benchListHandler, benchListCount)
 }
 
 // BenchmarkStreamHit: every call after the first is a replay of its 3
 // responses; the handler must not run.
 func BenchmarkStreamHit(b *testing.B) {
-	c := idempotency.ServerConfig{Streams: []string{listMethod}}
+	c := dedupe.Config{Streams: []string{listMethod}}
 	ran := false
 	h := func(srv any, ss grpc.ServerStream) error {
 		if ran {
@@ -223,9 +224,9 @@ func BenchmarkStreamHit(b *testing.B) {
 // each completion evicts the least recently used record): read, claim,
 // run and record.
 func BenchmarkStreamMiss(b *testing.B) {
-	s := idempotency.NewServer(idempotency.ServerConfig{
+	s := dedupe.NewServer(dedupe.Config{
 		Streams: []string{listMethod},
-		Store:   idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxEntries: 1024}),
+		Store:   dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 1024}),
 	})
 	st := s.Stream()
 	ctxs := make([]context.Context, 4096)
@@ -277,7 +278,7 @@ func BenchmarkBufconnStreamNoDedupe(b *testing.B) {
 }
 
 func BenchmarkBufconnStreamHit(b *testing.B) {
-	s := idempotency.NewServer(idempotency.ServerConfig{Streams: []string{listMethod}})
+	s := dedupe.NewServer(dedupe.Config{Streams: []string{listMethod}})
 	benchList(b, startEcho(b, origin.New(nil), dedupeOpts(s)), keyed(context.Background(), idempotency.NewKey()))
 	if st := s.Stats(); st.Misses != 1 {
 		b.Fatalf("%+v", st)
