@@ -24,6 +24,16 @@ type Server struct {
 }
 
 // NewServer returns a Server configured by opts. Nil options are ignored.
+//
+// By default it deduplicates keyed writes with dedupe.NewServer(dedupe.Config{}),
+// which scopes idempotency keys by caller (TLS client certificate, or
+// authorization metadata) and refuses a keyed request to a deduplicated
+// method from a caller without identity with codes.FailedPrecondition,
+// before the handler runs. A server whose callers are all trusted and
+// unauthenticated (plaintext on a private network) opts in to one shared
+// key space explicitly:
+//
+//	interceptor.NewServer(interceptor.WithDedupe(dedupe.NewServer(dedupe.Config{AllowAnonymous: true})))
 func NewServer(opts ...ServerOption) *Server {
 	var o serverOptions
 	for _, opt := range opts {

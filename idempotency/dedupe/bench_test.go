@@ -32,7 +32,7 @@ var (
 func benchHandler(context.Context, any) (any, error) { return benchResp, nil }
 
 func BenchmarkServerNoKey(b *testing.B) {
-	u := dedupe.NewServer(dedupe.Config{}).Unary()
+	u := dedupe.NewServer(dedupe.Config{AllowAnonymous: true}).Unary()
 	ctx := benchCtx(metadata.Pairs("x-request-id", "1", "user-agent", "bench"))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -43,7 +43,7 @@ func BenchmarkServerNoKey(b *testing.B) {
 }
 
 func BenchmarkServerHit(b *testing.B) {
-	s := dedupe.NewServer(dedupe.Config{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	u := s.Unary()
 	ctx := benchCtx(metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey(), "user-agent", "bench"))
 	if _, err := u(ctx, benchReq, benchInfo, benchHandler); err != nil {
@@ -65,7 +65,7 @@ func BenchmarkServerHit(b *testing.B) {
 // completing it evicts the least recently used record, the steady state
 // of a full store.
 func BenchmarkServerMiss(b *testing.B) {
-	s := dedupe.NewServer(dedupe.Config{Store: dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 1024})})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 1024})})
 	u := s.Unary()
 	ctxs := make([]context.Context, 4096)
 	for i := range ctxs {
@@ -90,7 +90,7 @@ func BenchmarkServerMiss(b *testing.B) {
 func benchClient(b *testing.B, withDedupe bool) echov1.EchoServiceClient {
 	var opts []grpc.ServerOption
 	if withDedupe {
-		opts = dedupeOpts(dedupe.NewServer(dedupe.Config{}))
+		opts = dedupeOpts(dedupe.NewServer(dedupe.Config{AllowAnonymous: true}))
 	}
 	return startEcho(b, origin.New(nil), opts)
 }
@@ -180,32 +180,32 @@ func benchStream(b *testing.B, c dedupe.Config, md metadata.MD, h grpc.StreamHan
 
 // BenchmarkStreamPassThrough: no Streams configured; a keyed stream.
 func BenchmarkStreamPassThrough(b *testing.B) {
-	benchStream(b, dedupe.Config{}, metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey()), noopStreamHandler, 0)
+	benchStream(b, dedupe.Config{AllowAnonymous: true}, metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey()), noopStreamHandler, 0)
 }
 
 // BenchmarkStreamNotOptedIn: Streams lists other methods; a keyed List
 // passes through.
 func BenchmarkStreamNotOptedIn(b *testing.B) {
-	c := dedupe.Config{Streams: []string{"/other.v1.Svc/", echov1.EchoService_Chat_FullMethodName}}
+	c := dedupe.Config{AllowAnonymous: true, Streams: []string{"/other.v1.Svc/", echov1.EchoService_Chat_FullMethodName}}
 	benchStream(b, c, metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey()), noopStreamHandler, 0)
 }
 
 // BenchmarkStreamNoKey: List is opted in; the stream carries no key.
 func BenchmarkStreamNoKey(b *testing.B) {
-	c := dedupe.Config{Streams: []string{listMethod}}
+	c := dedupe.Config{AllowAnonymous: true, Streams: []string{listMethod}}
 	benchStream(b, c, metadata.Pairs("x-request-id", "1", "user-agent", "bench"), noopStreamHandler, 0)
 }
 
 // BenchmarkStreamHandlerAlone is the bench List handler without
 // deduplication (no Streams), for comparison with a hit, which replaces it.
 func BenchmarkStreamHandlerAlone(b *testing.B) {
-	benchStream(b, dedupe.Config{}, nil, benchListHandler, benchListCount)
+	benchStream(b, dedupe.Config{AllowAnonymous: true}, nil, benchListHandler, benchListCount)
 }
 
 // BenchmarkStreamHit: every call after the first is a replay of its 3
 // responses; the handler must not run.
 func BenchmarkStreamHit(b *testing.B) {
-	c := dedupe.Config{Streams: []string{listMethod}}
+	c := dedupe.Config{AllowAnonymous: true, Streams: []string{listMethod}}
 	ran := false
 	h := func(srv any, ss grpc.ServerStream) error {
 		if ran {
@@ -225,8 +225,9 @@ func BenchmarkStreamHit(b *testing.B) {
 // run and record.
 func BenchmarkStreamMiss(b *testing.B) {
 	s := dedupe.NewServer(dedupe.Config{
-		Streams: []string{listMethod},
-		Store:   dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 1024}),
+		AllowAnonymous: true,
+		Streams:        []string{listMethod},
+		Store:          dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 1024}),
 	})
 	st := s.Stream()
 	ctxs := make([]context.Context, 4096)
@@ -278,7 +279,7 @@ func BenchmarkBufconnStreamNoDedupe(b *testing.B) {
 }
 
 func BenchmarkBufconnStreamHit(b *testing.B) {
-	s := dedupe.NewServer(dedupe.Config{Streams: []string{listMethod}})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Streams: []string{listMethod}})
 	benchList(b, startEcho(b, origin.New(nil), dedupeOpts(s)), keyed(context.Background(), idempotency.NewKey()))
 	if st := s.Stats(); st.Misses != 1 {
 		b.Fatalf("%+v", st)

@@ -67,7 +67,7 @@ func TestDoubleCharge(t *testing.T) {
 			o := origin.New(nil)
 			lost := &loseFirstResponse{method: chargeMethod}
 			chain := []grpc.UnaryServerInterceptor{lost.intercept}
-			dd := dedupe.NewServer(dedupe.Config{})
+			dd := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 			if tc.withDedupe {
 				chain = append(chain, dd.Unary())
 			}
@@ -114,7 +114,7 @@ func TestHedgedChargeRunsOnce(t *testing.T) {
 		}
 		return origin.Reply{}
 	})
-	dd := dedupe.NewServer(dedupe.Config{})
+	dd := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	guard := interceptor.NewClient(interceptor.WithoutBudget(), interceptor.WithHedging(5*time.Millisecond, 3))
 	payments := startEcho(t, o, []grpc.ServerOption{grpc.ChainUnaryInterceptor(dd.Unary())},
 		grpc.WithChainUnaryInterceptor(guard.Unary()))

@@ -72,7 +72,7 @@ type MemoryStore struct {
 	now        func() time.Time
 
 	mu       sync.Mutex
-	entries  map[string]*entry
+	entries  map[Scope]*entry
 	root     entry // sentinel of the LRU list (links[lruList]) and expiry list (links[fifoList])
 	inFlight int
 	bytes    int64
@@ -114,7 +114,7 @@ type links struct{ prev, next *entry }
 
 type entry struct {
 	store   *MemoryStore
-	scope   string
+	scope   Scope
 	fp      Fingerprint
 	state   entryState
 	rec     *Record
@@ -150,7 +150,7 @@ func NewMemoryStore(c MemoryConfig) *MemoryStore {
 		maxBytes:   c.MaxBytes,
 		ttl:        c.TTL,
 		now:        c.Now,
-		entries:    map[string]*entry{},
+		entries:    map[Scope]*entry{},
 	}
 	if m.maxEntries <= 0 {
 		m.maxEntries = DefaultMaxEntries
@@ -181,7 +181,7 @@ func (m *MemoryStore) Stats() MemoryStats {
 
 // Claim implements [Store]. It fails with codes.ResourceExhausted when a
 // new key does not fit because the bounds are taken by in-flight entries.
-func (m *MemoryStore) Claim(_ context.Context, scope string, fp Fingerprint) (Claim, error) {
+func (m *MemoryStore) Claim(_ context.Context, scope Scope, fp Fingerprint) (Claim, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now()
@@ -199,7 +199,7 @@ func (m *MemoryStore) Claim(_ context.Context, scope string, fp Fingerprint) (Cl
 			m.stats.Expirations++
 		}
 	}
-	size := EntryOverhead + int64(len(scope)+len(fp.Method))
+	size := EntryOverhead + int64(len(scope.Identity)+len(scope.Key)+len(fp.Method))
 	for len(m.entries)+1 > m.maxEntries || m.bytes+size > m.maxBytes {
 		if !m.evictOldestLocked() {
 			m.stats.Busy++

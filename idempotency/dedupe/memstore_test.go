@@ -47,12 +47,15 @@ func okRecord(fp dedupe.Fingerprint, resp string) *dedupe.Record {
 
 var bg = context.Background()
 
+// sc is the scope of key k for callers without identity.
+func sc(k string) dedupe.Scope { return dedupe.Scope{Key: k} }
+
 // claimComplete claims scope and completes it with a record of resp.
-func claimComplete(t testing.TB, s dedupe.Store, scope string, fp dedupe.Fingerprint, resp string) {
+func claimComplete(t testing.TB, s dedupe.Store, key string, fp dedupe.Fingerprint, resp string) {
 	t.Helper()
-	c, err := s.Claim(bg, scope, fp)
+	c, err := s.Claim(bg, sc(key), fp)
 	require.NoError(t, err)
-	require.Equal(t, dedupe.Owned, c.State, scope)
+	require.Equal(t, dedupe.Owned, c.State, key)
 	require.NoError(t, s.Complete(bg, c, okRecord(fp, resp)))
 }
 
@@ -60,7 +63,7 @@ func TestMemoryStoreClaimCompleteReplay(t *testing.T) {
 	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{})
 	fp := fingerprint("/p.S/Charge", "req")
 
-	c, err := s.Claim(bg, "k", fp)
+	c, err := s.Claim(bg, sc("k"), fp)
 	require.NoError(t, err)
 	assert.Equal(t, dedupe.Owned, c.State)
 	assert.Equal(t, fp, c.Holder)
@@ -68,14 +71,14 @@ func TestMemoryStoreClaimCompleteReplay(t *testing.T) {
 
 	// A duplicate, even of another request, sees it in flight with its holder.
 	other := fingerprint("/p.S/Refund", "x")
-	dup, err := s.Claim(bg, "k", other)
+	dup, err := s.Claim(bg, sc("k"), other)
 	require.NoError(t, err)
 	assert.Equal(t, dedupe.InFlight, dup.State)
 	assert.Equal(t, fp, dup.Holder)
 
 	rec := okRecord(fp, "resp")
 	require.NoError(t, s.Complete(bg, c, rec))
-	done, err := s.Claim(bg, "k", fp)
+	done, err := s.Claim(bg, sc("k"), fp)
 	require.NoError(t, err)
 	assert.Equal(t, dedupe.Done, done.State)
 	assert.Equal(t, fp, done.Holder)
@@ -91,7 +94,7 @@ func TestMemoryStoreClaimCompleteReplay(t *testing.T) {
 	// Only owned claims of this store complete.
 	assert.Equal(t, codes.Internal, status.Code(s.Complete(bg, done, rec)))
 	assert.Equal(t, codes.Internal, status.Code(s.Release(bg, dedupe.Claim{State: dedupe.Owned, Token: "x"})))
-	c2, err := dedupe.NewMemoryStore(dedupe.MemoryConfig{}).Claim(bg, "k2", fp)
+	c2, err := dedupe.NewMemoryStore(dedupe.MemoryConfig{}).Claim(bg, sc("k2"), fp)
 	require.NoError(t, err)
 	assert.Equal(t, codes.Internal, status.Code(s.Complete(bg, c2, rec)))
 	_, err = s.Wait(bg, c2)
@@ -101,7 +104,7 @@ func TestMemoryStoreClaimCompleteReplay(t *testing.T) {
 func TestMemoryStoreCompleteChecksRecord(t *testing.T) {
 	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{})
 	fp := fingerprint("/p.S/Charge", "req")
-	c, err := s.Claim(bg, "k", fp)
+	c, err := s.Claim(bg, sc("k"), fp)
 	require.NoError(t, err)
 	assert.Equal(t, codes.Internal, status.Code(s.Complete(bg, c, nil)))
 	assert.Equal(t, codes.Internal, status.Code(s.Complete(bg, c, okRecord(fingerprint("/p.S/Charge", "other"), "x"))))
@@ -113,12 +116,12 @@ func TestMemoryStoreCompleteChecksRecord(t *testing.T) {
 func TestMemoryStoreRelease(t *testing.T) {
 	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{})
 	fp := fingerprint("/p.S/Charge", "req")
-	c, err := s.Claim(bg, "k", fp)
+	c, err := s.Claim(bg, sc("k"), fp)
 	require.NoError(t, err)
 	require.NoError(t, s.Release(bg, c))
 	assert.Equal(t, dedupe.MemoryStats{}, s.Stats())
 	// The next attempt owns it again.
-	c, err = s.Claim(bg, "k", fp)
+	c, err = s.Claim(bg, sc("k"), fp)
 	require.NoError(t, err)
 	assert.Equal(t, dedupe.Owned, c.State)
 }
@@ -128,9 +131,9 @@ func TestMemoryStoreWait(t *testing.T) {
 	fp := fingerprint("/p.S/Charge", "req")
 
 	t.Run("completed", func(t *testing.T) {
-		owner, err := s.Claim(bg, "done", fp)
+		owner, err := s.Claim(bg, sc("done"), fp)
 		require.NoError(t, err)
-		dup, err := s.Claim(bg, "done", fp)
+		dup, err := s.Claim(bg, sc("done"), fp)
 		require.NoError(t, err)
 		got := make(chan *dedupe.Record)
 		go func() {
@@ -147,9 +150,9 @@ func TestMemoryStoreWait(t *testing.T) {
 		assert.Same(t, rec, again)
 	})
 	t.Run("released", func(t *testing.T) {
-		owner, err := s.Claim(bg, "rel", fp)
+		owner, err := s.Claim(bg, sc("rel"), fp)
 		require.NoError(t, err)
-		dup, err := s.Claim(bg, "rel", fp)
+		dup, err := s.Claim(bg, sc("rel"), fp)
 		require.NoError(t, err)
 		got := make(chan *dedupe.Record)
 		go func() {
@@ -161,9 +164,9 @@ func TestMemoryStoreWait(t *testing.T) {
 		assert.Nil(t, <-got)
 	})
 	t.Run("context", func(t *testing.T) {
-		owner, err := s.Claim(bg, "ctx", fp)
+		owner, err := s.Claim(bg, sc("ctx"), fp)
 		require.NoError(t, err)
-		dup, err := s.Claim(bg, "ctx", fp)
+		dup, err := s.Claim(bg, sc("ctx"), fp)
 		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(bg)
 		cancel()
@@ -177,9 +180,9 @@ func TestMemoryStoreWait(t *testing.T) {
 	})
 	t.Run("record survives eviction", func(t *testing.T) {
 		small := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 1})
-		owner, err := small.Claim(bg, "a", fp)
+		owner, err := small.Claim(bg, sc("a"), fp)
 		require.NoError(t, err)
-		dup, err := small.Claim(bg, "a", fp)
+		dup, err := small.Claim(bg, sc("a"), fp)
 		require.NoError(t, err)
 		rec := okRecord(fp, "r")
 		require.NoError(t, small.Complete(bg, owner, rec))
@@ -199,7 +202,7 @@ func TestMemoryStoreConcurrentClaimOneOwner(t *testing.T) {
 	states := map[dedupe.ClaimState]int{}
 	for range 50 {
 		wg.Go(func() {
-			c, err := s.Claim(bg, "k", fp)
+			c, err := s.Claim(bg, sc("k"), fp)
 			assert.NoError(t, err)
 			mu.Lock()
 			states[c.State]++
@@ -220,12 +223,12 @@ func TestMemoryStoreTTL(t *testing.T) {
 
 	// A hit at 59m59s does not extend the TTL.
 	clock.Advance(29*time.Minute + 59*time.Second)
-	c, err := s.Claim(bg, "a", fp)
+	c, err := s.Claim(bg, sc("a"), fp)
 	require.NoError(t, err)
 	assert.Equal(t, dedupe.Done, c.State)
 
 	clock.Advance(time.Second) // a is exactly TTL old
-	c, err = s.Claim(bg, "a", fp)
+	c, err = s.Claim(bg, sc("a"), fp)
 	require.NoError(t, err)
 	assert.Equal(t, dedupe.Owned, c.State, "expired: first sight again")
 	require.NoError(t, s.Release(bg, c))
@@ -235,7 +238,7 @@ func TestMemoryStoreTTL(t *testing.T) {
 
 	// Expiry is lazy but complete: claiming any key drops b once it is old.
 	clock.Advance(30 * time.Minute)
-	c, err = s.Claim(bg, "z", fp)
+	c, err = s.Claim(bg, sc("z"), fp)
 	require.NoError(t, err)
 	require.NoError(t, s.Release(bg, c))
 	assert.Equal(t, dedupe.MemoryStats{Expirations: 2}, s.Stats())
@@ -247,13 +250,13 @@ func TestMemoryStoreLRU(t *testing.T) {
 	for _, k := range []string{"a", "b", "c"} {
 		claimComplete(t, s, k, fp, k)
 	}
-	c, err := s.Claim(bg, "a", fp) // a hit makes a recently used
+	c, err := s.Claim(bg, sc("a"), fp) // a hit makes a recently used
 	require.NoError(t, err)
 	require.Equal(t, dedupe.Done, c.State)
 
 	claimComplete(t, s, "d", fp, "d") // evicts b, the least recently used
 	state := func(k string) dedupe.ClaimState {
-		c, err := s.Claim(bg, k, fp)
+		c, err := s.Claim(bg, sc(k), fp)
 		require.NoError(t, err)
 		if c.State == dedupe.Owned {
 			require.NoError(t, s.Release(bg, c))
@@ -270,21 +273,21 @@ func TestMemoryStoreLRU(t *testing.T) {
 func TestMemoryStoreInFlightNeverEvicted(t *testing.T) {
 	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 2})
 	fp := fingerprint("/p.S/Charge", "req")
-	a, err := s.Claim(bg, "a", fp)
+	a, err := s.Claim(bg, sc("a"), fp)
 	require.NoError(t, err)
-	b, err := s.Claim(bg, "b", fp)
+	b, err := s.Claim(bg, sc("b"), fp)
 	require.NoError(t, err)
 
-	_, err = s.Claim(bg, "c", fp)
+	_, err = s.Claim(bg, sc("c"), fp)
 	assert.Equal(t, codes.ResourceExhausted, status.Code(err))
 	assert.Equal(t, dedupe.MemoryStats{Entries: 2, InFlight: 2, Bytes: 2 * (dedupe.EntryOverhead + 1 + 11), Busy: 1}, s.Stats())
 
 	// Once a completes, it is the one evicted for c; b stays in flight.
 	require.NoError(t, s.Complete(bg, a, okRecord(fp, "a")))
-	c, err := s.Claim(bg, "c", fp)
+	c, err := s.Claim(bg, sc("c"), fp)
 	require.NoError(t, err)
 	assert.Equal(t, dedupe.Owned, c.State)
-	dup, err := s.Claim(bg, "b", fp)
+	dup, err := s.Claim(bg, sc("b"), fp)
 	require.NoError(t, err)
 	assert.Equal(t, dedupe.InFlight, dup.State)
 	require.NoError(t, s.Complete(bg, b, okRecord(fp, "b")))
@@ -313,7 +316,7 @@ func TestMemoryStoreOversizedRecord(t *testing.T) {
 	fp := fingerprint("/p.S/Charge", "req")
 	claimComplete(t, s, "small", fp, "ok")
 
-	c, err := s.Claim(bg, "huge", fp)
+	c, err := s.Claim(bg, sc("huge"), fp)
 	require.NoError(t, err)
 	require.NoError(t, s.Complete(bg, c, okRecord(fp, string(make([]byte, maxBytes)))))
 	st := s.Stats()
@@ -322,7 +325,7 @@ func TestMemoryStoreOversizedRecord(t *testing.T) {
 	assert.LessOrEqual(t, st.Bytes, int64(maxBytes))
 
 	// The key is not free again: the request ran; its replay is a tombstone.
-	c, err = s.Claim(bg, "huge", fp)
+	c, err = s.Claim(bg, sc("huge"), fp)
 	require.NoError(t, err)
 	require.Equal(t, dedupe.Done, c.State)
 	assert.Equal(t, codes.Internal, c.Record.Code)
@@ -335,9 +338,9 @@ func TestMemoryStoreRecordDoesNotFitBesideInFlight(t *testing.T) {
 	inflight := int64(dedupe.EntryOverhead + 1 + 11)
 	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxBytes: 2*inflight + 100})
 	fp := fingerprint("/p.S/Charge", "req")
-	a, err := s.Claim(bg, "a", fp)
+	a, err := s.Claim(bg, sc("a"), fp)
 	require.NoError(t, err)
-	b, err := s.Claim(bg, "b", fp)
+	b, err := s.Claim(bg, sc("b"), fp)
 	require.NoError(t, err)
 	// 150 bytes would fit alone, not beside b, which is never evicted.
 	require.NoError(t, s.Complete(bg, a, &dedupe.Record{Fingerprint: fp, Response: make([]byte, 150)}))
@@ -372,7 +375,7 @@ func TestMemoryStoreFlood(t *testing.T) {
 				wg.Go(func() {
 					for i := w; i < keys; i += workers {
 						key := idempotency.NewKey()
-						c, err := s.Claim(bg, key, fp)
+						c, err := s.Claim(bg, sc(key), fp)
 						if err != nil || c.State != dedupe.Owned {
 							t.Errorf("claim %d: %v %v", i, c.State, err)
 							return
@@ -429,7 +432,7 @@ func TestRecordSizeCountsStreamResponses(t *testing.T) {
 	// A MemoryStore counts them against its bounds like any other bytes.
 	m := dedupe.NewMemoryStore(dedupe.MemoryConfig{})
 	fp := dedupe.Fingerprint{Method: "/p.S/M"}
-	c, err := m.Claim(context.Background(), "k", fp)
+	c, err := m.Claim(context.Background(), sc("k"), fp)
 	require.NoError(t, err)
 	r.Fingerprint = fp
 	require.NoError(t, m.Complete(context.Background(), c, r))

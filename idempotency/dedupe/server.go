@@ -27,25 +27,33 @@ import (
 const DefaultNotStored = idempotency.CodeSet(1<<codes.Canceled | 1<<codes.DeadlineExceeded |
 	1<<codes.ResourceExhausted | 1<<codes.Aborted | 1<<codes.Unavailable)
 
-// Config configures a Server. The zero value deduplicates keyed
-// unary requests in a default [MemoryStore], without identity scoping, and
-// passes every stream through.
+// Config configures a Server. The zero value deduplicates keyed unary
+// requests in a default [MemoryStore], scoped by [DefaultIdentity];
+// refuses keyed requests from callers without identity; and passes every
+// stream through.
 type Config struct {
 	// Store keeps the records; nil: NewMemoryStore(MemoryConfig{}).
 	// Several Servers (for example one per service of a process) may
-	// share a Store: keys are scoped by identity, and a record answers
-	// only its own method and request.
+	// share a Store: a record answers only its own method and request.
 	Store Store
-	// Identity, when set, returns who is calling (for example a TLS
-	// client certificate's subject from peer.FromContext, or a user from
-	// the auth info a previous interceptor put in ctx). Keys are scoped
-	// by it: two callers that use the same key do not see each other's
-	// records, so a guessed key reveals nothing. It is called once per
-	// keyed request, and must be fast and safe for concurrent use. An
-	// empty identity is a scope of its own, shared by all callers that
-	// have none. nil: no identity scoping (every caller of the server
-	// shares the key space, scoped only by method and request).
+	// Identity returns who is calling; keys are scoped by it, so that a
+	// caller never sees another's records, and a key another caller used
+	// is indistinguishable from an unused one. It is called once per keyed
+	// request to a deduplicated method, and must be fast and safe for
+	// concurrent use; an identity longer than MaxIdentityLen is replaced
+	// by its hash. "" means the caller has no identity (see
+	// AllowAnonymous). nil: [DefaultIdentity], from the TLS client
+	// certificate and the authorization metadata. Set it when the server
+	// knows better, for example the principal an authentication
+	// interceptor put in ctx.
 	Identity func(ctx context.Context) string
+	// AllowAnonymous lets callers without identity share one anonymous key
+	// space: any of them can then replay another's stored outcome by
+	// sending the same key and request, and learn that a key was used.
+	// Set it only when every caller is trusted (a private network, a test).
+	// false: a keyed request without identity is refused with
+	// codes.FailedPrecondition before the handler runs.
+	AllowAnonymous bool
 	// NotStored lists the codes whose outcome is not stored, so that a
 	// retry executes the handler again; 0: DefaultNotStored. A handler
 	// that returns one of these codes must not have applied its effect.
@@ -79,16 +87,17 @@ const DefaultMaxStreamBytes = 1 << 20
 // Create a Server with [NewServer]; the zero Server is not usable. A
 // Server is safe for concurrent use.
 type Server struct {
-	store     Store
-	identity  func(context.Context) string
-	notStored idempotency.CodeSet
-	methods   cowmap.Map[string, *methodInfo]
+	store          Store
+	identity       func(context.Context) string
+	allowAnonymous bool
+	notStored      idempotency.CodeSet
+	methods        cowmap.Map[string, *methodInfo]
 
 	// streams is Config.Streams, parsed.
 	streams        protoreg.MethodSet
 	maxStreamBytes int64
 
-	hits, misses, waits, conflicts, invalid, notStoredN, storeErrors, oversized atomic.Uint64
+	hits, misses, waits, conflicts, invalid, anonymous, notStoredN, storeErrors, oversized atomic.Uint64
 }
 
 // Stats counts what a Server did, since it was created.
@@ -105,6 +114,9 @@ type Stats struct {
 	Conflicts uint64
 	// Invalid counts requests refused for malformed key metadata.
 	Invalid uint64
+	// Anonymous counts keyed requests refused because the caller had no
+	// identity and Config.AllowAnonymous was not set.
+	Anonymous uint64
 	// NotStored counts handler runs whose outcome was not stored.
 	NotStored uint64
 	// StoreErrors counts Store calls that failed, including a MemoryStore
@@ -123,7 +135,10 @@ const maxMethods = 10_000
 
 // NewServer returns a Server configured by c.
 func NewServer(c Config) *Server {
-	s := &Server{store: c.Store, identity: c.Identity, notStored: c.NotStored}
+	s := &Server{store: c.Store, identity: c.Identity, allowAnonymous: c.AllowAnonymous, notStored: c.NotStored}
+	if s.identity == nil {
+		s.identity = DefaultIdentity
+	}
 	if s.store == nil {
 		s.store = NewMemoryStore(MemoryConfig{})
 	}
@@ -147,6 +162,7 @@ func (s *Server) Stats() Stats {
 		Waits:       s.waits.Load(),
 		Conflicts:   s.conflicts.Load(),
 		Invalid:     s.invalid.Load(),
+		Anonymous:   s.anonymous.Load(),
 		NotStored:   s.notStoredN.Load(),
 		StoreErrors: s.storeErrors.Load(),
 		Oversized:   s.oversized.Load(),
@@ -179,6 +195,10 @@ func (s *Server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		s.invalid.Add(1)
 		return nil, err
 	}
+	scope, err := s.scope(ctx, key, info.FullMethod)
+	if err != nil {
+		return nil, err
+	}
 	msg, ok := req.(proto.Message)
 	if !ok {
 		return nil, status.Error(codes.Internal, "dedupe: the request of "+info.FullMethod+
@@ -189,7 +209,7 @@ func (s *Server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		return nil, status.Error(codes.Internal, "dedupe: cannot serialize the request: "+err.Error())
 	}
 	mi := s.method(info.FullMethod)
-	c, rec, err := s.claim(ctx, s.scope(ctx, key), fp)
+	c, rec, err := s.claim(ctx, scope, fp)
 	switch {
 	case err != nil:
 		return nil, err
@@ -199,14 +219,18 @@ func (s *Server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	return s.execute(ctx, req, handler, c, mi)
 }
 
-// scope returns the store scope of key: the key, prefixed by the caller's
-// identity when the server has an Identity function.
-func (s *Server) scope(ctx context.Context, key string) string {
-	if s.identity == nil {
-		return key
+// scope returns the scope of key: the caller's identity and the key. It
+// refuses a caller without identity unless AllowAnonymous is set.
+func (s *Server) scope(ctx context.Context, key, method string) (Scope, error) {
+	id := s.identity(ctx)
+	if id == "" && !s.allowAnonymous {
+		s.anonymous.Add(1)
+		return Scope{}, status.Error(codes.FailedPrecondition, "dedupe: "+method+
+			" deduplicates keyed requests per caller, and this request carries no caller identity "+
+			"(no TLS client certificate, no authorization metadata): send one, or, if all the server's "+
+			"callers are trusted, configure the server with dedupe.Config{AllowAnonymous: true}")
 	}
-	// Keys hold no NUL, so the last NUL splits identity and key.
-	return s.identity(ctx) + "\x00" + key
+	return Scope{Identity: boundIdentity(id), Key: key}, nil
 }
 
 // claim takes scope for fp, waiting (bounded by ctx) while another
@@ -214,7 +238,7 @@ func (s *Server) scope(ctx context.Context, key string) string {
 // whose handler the caller runs (and counts as a miss), or the record to
 // replay (counted as a hit), or a status error: a conflict, the caller's
 // context, or the store's.
-func (s *Server) claim(ctx context.Context, scope string, fp Fingerprint) (Claim, *Record, error) {
+func (s *Server) claim(ctx context.Context, scope Scope, fp Fingerprint) (Claim, *Record, error) {
 	for {
 		c, err := s.store.Claim(ctx, scope, fp)
 		if err != nil {

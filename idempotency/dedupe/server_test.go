@@ -76,7 +76,7 @@ func TestServerReplaysStoredResponse(t *testing.T) {
 	o := origin.New(func(origin.Call) origin.Reply {
 		return origin.Reply{Header: metadata.Pairs("x-h", "1"), Trailer: metadata.Pairs("x-receipt", "r-1")}
 	})
-	s := dedupe.NewServer(dedupe.Config{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "order-1")
 	req := &echov1.ChargeRequest{RequestId: "p1", Account: "acct", AmountCents: 1999}
@@ -102,7 +102,7 @@ func TestServerReplaysStoredResponse(t *testing.T) {
 
 func TestServerWithoutKeyPassesThrough(t *testing.T) {
 	o := origin.New(nil)
-	s := dedupe.NewServer(dedupe.Config{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	req := &echov1.ChargeRequest{RequestId: "p", Account: "acct", AmountCents: 5}
 	for range 2 {
@@ -116,7 +116,7 @@ func TestServerWithoutKeyPassesThrough(t *testing.T) {
 
 func TestServerRefusesInvalidKeys(t *testing.T) {
 	o := origin.New(nil)
-	s := dedupe.NewServer(dedupe.Config{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	// What grpc lets a client send: printable ASCII (grpc-go itself refuses
 	// to send control characters and non-ASCII; see the direct test below).
@@ -145,7 +145,7 @@ func TestServerConcurrentDuplicates(t *testing.T) {
 		g.block() // hold the first execution until every duplicate is waiting
 		return origin.Reply{Trailer: metadata.Pairs("x-receipt", "r-dup")}
 	})
-	s := dedupe.NewServer(dedupe.Config{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), idempotency.NewKey())
 	req := &echov1.ChargeRequest{RequestId: "dup", Account: "acct", AmountCents: 700}
@@ -185,7 +185,7 @@ func TestServerKeyReuseWithDifferentRequest(t *testing.T) {
 		}
 		return origin.Reply{}
 	})
-	s := dedupe.NewServer(dedupe.Config{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 
 	t.Run("completed", func(t *testing.T) {
@@ -221,7 +221,7 @@ func TestServerKeyReuseWithDifferentRequest(t *testing.T) {
 
 func TestServerKeyReuseWithDifferentMethod(t *testing.T) {
 	o := origin.New(nil)
-	s := dedupe.NewServer(dedupe.Config{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "one-key")
 	_, err := c.Charge(ctx, &echov1.ChargeRequest{RequestId: "p", Account: "acct", AmountCents: 1})
@@ -273,7 +273,7 @@ func TestServerIdentityScoping(t *testing.T) {
 	})
 	t.Run("unscoped, for contrast", func(t *testing.T) {
 		o := origin.New(nil)
-		s := dedupe.NewServer(dedupe.Config{})
+		s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 		c := startEcho(t, o, dedupeOpts(s))
 		alice, err := c.Charge(as(context.Background(), "alice"), req)
 		require.NoError(t, err)
@@ -287,7 +287,7 @@ func TestServerRetryableFailureNotStored(t *testing.T) {
 	for _, code := range []codes.Code{codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted, codes.Canceled} {
 		t.Run(code.String(), func(t *testing.T) {
 			o := origin.New(origin.FailFirst(1, code))
-			s := dedupe.NewServer(dedupe.Config{})
+			s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 			c := startEcho(t, o, dedupeOpts(s))
 			ctx := keyed(context.Background(), "k")
 			req := &echov1.ChargeRequest{RequestId: "p", Account: "acct", AmountCents: 3}
@@ -308,7 +308,7 @@ func TestServerOtherFailureStored(t *testing.T) {
 	o := origin.New(func(c origin.Call) origin.Reply {
 		return origin.Reply{Code: codes.FailedPrecondition, Message: "card declined", Trailer: metadata.Pairs("x-decline", "insufficient_funds")}
 	})
-	s := dedupe.NewServer(dedupe.Config{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "k")
 	req := &echov1.ChargeRequest{RequestId: "p", Account: "acct", AmountCents: 3}
@@ -326,7 +326,7 @@ func TestServerOtherFailureStored(t *testing.T) {
 func TestServerWaiterBoundedByDeadline(t *testing.T) {
 	g := newGate(t)
 	o := origin.New(func(origin.Call) origin.Reply { g.block(); return origin.Reply{} })
-	s := dedupe.NewServer(dedupe.Config{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	// outcomes receives what the server answered each call, as it leaves
 	// the server (the client may give up a moment earlier).
 	outcomes := make(chan error, 4)
@@ -375,7 +375,7 @@ func TestServerWaiterRunsAfterRelease(t *testing.T) {
 		}
 		return origin.Reply{}
 	})
-	s := dedupe.NewServer(dedupe.Config{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "k")
 	req := &echov1.ChargeRequest{RequestId: "p", Account: "acct", AmountCents: 3}
@@ -410,7 +410,7 @@ func TestServerBusyStore(t *testing.T) {
 		return origin.Reply{}
 	})
 	store := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 1})
-	s := dedupe.NewServer(dedupe.Config{Store: store})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: store})
 	c := startEcho(t, o, dedupeOpts(s))
 	first := make(chan error, 1)
 	go func() {
@@ -431,7 +431,7 @@ func TestServerBusyStore(t *testing.T) {
 
 func TestServerStreamsPassThrough(t *testing.T) {
 	o := origin.New(nil)
-	s := dedupe.NewServer(dedupe.Config{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	for range 2 {
 		ls, err := c.List(keyed(context.Background(), "k"), &echov1.ListRequest{RequestId: "l", Count: 2})
@@ -480,7 +480,7 @@ func direct(s *dedupe.Server, method string, md metadata.MD, req any, h grpc.Una
 func keyMD(key string) metadata.MD { return metadata.MD{idempotency.MetadataKey: {key}} }
 
 func TestServerRefusesUnsendableKeys(t *testing.T) {
-	s := dedupe.NewServer(dedupe.Config{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	ran := false
 	h := func(context.Context, any) (any, error) { ran = true; return &echov1.ChargeResponse{}, nil }
 	for _, k := range []string{"a\nb", "\x00", "\x7f", "ключ", "tab\t"} {
@@ -491,7 +491,7 @@ func TestServerRefusesUnsendableKeys(t *testing.T) {
 }
 
 func TestServerHandlerPanicReleases(t *testing.T) {
-	s := dedupe.NewServer(dedupe.Config{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	req := &echov1.ChargeRequest{RequestId: "p"}
 	assert.PanicsWithValue(t, "boom", func() {
 		_, _, _ = direct(s, chargeMethod, keyMD("k"), req, func(context.Context, any) (any, error) { panic("boom") })
@@ -508,7 +508,7 @@ func TestServerHandlerPanicReleases(t *testing.T) {
 }
 
 func TestServerReplaysStatusDetails(t *testing.T) {
-	s := dedupe.NewServer(dedupe.Config{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	st, err := status.New(codes.FailedPrecondition, "declined").WithDetails(wrapperspb.String("insufficient_funds"))
 	require.NoError(t, err)
 	h := func(ctx context.Context, _ any) (any, error) {
@@ -531,7 +531,7 @@ func TestServerReplaysStatusDetails(t *testing.T) {
 }
 
 func TestServerHandlerErrorsAsGrpcSeesThem(t *testing.T) {
-	s := dedupe.NewServer(dedupe.Config{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	req := &echov1.ChargeRequest{}
 	// A plain error is stored as Unknown; a raw context error is
 	// DeadlineExceeded, so not stored.
@@ -551,7 +551,7 @@ func TestServerHandlerErrorsAsGrpcSeesThem(t *testing.T) {
 
 func TestServerUnknownMethodLearnsOutputType(t *testing.T) {
 	store := dedupe.NewMemoryStore(dedupe.MemoryConfig{})
-	s := dedupe.NewServer(dedupe.Config{Store: store})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: store})
 	const method = "/unknown.v1.Svc/Do"
 	h := func(context.Context, any) (any, error) { return wrapperspb.String("out"), nil }
 	_, _, err := direct(s, method, keyMD("k"), wrapperspb.String("in"), h)
@@ -562,13 +562,13 @@ func TestServerUnknownMethodLearnsOutputType(t *testing.T) {
 
 	// A server that never saw a response of an unknown method cannot
 	// rebuild one: it says so rather than guessing.
-	fresh := dedupe.NewServer(dedupe.Config{Store: store})
+	fresh := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: store})
 	_, _, err = direct(fresh, method, keyMD("k"), wrapperspb.String("in"), nil)
 	assert.Equal(t, codes.Internal, status.Code(err))
 }
 
 func TestServerNonProtoRequest(t *testing.T) {
-	s := dedupe.NewServer(dedupe.Config{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	_, _, err := direct(s, chargeMethod, keyMD("k"), struct{}{}, nil)
 	assert.Equal(t, codes.Internal, status.Code(err))
 }
@@ -576,7 +576,7 @@ func TestServerNonProtoRequest(t *testing.T) {
 // failingStore fails every call with err.
 type failingStore struct{ err error }
 
-func (f failingStore) Claim(context.Context, string, dedupe.Fingerprint) (dedupe.Claim, error) {
+func (f failingStore) Claim(context.Context, dedupe.Scope, dedupe.Fingerprint) (dedupe.Claim, error) {
 	return dedupe.Claim{}, f.err
 }
 func (f failingStore) Complete(context.Context, dedupe.Claim, *dedupe.Record) error {
@@ -596,7 +596,7 @@ func TestServerStoreErrors(t *testing.T) {
 		{status.Error(codes.PermissionDenied, "acl"), codes.PermissionDenied},
 		{context.DeadlineExceeded, codes.DeadlineExceeded},
 	} {
-		s := dedupe.NewServer(dedupe.Config{Store: failingStore{tc.err}})
+		s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: failingStore{tc.err}})
 		_, _, err := direct(s, chargeMethod, keyMD("k"), &echov1.ChargeRequest{}, nil)
 		assert.Equal(t, tc.want, status.Code(err), "%v", tc.err)
 		assert.Equal(t, uint64(1), s.Stats().StoreErrors)

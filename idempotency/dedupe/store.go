@@ -111,13 +111,24 @@ func (s ClaimState) String() string {
 	return "ClaimState(" + strconv.Itoa(int(s)) + ")"
 }
 
+// Scope is where an idempotency key lives: the same key in two scopes
+// names two unrelated requests. Scopes are comparable with ==.
+type Scope struct {
+	// Identity is the caller, as Config.Identity (by default
+	// [DefaultIdentity]) saw it; "" is the one key space that callers
+	// without identity share when Config.AllowAnonymous is set.
+	Identity string
+	// Key is the idempotency key.
+	Key string
+}
+
 // Claim is what [Store.Claim] found for a scope.
 type Claim struct {
 	// State says whether the caller owns the key, must wait, or has an
 	// answer.
 	State ClaimState
 	// Scope is the scope that was claimed.
-	Scope string
+	Scope Scope
 	// Holder is the request that holds the key: the caller's own
 	// Fingerprint when State is Owned, the first request's otherwise.
 	// The caller compares it with its own before waiting or replaying.
@@ -135,9 +146,8 @@ type Claim struct {
 // shared store (Redis, a database) so that every replica of a service sees
 // the same keys.
 //
-// A scope is the idempotency key, prefixed by the caller's identity when
-// the server is configured with one; a Store treats it as an opaque string
-// of at most a few hundred bytes.
+// A Scope's identity and key are opaque strings of at most MaxIdentityLen
+// and idempotency.MaxKeyLen bytes.
 //
 // The protocol, for one request:
 //
@@ -165,7 +175,7 @@ type Claim struct {
 type Store interface {
 	// Claim looks scope up and, if it is free, takes it for fp. It does
 	// not block for other executions.
-	Claim(ctx context.Context, scope string, fp Fingerprint) (Claim, error)
+	Claim(ctx context.Context, scope Scope, fp Fingerprint) (Claim, error)
 	// Complete stores rec (whose Fingerprint is c.Holder) as the outcome
 	// of the owned claim c and wakes its waiters. The server passes a
 	// context that is not cancelled when the caller leaves.

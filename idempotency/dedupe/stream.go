@@ -36,6 +36,10 @@ func (s *Server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerIn
 		s.invalid.Add(1)
 		return err
 	}
+	scope, err := s.scope(ctx, key, info.FullMethod)
+	if err != nil {
+		return err
+	}
 	if mi.in == nil {
 		return status.Error(codes.Internal, "dedupe: the request type of "+info.FullMethod+
 			" is unknown to the protobuf registry; its streams cannot be deduplicated")
@@ -48,7 +52,7 @@ func (s *Server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerIn
 	if fp.RequestHash, err = hashRequest(req); err != nil {
 		return status.Error(codes.Internal, "dedupe: cannot serialize the request: "+err.Error())
 	}
-	c, rec, err := s.claim(ctx, s.scope(ctx, key), fp)
+	c, rec, err := s.claim(ctx, scope, fp)
 	switch {
 	case err != nil:
 		return err

@@ -80,7 +80,7 @@ func TestStreamReplaysStoredResponses(t *testing.T) {
 	o := origin.New(func(origin.Call) origin.Reply {
 		return origin.Reply{Header: metadata.Pairs("x-h", "1"), Trailer: metadata.Pairs("x-receipt", "r-1")}
 	})
-	s := listServer(dedupe.Config{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "list-1")
 	req := &echov1.ListRequest{RequestId: "l", Count: 3}
@@ -107,7 +107,7 @@ func TestStreamConcurrentDuplicates(t *testing.T) {
 		g.block() // hold the first execution until every duplicate is waiting
 		return origin.Reply{Trailer: metadata.Pairs("x-receipt", "r-dup")}
 	})
-	s := listServer(dedupe.Config{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), idempotency.NewKey())
 	req := &echov1.ListRequest{RequestId: "dup", Count: 4}
@@ -143,7 +143,7 @@ func TestStreamKeyReuse(t *testing.T) {
 		}
 		return origin.Reply{}
 	})
-	s := listServer(dedupe.Config{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 
 	t.Run("completed, different request", func(t *testing.T) {
@@ -182,7 +182,7 @@ func TestStreamKeyReuse(t *testing.T) {
 
 func TestStreamRefusesInvalidKey(t *testing.T) {
 	o := origin.New(nil)
-	s := listServer(dedupe.Config{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	got := list(keyed(context.Background(), "order 1"), c, &echov1.ListRequest{RequestId: "l", Count: 1})
 	assert.Equal(t, codes.InvalidArgument, status.Code(got.err))
@@ -199,7 +199,7 @@ func TestStreamRetryableFailureNotStored(t *testing.T) {
 				}
 				return origin.Reply{}
 			})
-			s := listServer(dedupe.Config{})
+			s := listServer(dedupe.Config{AllowAnonymous: true})
 			c := startEcho(t, o, dedupeOpts(s))
 			ctx := keyed(context.Background(), "k")
 			req := &echov1.ListRequest{RequestId: "l", Count: 3}
@@ -223,7 +223,7 @@ func TestStreamStoredFailureReplaysItsMessages(t *testing.T) {
 		return origin.Reply{Code: codes.FailedPrecondition, Message: "out of stock", FailAfter: 2,
 			Trailer: metadata.Pairs("x-why", "stock")}
 	})
-	s := listServer(dedupe.Config{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "k")
 	req := &echov1.ListRequest{RequestId: "l", Count: 5}
@@ -254,7 +254,7 @@ func TestStreamPassThrough(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			o := origin.New(nil)
-			s := dedupe.NewServer(dedupe.Config{Streams: tc.streams})
+			s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Streams: tc.streams})
 			c := startEcho(t, o, dedupeOpts(s))
 			ctx := context.Background()
 			if tc.key {
@@ -275,7 +275,7 @@ func TestStreamOptInByService(t *testing.T) {
 	for _, entry := range []string{"echo.v1.EchoService", "/echo.v1.EchoService/", "/echo.v1.EchoService", "echo.v1.EchoService/List"} {
 		t.Run(entry, func(t *testing.T) {
 			o := origin.New(nil)
-			s := dedupe.NewServer(dedupe.Config{Streams: []string{entry}})
+			s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Streams: []string{entry}})
 			c := startEcho(t, o, dedupeOpts(s))
 			ctx := keyed(context.Background(), "k")
 			req := &echov1.ListRequest{RequestId: "l", Count: 2}
@@ -291,7 +291,7 @@ func TestStreamOptInByService(t *testing.T) {
 // their requests are not known before the handler runs.
 func TestStreamClientAndBidiPassThrough(t *testing.T) {
 	o := origin.New(nil)
-	s := dedupe.NewServer(dedupe.Config{Streams: []string{"echo.v1.EchoService"}})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Streams: []string{"echo.v1.EchoService"}})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "k")
 	for range 2 {
@@ -328,7 +328,7 @@ func TestStreamOversizedStoresTombstone(t *testing.T) {
 	// ... bytes, counted with ResponseOverhead as 30, 32, 32, ...: 3 fit
 	// in 100 bytes, 4 do not.
 	store := dedupe.NewMemoryStore(dedupe.MemoryConfig{})
-	s := listServer(dedupe.Config{MaxStreamBytes: 100, Store: store})
+	s := listServer(dedupe.Config{AllowAnonymous: true, MaxStreamBytes: 100, Store: store})
 	c := startEcho(t, o, dedupeOpts(s))
 
 	t.Run("within the limit", func(t *testing.T) {
@@ -362,7 +362,7 @@ func TestStreamOversizedStoresTombstone(t *testing.T) {
 func TestStreamWaiterBoundedByDeadline(t *testing.T) {
 	g := newGate(t)
 	o := origin.New(func(origin.Call) origin.Reply { g.block(); return origin.Reply{} })
-	s := listServer(dedupe.Config{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "k")
 	req := &echov1.ListRequest{RequestId: "l", Count: 2}
@@ -404,7 +404,7 @@ func TestStreamThroughComposedServer(t *testing.T) {
 	o := origin.New(func(origin.Call) origin.Reply {
 		return origin.Reply{Header: metadata.Pairs("x-h", "1")}
 	})
-	s := listServer(dedupe.Config{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	guard := interceptor.NewServer(interceptor.WithDedupe(s))
 	c := startEcho(t, o, []grpc.ServerOption{grpc.ChainUnaryInterceptor(guard.Unary()), grpc.ChainStreamInterceptor(guard.Stream())})
 	ctx := keyed(context.Background(), "k")
@@ -479,7 +479,7 @@ func listHandler(runs *int) grpc.StreamHandler {
 }
 
 func TestStreamHandlerPanicReleases(t *testing.T) {
-	s := listServer(dedupe.Config{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	req := &echov1.ListRequest{RequestId: "p", Count: 2}
 	assert.PanicsWithValue(t, "boom", func() {
 		_, _ = directStream(s, serverStreaming, keyMD("k"), req, func(any, grpc.ServerStream) error { panic("boom") })
@@ -497,7 +497,7 @@ func TestStreamHandlerPanicReleases(t *testing.T) {
 // Metadata set on the stream itself (not through its context, as the
 // origin does) is recorded and replayed too, with status details.
 func TestStreamRecordsStreamMetadataAndDetails(t *testing.T) {
-	s := listServer(dedupe.Config{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	st, err := status.New(codes.FailedPrecondition, "declined").WithDetails(wrapperspb.String("why"))
 	require.NoError(t, err)
 	runs := 0
@@ -527,7 +527,7 @@ func TestStreamRecordsStreamMetadataAndDetails(t *testing.T) {
 
 func TestStreamUnknownRequestType(t *testing.T) {
 	const method = "/unknown.v1.Svc/Watch"
-	s := dedupe.NewServer(dedupe.Config{Streams: []string{method}})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Streams: []string{method}})
 	info := &grpc.StreamServerInfo{FullMethod: method, IsServerStream: true}
 	ran := false
 	h := func(any, grpc.ServerStream) error { ran = true; return nil }
@@ -542,7 +542,7 @@ func TestStreamUnknownRequestType(t *testing.T) {
 }
 
 func TestStreamNonProtoResponseNotStored(t *testing.T) {
-	s := listServer(dedupe.Config{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	runs := 0
 	h := func(_ any, ss grpc.ServerStream) error {
 		runs++
@@ -560,7 +560,7 @@ func TestStreamNonProtoResponseNotStored(t *testing.T) {
 }
 
 func TestStreamHandlerReceivesIntoWrongType(t *testing.T) {
-	s := listServer(dedupe.Config{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	var recvErr error
 	h := func(_ any, ss grpc.ServerStream) error {
 		recvErr = ss.RecvMsg(new(echov1.ChatRequest))
@@ -572,7 +572,7 @@ func TestStreamHandlerReceivesIntoWrongType(t *testing.T) {
 }
 
 func TestStreamReceiveErrorBeforeClaim(t *testing.T) {
-	s := listServer(dedupe.Config{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	ctx := metadata.NewIncomingContext(context.Background(), keyMD("k"))
 	f := &fakeServerStream{ctx: ctx, recvd: true} // the client sent no request
 	err := s.Stream()(nil, f, serverStreaming, func(any, grpc.ServerStream) error {
