@@ -25,7 +25,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/stormguard/stormguard/idempotency/dedupe"
-	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
@@ -108,29 +107,6 @@ func (p *testPKI) clientCreds(cn string) credentials.TransportCredentials {
 	})
 }
 
-// sessionOrigin is a payment service that opens a session per execution
-// and says so in a response header, as a service might with a cookie: a
-// caller that receives another execution's header has been handed
-// another caller's session.
-func sessionOrigin() *origin.Origin {
-	return origin.New(func(c origin.Call) origin.Reply {
-		return origin.Reply{Header: metadata.Pairs("x-session", "session-"+strconv.FormatInt(c.Seq, 10))}
-	})
-}
-
-// charged is what one Charge call received.
-type charged struct {
-	resp    *echov1.ChargeResponse
-	session []string
-	err     error
-}
-
-func charge(ctx context.Context, c echov1.EchoServiceClient, req *echov1.ChargeRequest) charged {
-	var h metadata.MD
-	resp, err := c.Charge(ctx, req, grpc.Header(&h))
-	return charged{resp: resp, session: h.Get("x-session"), err: err}
-}
-
 // assertOwnExecutions checks the cross-caller scenario: A charges with a
 // key; B sends A's key and A's request; B must get an execution of its
 // own, never A's response or A's session header; each then replays its
@@ -160,26 +136,6 @@ func assertOwnExecutions(t *testing.T, o *origin.Origin, a, b echov1.EchoService
 	assert.True(t, proto.Equal(stolen.resp, againB.resp))
 	assert.Equal(t, stolen.session, againB.session)
 	assert.Equal(t, 2, o.CountID(echov1.EchoService_Charge_FullMethodName, "order-1001"), "retries did not run")
-}
-
-// serveDefaults serves o with interceptor.NewServer() as it comes, and
-// serverOpts.
-func serveDefaults(t *testing.T, o *origin.Origin, serverOpts ...grpc.ServerOption) *origin.Listener {
-	t.Helper()
-	guard := interceptor.NewServer()
-	l := origin.Bufconn()
-	srv := origin.Serve(l, o, append(serverOpts,
-		grpc.ChainUnaryInterceptor(guard.Unary()), grpc.ChainStreamInterceptor(guard.Stream()))...)
-	t.Cleanup(srv.Stop)
-	return l
-}
-
-func dialClient(t *testing.T, l *origin.Listener, opts ...grpc.DialOption) echov1.EchoServiceClient {
-	t.Helper()
-	cc, err := grpc.NewClient(l.Target, l.ConnectOptions(append([]grpc.DialOption{grpc.WithDisableRetry()}, opts...)...)...)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cc.Close() })
-	return echov1.NewEchoServiceClient(cc)
 }
 
 // Issue 13 item 1, with TLS client certificates: with the defaults, keys
