@@ -5,7 +5,9 @@ import (
 	"errors"
 	"io"
 	"strconv"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -60,12 +62,28 @@ func BenchmarkServerHit(b *testing.B) {
 	}
 }
 
+// benchStore returns a store of n entries for one identity whose clock
+// moves past the retry horizon at every reading: in a full store, each
+// new key evicts the oldest record, as a store in its steady state does
+// (rather than refusing the key because the records are young).
+func benchStore(n int) *dedupe.MemoryStore {
+	var ticks atomic.Int64
+	start := time.Unix(1_700_000_000, 0)
+	return dedupe.NewMemoryStore(dedupe.MemoryConfig{
+		MaxEntries: n, MaxEntriesPerIdentity: n, MaxBytesPerIdentity: dedupe.DefaultMaxBytes,
+		TTL: 1 << 62, // longer than any benchmark's ticks
+		Now: func() time.Time {
+			return start.Add(time.Duration(ticks.Add(1)) * (dedupe.DefaultRetryHorizon + time.Second))
+		},
+	})
+}
+
 // BenchmarkServerMiss cycles through 4096 keys in a store of 1024 entries:
 // every call is first sight of its key (the key was evicted since), and
 // completing it evicts the least recently used record, the steady state
 // of a full store.
 func BenchmarkServerMiss(b *testing.B) {
-	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 1024})})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: benchStore(1024)})
 	u := s.Unary()
 	ctxs := make([]context.Context, 4096)
 	for i := range ctxs {
@@ -90,7 +108,7 @@ func BenchmarkServerMiss(b *testing.B) {
 func benchClient(b *testing.B, withDedupe bool) echov1.EchoServiceClient {
 	var opts []grpc.ServerOption
 	if withDedupe {
-		opts = dedupeOpts(dedupe.NewServer(dedupe.Config{AllowAnonymous: true}))
+		opts = dedupeOpts(dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: benchStore(dedupe.DefaultMaxEntries)}))
 	}
 	return startEcho(b, origin.New(nil), opts)
 }
@@ -186,13 +204,13 @@ func BenchmarkStreamPassThrough(b *testing.B) {
 // BenchmarkStreamNotOptedIn: Streams lists other methods; a keyed List
 // passes through.
 func BenchmarkStreamNotOptedIn(b *testing.B) {
-	c := dedupe.Config{AllowAnonymous: true, Streams: []string{"/other.v1.Svc/", echov1.EchoService_Chat_FullMethodName}}
+	c := dedupe.Config{AllowAnonymous: true, Methods: []string{"/other.v1.Svc/", echov1.EchoService_Chat_FullMethodName}}
 	benchStream(b, c, metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey()), noopStreamHandler, 0)
 }
 
 // BenchmarkStreamNoKey: List is opted in; the stream carries no key.
 func BenchmarkStreamNoKey(b *testing.B) {
-	c := dedupe.Config{AllowAnonymous: true, Streams: []string{listMethod}}
+	c := dedupe.Config{AllowAnonymous: true, Methods: []string{listMethod}}
 	benchStream(b, c, metadata.Pairs("x-request-id", "1", "user-agent", "bench"), noopStreamHandler, 0)
 }
 
@@ -205,7 +223,7 @@ func BenchmarkStreamHandlerAlone(b *testing.B) {
 // BenchmarkStreamHit: every call after the first is a replay of its 3
 // responses; the handler must not run.
 func BenchmarkStreamHit(b *testing.B) {
-	c := dedupe.Config{AllowAnonymous: true, Streams: []string{listMethod}}
+	c := dedupe.Config{AllowAnonymous: true, Methods: []string{listMethod}}
 	ran := false
 	h := func(srv any, ss grpc.ServerStream) error {
 		if ran {
@@ -226,8 +244,8 @@ func BenchmarkStreamHit(b *testing.B) {
 func BenchmarkStreamMiss(b *testing.B) {
 	s := dedupe.NewServer(dedupe.Config{
 		AllowAnonymous: true,
-		Streams:        []string{listMethod},
-		Store:          dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 1024}),
+		Methods:        []string{listMethod},
+		Store:          benchStore(1024),
 	})
 	st := s.Stream()
 	ctxs := make([]context.Context, 4096)
@@ -279,7 +297,7 @@ func BenchmarkBufconnStreamNoDedupe(b *testing.B) {
 }
 
 func BenchmarkBufconnStreamHit(b *testing.B) {
-	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Streams: []string{listMethod}})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Methods: []string{listMethod}})
 	benchList(b, startEcho(b, origin.New(nil), dedupeOpts(s)), keyed(context.Background(), idempotency.NewKey()))
 	if st := s.Stats(); st.Misses != 1 {
 		b.Fatalf("%+v", st)

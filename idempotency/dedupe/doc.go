@@ -4,7 +4,20 @@
 // retries with the stored outcome, and the [Store] that keeps outcomes
 // ([MemoryStore] in one process).
 //
-// For a unary request that carries a key, [Server.Unary]:
+// Only writes that need it are deduplicated: the methods whose proto marks
+// them retry_with_key, and those listed in Config.Methods. Requests to
+// other methods pass through, keyed or not, and nothing is stored for
+// them.
+//
+// Keys are scoped by the caller's identity (Config.Identity, by default
+// [DefaultIdentity]: the TLS client certificate and the authorization
+// metadata): a caller never receives another caller's outcome, a key
+// another caller used looks unused, and using a key first blocks nobody
+// else. A keyed request from a caller without identity is refused with
+// codes.FailedPrecondition, unless Config.AllowAnonymous lets such callers
+// share one key space.
+//
+// For a keyed unary request to a deduplicated method, [Server.Unary]:
 //
 //   - refuses an invalid key (empty, longer than MaxKeyLen, not printable
 //     ASCII without spaces, or several values) with codes.InvalidArgument;
@@ -19,14 +32,17 @@
 //   - after completion, replays the stored outcome without running the
 //     handler;
 //   - refuses the key reused with another method or request with
-//     codes.InvalidArgument, never answering with another request's outcome.
+//     codes.InvalidArgument, never answering with another request's outcome;
+//   - when the store has no room, refuses the request with
+//     codes.ResourceExhausted and grpc-retry-pushback-ms, before the
+//     handler runs.
 //
-// Requests without a key pass straight through. [Server.Stream] does the
-// same for the server-streaming methods Config.Streams lists, recording
-// every response message; other streams pass through untouched.
+// [Server.Stream] does the same for server-streaming methods, recording
+// every response message; client-streaming and bidirectional streams pass
+// through untouched.
 //
-// The README in this directory explains the design: what is recorded and
-// replayed, the limits of header replay, why client-streaming and
-// bidirectional methods are not deduplicated, and how stored outcomes are
-// bounded.
+// The README in this directory explains the design: identities, what is
+// recorded and replayed, the limits of header replay, why client-streaming
+// and bidirectional methods are not deduplicated, and how stored outcomes
+// are bounded.
 package dedupe

@@ -280,7 +280,7 @@ func TestAnonymousCallers(t *testing.T) {
 	req := &echov1.ChargeRequest{RequestId: "anon", Account: "acct", AmountCents: 1}
 	t.Run("refused", func(t *testing.T) {
 		o := origin.New(nil)
-		s := dedupe.NewServer(dedupe.Config{Streams: []string{listMethod}})
+		s := dedupe.NewServer(dedupe.Config{Methods: []string{listMethod}})
 		c := startEcho(t, o, dedupeOpts(s))
 		_, err := c.Charge(keyed(context.Background(), "k"), req)
 		assert.Equal(t, codes.FailedPrecondition, status.Code(err))

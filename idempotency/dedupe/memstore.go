@@ -2,7 +2,6 @@ package dedupe
 
 import (
 	"context"
-	"strconv"
 	"sync"
 	"time"
 
@@ -12,12 +11,15 @@ import (
 
 // Defaults of MemoryConfig.
 const (
-	DefaultMaxEntries = 10_000
+	DefaultMaxEntries = 100_000
 	DefaultMaxBytes   = 64 << 20
 	// DefaultTTL is how long a completed record is kept by default: a day,
 	// long enough for any client's retries (and for a person pressing
-	// "pay" again the next morning) to be recognised.
+	// "pay" again the next morning) to be recognised, room permitting.
 	DefaultTTL = 24 * time.Hour
+	// DefaultRetryHorizon is how long a completed record is protected from
+	// eviction by default: longer than the retries of any one call.
+	DefaultRetryHorizon = time.Minute
 )
 
 // EntryOverhead is what [MemoryStore] counts, in bytes, for the
@@ -33,30 +35,44 @@ type MemoryConfig struct {
 	// MaxBytes bounds the bytes held, as counted per entry (EntryOverhead
 	// + scope + method + Record.Size); 0 (or less): DefaultMaxBytes.
 	MaxBytes int64
+	// MaxEntriesPerIdentity bounds the entries one identity holds (the
+	// identity "" of anonymous callers included); 0 (or less): a quarter
+	// of MaxEntries, at least 1. At most MaxEntries.
+	MaxEntriesPerIdentity int
+	// MaxBytesPerIdentity bounds the bytes one identity's entries hold;
+	// 0 (or less): a quarter of MaxBytes. At most MaxBytes.
+	MaxBytesPerIdentity int64
 	// TTL is how long a completed record is kept after completion (a hit
 	// does not extend it); 0 (or less): DefaultTTL.
 	TTL time.Duration
+	// RetryHorizon is how long after completion a record may not be
+	// evicted to make room: a claim that would need to evict a younger
+	// record is refused instead. 0: DefaultRetryHorizon; negative: no
+	// protection (the oldest record is evicted, however young).
+	RetryHorizon time.Duration
 	// Now is the clock; nil: time.Now.
 	Now func() time.Time
 }
 
 // MemoryStore is the in-process [Store]: a map of entries bounded in count
-// and bytes, with TTL and least-recently-used eviction of completed
-// entries.
+// and bytes, in total and per identity, with a TTL.
 //
 //   - Completed records expire TTL after completion. Expiry is lazy (no
 //     background goroutine): expired entries are dropped, oldest first,
 //     whenever a key is claimed or completed, and an expired entry found by
 //     Claim is treated as absent.
-//   - When a new key or a completed record needs room, the least recently
-//     used completed entries (a replayed hit counts as a use) are evicted
-//     until the entry fits. In-flight entries are never evicted.
-//   - In-flight entries count toward both bounds. When the bounds are taken
-//     by in-flight entries alone, Claim of a new key fails with
-//     codes.ResourceExhausted: the handler has not run, so the caller may
-//     retry later, and memory does not grow past the bounds.
-//   - A record that does not fit even after evicting every completed entry
-//     (larger than MaxBytes, or the rest is in flight) is not stored.
+//   - An identity holds at most MaxEntriesPerIdentity entries and
+//     MaxBytesPerIdentity bytes. When a new key or a completed record of an
+//     identity needs room within its share, that identity's oldest
+//     completed records are evicted; never another identity's.
+//   - When the store as a whole needs room, the oldest completed records
+//     of any identity are evicted.
+//   - A record younger than RetryHorizon is never evicted, nor is an entry
+//     in flight. A Claim that would need to evict one fails with
+//     codes.ResourceExhausted and a RetryInfo saying when to come back:
+//     the handler has not run, so the caller may retry then.
+//   - A record that does not fit (larger than the identity's share, or the
+//     room is held by young records and entries in flight) is not stored.
 //     Instead the key keeps a small tombstone whose replay is
 //     codes.Internal "response too large to keep": the request ran once
 //     and must not run again, and its response is gone.
@@ -66,14 +82,15 @@ type MemoryConfig struct {
 // execution it waits for completes or is released, or when its context is
 // done; nothing is left behind.
 type MemoryStore struct {
-	maxEntries int
-	maxBytes   int64
-	ttl        time.Duration
-	now        func() time.Time
+	maxEntries, maxEntriesPerID int
+	maxBytes, maxBytesPerID     int64
+	ttl, horizon                time.Duration
+	now                         func() time.Time
 
 	mu       sync.Mutex
 	entries  map[Scope]*entry
-	root     entry // sentinel of the LRU list (links[lruList]) and expiry list (links[fifoList])
+	ids      map[string]*identity
+	root     entry // sentinel of the list of completed entries, oldest first
 	inFlight int
 	bytes    int64
 	stats    MemoryStats
@@ -83,6 +100,8 @@ type MemoryStore struct {
 type MemoryStats struct {
 	// Entries and InFlight count the entries held, and those in flight.
 	Entries, InFlight int
+	// Identities counts the identities that hold entries.
+	Identities int
 	// Bytes is the bytes held, as counted against MaxBytes.
 	Bytes int64
 	// Evictions counts completed entries dropped for room before their TTL.
@@ -92,9 +111,14 @@ type MemoryStats struct {
 	// Oversized counts records kept as a tombstone because they did not
 	// fit.
 	Oversized uint64
-	// Busy counts Claims refused with ResourceExhausted because the bounds
-	// were taken by in-flight entries.
+	// Busy counts Claims refused with ResourceExhausted because the
+	// store's bounds were taken by entries in flight and records younger
+	// than RetryHorizon.
 	Busy uint64
+	// OverQuota counts Claims refused with ResourceExhausted because the
+	// caller's identity held its share in entries in flight and records
+	// younger than RetryHorizon.
+	OverQuota uint64
 }
 
 type entryState uint8
@@ -106,30 +130,40 @@ const (
 )
 
 const (
-	lruList  = 0 // front: most recently used
-	fifoList = 1 // front: completed first, so expires first
+	allList = 0 // every completed entry, oldest first
+	idList  = 1 // one identity's completed entries, oldest first
 )
 
 type links struct{ prev, next *entry }
 
 type entry struct {
-	store   *MemoryStore
-	scope   Scope
-	fp      Fingerprint
-	state   entryState
-	rec     *Record
-	size    int64
-	expires time.Time
-	done    chan struct{} // made by the first waiter; closed on complete or release
-	links   [2]links      // in both lists only while completed and held
+	store     *MemoryStore
+	id        *identity
+	key       string
+	fp        Fingerprint
+	state     entryState
+	rec       *Record
+	size      int64
+	completed time.Time
+	done      chan struct{} // made by the first waiter; closed on complete or release
+	links     [2]links      // in both lists only while completed and held
 }
 
-// insertAfter links x into list l right after e.
-func (e *entry) insertAfter(x *entry, l int) {
-	n := e.links[l].next
-	x.links[l] = links{prev: e, next: n}
-	e.links[l].next = x
-	n.links[l].prev = x
+// identity is what one identity holds.
+type identity struct {
+	name    string
+	entries int
+	bytes   int64
+	root    entry // sentinel of links[idList]
+}
+
+// insertBefore links x into list l right before e (at the back, when e is
+// a sentinel).
+func (e *entry) insertBefore(x *entry, l int) {
+	p := e.links[l].prev
+	x.links[l] = links{prev: p, next: e}
+	p.links[l].next = x
+	e.links[l].prev = x
 }
 
 // unlink takes e out of list l, if it is in it.
@@ -143,14 +177,20 @@ func (e *entry) unlink(l int) {
 	e.links[l] = links{}
 }
 
+func initList(root *entry, l int) { root.links[l] = links{prev: root, next: root} }
+
 // NewMemoryStore returns an empty MemoryStore configured by c.
 func NewMemoryStore(c MemoryConfig) *MemoryStore {
 	m := &MemoryStore{
-		maxEntries: c.MaxEntries,
-		maxBytes:   c.MaxBytes,
-		ttl:        c.TTL,
-		now:        c.Now,
-		entries:    map[Scope]*entry{},
+		maxEntries:      c.MaxEntries,
+		maxBytes:        c.MaxBytes,
+		maxEntriesPerID: c.MaxEntriesPerIdentity,
+		maxBytesPerID:   c.MaxBytesPerIdentity,
+		ttl:             c.TTL,
+		horizon:         c.RetryHorizon,
+		now:             c.Now,
+		entries:         map[Scope]*entry{},
+		ids:             map[string]*identity{},
 	}
 	if m.maxEntries <= 0 {
 		m.maxEntries = DefaultMaxEntries
@@ -158,15 +198,24 @@ func NewMemoryStore(c MemoryConfig) *MemoryStore {
 	if m.maxBytes <= 0 {
 		m.maxBytes = DefaultMaxBytes
 	}
+	if m.maxEntriesPerID <= 0 {
+		m.maxEntriesPerID = max(m.maxEntries/4, 1)
+	}
+	m.maxEntriesPerID = min(m.maxEntriesPerID, m.maxEntries)
+	if m.maxBytesPerID <= 0 {
+		m.maxBytesPerID = m.maxBytes / 4
+	}
+	m.maxBytesPerID = min(m.maxBytesPerID, m.maxBytes)
 	if m.ttl <= 0 {
 		m.ttl = DefaultTTL
+	}
+	if m.horizon == 0 {
+		m.horizon = DefaultRetryHorizon
 	}
 	if m.now == nil {
 		m.now = time.Now
 	}
-	for l := range m.root.links {
-		m.root.links[l] = links{prev: &m.root, next: &m.root}
-	}
+	initList(&m.root, allList)
 	return m
 }
 
@@ -175,12 +224,13 @@ func (m *MemoryStore) Stats() MemoryStats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := m.stats
-	s.Entries, s.InFlight, s.Bytes = len(m.entries), m.inFlight, m.bytes
+	s.Entries, s.InFlight, s.Identities, s.Bytes = len(m.entries), m.inFlight, len(m.ids), m.bytes
 	return s
 }
 
 // Claim implements [Store]. It fails with codes.ResourceExhausted when a
-// new key does not fit because the bounds are taken by in-flight entries.
+// new key does not fit without evicting an entry in flight or a record
+// younger than RetryHorizon.
 func (m *MemoryStore) Claim(_ context.Context, scope Scope, fp Fingerprint) (Claim, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -190,28 +240,101 @@ func (m *MemoryStore) Claim(_ context.Context, scope Scope, fp Fingerprint) (Cla
 		switch {
 		case e.state == inFlight:
 			return Claim{State: InFlight, Scope: scope, Holder: e.fp, Token: e}, nil
-		case now.Before(e.expires):
-			e.unlink(lruList)
-			m.root.insertAfter(e, lruList)
+		case now.Before(e.completed.Add(m.ttl)):
 			return Claim{State: Done, Scope: scope, Holder: e.fp, Record: e.rec}, nil
-		default: // expired, with a clock that went back or an out-of-order expiry list
+		default: // expired, with a clock that went back
 			m.dropLocked(e)
 			m.stats.Expirations++
 		}
 	}
 	size := EntryOverhead + int64(len(scope.Identity)+len(scope.Key)+len(fp.Method))
-	for len(m.entries)+1 > m.maxEntries || m.bytes+size > m.maxBytes {
-		if !m.evictOldestLocked() {
+	id := m.ids[scope.Identity]
+	if err := m.roomLocked(id, 1, size, now); err != nil {
+		return Claim{}, err
+	}
+	if id = m.ids[scope.Identity]; id == nil { // new, or emptied to make room
+		id = &identity{name: scope.Identity}
+		initList(&id.root, idList)
+		m.ids[id.name] = id
+	}
+	e := &entry{store: m, id: id, key: scope.Key, fp: fp, state: inFlight, size: size}
+	m.entries[Scope{Identity: id.name, Key: scope.Key}] = e
+	m.inFlight++
+	m.add(id, 1, size)
+	return Claim{State: Owned, Scope: scope, Holder: fp, Token: e}, nil
+}
+
+func (m *MemoryStore) add(id *identity, entries int, bytes int64) {
+	id.entries += entries
+	id.bytes += bytes
+	m.bytes += bytes
+}
+
+// roomLocked evicts completed entries until id (nil for an identity that
+// holds nothing yet) can take n more entries and size more bytes, within
+// its share and the store's bounds. It evicts the identity's own oldest
+// records for its share, and the oldest of all for the store's bounds, but
+// never a record younger than the retry horizon: then it returns a
+// ResourceExhausted status error with the time until one is old enough.
+func (m *MemoryStore) roomLocked(id *identity, n int, size int64, now time.Time) error {
+	if id != nil {
+		for id.entries+n > m.maxEntriesPerID || id.bytes+size > m.maxBytesPerID {
+			if err := m.evictOldestLocked(&id.root, idList, now); err != nil {
+				m.stats.OverQuota++
+				return full("this caller holds its share of the store", err)
+			}
+		}
+	} else if int64(n) > int64(m.maxEntriesPerID) || size > m.maxBytesPerID {
+		m.stats.OverQuota++
+		return full("this caller holds its share of the store", errNothing)
+	}
+	for len(m.entries)+n > m.maxEntries || m.bytes+size > m.maxBytes {
+		if err := m.evictOldestLocked(&m.root, allList, now); err != nil {
 			m.stats.Busy++
-			return Claim{}, status.Error(codes.ResourceExhausted, "dedupe: store full of requests in flight ("+
-				strconv.Itoa(m.inFlight)+" entries); try again later")
+			return full("the store is full", err)
 		}
 	}
-	e := &entry{store: m, scope: scope, fp: fp, state: inFlight, size: size}
-	m.entries[scope] = e
-	m.inFlight++
-	m.bytes += size
-	return Claim{State: Owned, Scope: scope, Holder: fp, Token: e}, nil
+	return nil
+}
+
+// busyPushback is when to come back after a refusal while only entries in
+// flight hold the room: they usually finish well within a second.
+const busyPushback = time.Second
+
+// tooYoung says that the oldest completed record of the list that must
+// make room is younger than the retry horizon by wait; errNothing, that
+// the list has none.
+type tooYoung struct{ wait time.Duration }
+
+func (tooYoung) Error() string { return "records too young to evict" }
+
+var errNothing = tooYoung{wait: busyPushback}
+
+// evictOldestLocked drops the oldest completed entry of list l (whose
+// sentinel is root), unless it is younger than the retry horizon.
+func (m *MemoryStore) evictOldestLocked(root *entry, l int, now time.Time) error {
+	e := root.links[l].next
+	if e == root {
+		return errNothing
+	}
+	if m.horizon > 0 {
+		if wait := e.completed.Add(m.horizon).Sub(now); wait > 0 {
+			return tooYoung{wait: wait}
+		}
+	}
+	m.dropLocked(e)
+	m.stats.Evictions++
+	return nil
+}
+
+// full returns the ResourceExhausted status of a refused claim.
+func full(why string, err error) error {
+	wait := busyPushback
+	if ty, ok := err.(tooYoung); ok {
+		wait = ty.wait
+	}
+	return resourceExhausted("dedupe: "+why+" in requests in flight and records younger than the retry horizon; "+
+		"the request did not run; try again in "+wait.Round(time.Millisecond).String(), wait)
 }
 
 // tooLarge is the message of a tombstone's replay.
@@ -234,26 +357,22 @@ func (m *MemoryStore) Complete(_ context.Context, c Claim, rec *Record) error {
 	}
 	now := m.now()
 	m.expireLocked(now)
-	size := e.size + rec.Size()
-	fits := size <= m.maxBytes
-	for fits && m.bytes-e.size+size > m.maxBytes {
-		fits = m.evictOldestLocked()
-	}
-	if !fits {
+	grow := rec.Size()
+	if e.size+grow > m.maxBytesPerID || m.roomLocked(e.id, 0, grow, now) != nil {
 		// A tombstone takes no more than the in-flight entry did: its
 		// message is a shared constant.
 		rec = &Record{Fingerprint: e.fp, Code: codes.Internal, Message: tooLarge}
-		size = e.size
+		grow = 0
 		m.stats.Oversized++
 	}
-	m.bytes += size - e.size
-	e.size = size
+	m.add(e.id, 0, grow)
+	e.size += grow
 	e.state = completed
 	e.rec = rec
-	e.expires = now.Add(m.ttl)
+	e.completed = now
 	m.inFlight--
-	m.root.insertAfter(e, lruList)
-	m.root.links[fifoList].prev.insertAfter(e, fifoList)
+	m.root.insertBefore(e, allList)
+	e.id.root.insertBefore(e, idList)
 	if e.done != nil {
 		close(e.done)
 	}
@@ -268,9 +387,8 @@ func (m *MemoryStore) Release(_ context.Context, c Claim) error {
 	if err != nil {
 		return err
 	}
-	delete(m.entries, e.scope)
-	m.bytes -= e.size
 	m.inFlight--
+	m.dropLocked(e)
 	e.state = released
 	if e.done != nil {
 		close(e.done)
@@ -321,29 +439,22 @@ func (m *MemoryStore) ownedLocked(c Claim) (*entry, error) {
 // expireLocked drops the completed entries whose TTL has passed, oldest
 // first.
 func (m *MemoryStore) expireLocked(now time.Time) {
-	for e := m.root.links[fifoList].next; e != &m.root && !now.Before(e.expires); e = m.root.links[fifoList].next {
+	for e := m.root.links[allList].next; e != &m.root && !now.Before(e.completed.Add(m.ttl)); e = m.root.links[allList].next {
 		m.dropLocked(e)
 		m.stats.Expirations++
 	}
 }
 
-// evictOldestLocked drops the least recently used completed entry, and
-// reports whether there was one.
-func (m *MemoryStore) evictOldestLocked() bool {
-	e := m.root.links[lruList].prev
-	if e == &m.root {
-		return false
-	}
-	m.dropLocked(e)
-	m.stats.Evictions++
-	return true
-}
-
-// dropLocked removes the completed entry e. Its record stays reachable by
-// waiters that hold e.
+// dropLocked removes the entry e, completed or in flight (the caller
+// counts the latter), and its identity once it holds nothing. Its record
+// stays reachable by waiters that hold e.
 func (m *MemoryStore) dropLocked(e *entry) {
-	e.unlink(lruList)
-	e.unlink(fifoList)
-	delete(m.entries, e.scope)
-	m.bytes -= e.size
+	e.unlink(allList)
+	e.unlink(idList)
+	id := e.id
+	delete(m.entries, Scope{Identity: id.name, Key: e.key})
+	m.add(id, -1, -e.size)
+	if id.entries == 0 {
+		delete(m.ids, id.name)
+	}
 }

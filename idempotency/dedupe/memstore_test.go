@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -36,6 +37,20 @@ func (c *fakeClock) Advance(d time.Duration) {
 	defer c.mu.Unlock()
 	c.t = c.t.Add(d)
 }
+
+// Ticking returns a clock that moves d forward at every reading, so that
+// every record is older than the retry horizon by the next operation.
+func (c *fakeClock) Ticking(d time.Duration) func() time.Time {
+	return func() time.Time {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.t = c.t.Add(d)
+		return c.t
+	}
+}
+
+// pastHorizon is longer than the default retry horizon.
+const pastHorizon = dedupe.DefaultRetryHorizon + time.Second
 
 func fingerprint(method, req string) dedupe.Fingerprint {
 	return dedupe.Fingerprint{Method: method, RequestHash: sha256.Sum256([]byte(req))}
@@ -67,7 +82,7 @@ func TestMemoryStoreClaimCompleteReplay(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, dedupe.Owned, c.State)
 	assert.Equal(t, fp, c.Holder)
-	assert.Equal(t, dedupe.MemoryStats{Entries: 1, InFlight: 1, Bytes: dedupe.EntryOverhead + 1 + 11}, s.Stats())
+	assert.Equal(t, dedupe.MemoryStats{Entries: 1, InFlight: 1, Identities: 1, Bytes: dedupe.EntryOverhead + 1 + 11}, s.Stats())
 
 	// A duplicate, even of another request, sees it in flight with its holder.
 	other := fingerprint("/p.S/Refund", "x")
@@ -179,13 +194,15 @@ func TestMemoryStoreWait(t *testing.T) {
 		require.NoError(t, s.Release(bg, owner))
 	})
 	t.Run("record survives eviction", func(t *testing.T) {
-		small := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 1})
+		clock := newClock()
+		small := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 1, Now: clock.Now})
 		owner, err := small.Claim(bg, sc("a"), fp)
 		require.NoError(t, err)
 		dup, err := small.Claim(bg, sc("a"), fp)
 		require.NoError(t, err)
 		rec := okRecord(fp, "r")
 		require.NoError(t, small.Complete(bg, owner, rec))
+		clock.Advance(pastHorizon)
 		claimComplete(t, small, "b", fp, "evicts a") // a is gone from the map
 		assert.Equal(t, uint64(1), small.Stats().Evictions)
 		got, err := small.Wait(bg, dup)
@@ -244,17 +261,20 @@ func TestMemoryStoreTTL(t *testing.T) {
 	assert.Equal(t, dedupe.MemoryStats{Expirations: 2}, s.Stats())
 }
 
-func TestMemoryStoreLRU(t *testing.T) {
-	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 3})
+func TestMemoryStoreEvictsOldestFirst(t *testing.T) {
+	clock := newClock()
+	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 3, MaxEntriesPerIdentity: 3, Now: clock.Now})
 	fp := fingerprint("/p.S/Charge", "req")
 	for _, k := range []string{"a", "b", "c"} {
 		claimComplete(t, s, k, fp, k)
+		clock.Advance(time.Second)
 	}
-	c, err := s.Claim(bg, sc("a"), fp) // a hit makes a recently used
+	c, err := s.Claim(bg, sc("a"), fp) // a hit does not make a younger
 	require.NoError(t, err)
 	require.Equal(t, dedupe.Done, c.State)
 
-	claimComplete(t, s, "d", fp, "d") // evicts b, the least recently used
+	clock.Advance(pastHorizon)
+	claimComplete(t, s, "d", fp, "d") // evicts a, the oldest
 	state := func(k string) dedupe.ClaimState {
 		c, err := s.Claim(bg, sc(k), fp)
 		require.NoError(t, err)
@@ -263,15 +283,16 @@ func TestMemoryStoreLRU(t *testing.T) {
 		}
 		return c.State
 	}
-	assert.Equal(t, dedupe.Done, state("a"))
+	assert.Equal(t, dedupe.Done, state("b"))
 	assert.Equal(t, dedupe.Done, state("c"))
 	assert.Equal(t, dedupe.Done, state("d"))
-	assert.Equal(t, dedupe.Owned, state("b"))
-	assert.Equal(t, uint64(2), s.Stats().Evictions) // b for d, then a (now least recently used) for the probe of b
+	assert.Equal(t, dedupe.Owned, state("a"))
+	assert.Equal(t, uint64(2), s.Stats().Evictions) // a for d, then b (now the oldest) for the probe of a
 }
 
 func TestMemoryStoreInFlightNeverEvicted(t *testing.T) {
-	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 2})
+	clock := newClock()
+	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 2, MaxEntriesPerIdentity: 2, Now: clock.Now})
 	fp := fingerprint("/p.S/Charge", "req")
 	a, err := s.Claim(bg, sc("a"), fp)
 	require.NoError(t, err)
@@ -280,10 +301,12 @@ func TestMemoryStoreInFlightNeverEvicted(t *testing.T) {
 
 	_, err = s.Claim(bg, sc("c"), fp)
 	assert.Equal(t, codes.ResourceExhausted, status.Code(err))
-	assert.Equal(t, dedupe.MemoryStats{Entries: 2, InFlight: 2, Bytes: 2 * (dedupe.EntryOverhead + 1 + 11), Busy: 1}, s.Stats())
+	assert.Equal(t, dedupe.MemoryStats{Entries: 2, InFlight: 2, Identities: 1, Bytes: 2 * (dedupe.EntryOverhead + 1 + 11), OverQuota: 1}, s.Stats())
 
-	// Once a completes, it is the one evicted for c; b stays in flight.
+	// Once a completes and is past the retry horizon, it is the one
+	// evicted for c; b stays in flight.
 	require.NoError(t, s.Complete(bg, a, okRecord(fp, "a")))
+	clock.Advance(pastHorizon)
 	c, err := s.Claim(bg, sc("c"), fp)
 	require.NoError(t, err)
 	assert.Equal(t, dedupe.Owned, c.State)
@@ -296,7 +319,8 @@ func TestMemoryStoreInFlightNeverEvicted(t *testing.T) {
 
 func TestMemoryStoreBytesBound(t *testing.T) {
 	const maxBytes = 8 << 10
-	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxBytes: maxBytes})
+	clock := newClock()
+	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxBytes: maxBytes, MaxBytesPerIdentity: maxBytes, Now: clock.Ticking(pastHorizon)})
 	fp := fingerprint("/p.S/Charge", "req")
 	big := string(make([]byte, 1500))
 	for i := range 100 {
@@ -312,7 +336,7 @@ func TestMemoryStoreBytesBound(t *testing.T) {
 
 func TestMemoryStoreOversizedRecord(t *testing.T) {
 	const maxBytes = 4 << 10
-	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxBytes: maxBytes})
+	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxBytes: maxBytes, MaxBytesPerIdentity: maxBytes})
 	fp := fingerprint("/p.S/Charge", "req")
 	claimComplete(t, s, "small", fp, "ok")
 
@@ -336,7 +360,7 @@ func TestMemoryStoreOversizedRecord(t *testing.T) {
 
 func TestMemoryStoreRecordDoesNotFitBesideInFlight(t *testing.T) {
 	inflight := int64(dedupe.EntryOverhead + 1 + 11)
-	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxBytes: 2*inflight + 100})
+	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxBytes: 2*inflight + 100, MaxBytesPerIdentity: 2*inflight + 100})
 	fp := fingerprint("/p.S/Charge", "req")
 	a, err := s.Claim(bg, sc("a"), fp)
 	require.NoError(t, err)
@@ -364,7 +388,13 @@ func TestMemoryStoreFlood(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const keys, maxEntries, workers = 100_000, 10_000, 8
-			s := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: maxEntries, MaxBytes: tc.maxBytes})
+			// Every record is past the retry horizon by the next claim,
+			// so that the flood evicts rather than waits; the TTL is
+			// longer than the flood.
+			s := dedupe.NewMemoryStore(dedupe.MemoryConfig{
+				MaxEntries: maxEntries, MaxBytes: tc.maxBytes, MaxEntriesPerIdentity: maxEntries, MaxBytesPerIdentity: tc.maxBytes,
+				TTL: 1000 * 24 * time.Hour, Now: newClock().Ticking(pastHorizon),
+			})
 			maxBytes := tc.maxBytes
 			if maxBytes == 0 {
 				maxBytes = dedupe.DefaultMaxBytes
@@ -437,4 +467,82 @@ func TestRecordSizeCountsStreamResponses(t *testing.T) {
 	r.Fingerprint = fp
 	require.NoError(t, m.Complete(context.Background(), c, r))
 	assert.Equal(t, dedupe.EntryOverhead+1+6+r.Size(), m.Stats().Bytes)
+}
+
+// retryAfter returns the RetryInfo delay of a refused claim.
+func retryAfter(t *testing.T, err error) time.Duration {
+	t.Helper()
+	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	for _, d := range status.Convert(err).Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			return ri.GetRetryDelay().AsDuration()
+		}
+	}
+	t.Fatalf("no RetryInfo in %v", err)
+	return 0
+}
+
+// One identity never evicts another's records within the retry horizon:
+// it is held to its share, and a store full of young records refuses new
+// claims rather than evicting one.
+func TestMemoryStoreProtectsYoungRecordsAcrossIdentities(t *testing.T) {
+	clock := newClock()
+	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 8, MaxEntriesPerIdentity: 2, Now: clock.Now})
+	fp := fingerprint("/p.S/Charge", "req")
+	as := func(who, key string) dedupe.Scope { return dedupe.Scope{Identity: who, Key: key} }
+	complete := func(who, key string) {
+		t.Helper()
+		c, err := s.Claim(bg, as(who, key), fp)
+		require.NoError(t, err)
+		require.Equal(t, dedupe.Owned, c.State)
+		require.NoError(t, s.Complete(bg, c, okRecord(fp, who+key)))
+	}
+	state := func(who, key string) dedupe.ClaimState {
+		t.Helper()
+		c, err := s.Claim(bg, as(who, key), fp)
+		require.NoError(t, err)
+		if c.State == dedupe.Owned {
+			require.NoError(t, s.Release(bg, c))
+		}
+		return c.State
+	}
+
+	complete("y", "y1")
+	clock.Advance(10 * time.Second)
+	complete("x", "x1")
+	complete("x", "x2")
+	// X holds its share in young records: X is refused, Y is not touched.
+	_, err := s.Claim(bg, as("x", "x3"), fp)
+	assert.Equal(t, dedupe.DefaultRetryHorizon, retryAfter(t, err))
+	assert.Equal(t, uint64(1), s.Stats().OverQuota)
+
+	// Fill the store with young records of other identities.
+	complete("y", "y2")
+	for _, who := range []string{"a", "b"} {
+		complete(who, "1")
+		complete(who, "2")
+	}
+	require.Equal(t, 8, s.Stats().Entries)
+	_, err = s.Claim(bg, as("c", "1"), fp)
+	assert.Equal(t, dedupe.DefaultRetryHorizon-10*time.Second, retryAfter(t, err), "until y1 is old enough")
+	assert.Equal(t, uint64(1), s.Stats().Busy)
+	assert.Zero(t, s.Stats().Evictions)
+
+	// Past y1's horizon (not the others'): c's claim evicts y1, the oldest.
+	clock.Advance(dedupe.DefaultRetryHorizon - 10*time.Second)
+	c, err := s.Claim(bg, as("c", "1"), fp)
+	require.NoError(t, err)
+	require.NoError(t, s.Release(bg, c))
+	assert.Equal(t, uint64(1), s.Stats().Evictions)
+	assert.Equal(t, dedupe.Owned, state("y", "y1"), "evicted")
+	assert.Equal(t, dedupe.Done, state("y", "y2"))
+
+	// Past every horizon: X at its share evicts its own oldest record,
+	// never another identity's.
+	clock.Advance(dedupe.DefaultRetryHorizon)
+	complete("x", "x3")
+	for _, k := range [][2]string{{"x", "x2"}, {"x", "x3"}, {"y", "y2"}, {"a", "1"}, {"a", "2"}, {"b", "1"}, {"b", "2"}} {
+		assert.Equal(t, dedupe.Done, state(k[0], k[1]), "%v", k)
+	}
+	assert.Equal(t, dedupe.Owned, state("x", "x1"), "x's own oldest made room")
 }

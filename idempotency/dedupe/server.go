@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -27,10 +29,10 @@ import (
 const DefaultNotStored = idempotency.CodeSet(1<<codes.Canceled | 1<<codes.DeadlineExceeded |
 	1<<codes.ResourceExhausted | 1<<codes.Aborted | 1<<codes.Unavailable)
 
-// Config configures a Server. The zero value deduplicates keyed unary
-// requests in a default [MemoryStore], scoped by [DefaultIdentity];
-// refuses keyed requests from callers without identity; and passes every
-// stream through.
+// Config configures a Server. The zero value deduplicates the keyed
+// requests of retry_with_key methods in a default [MemoryStore], scoped by
+// [DefaultIdentity], and refuses such requests from callers without
+// identity.
 type Config struct {
 	// Store keeps the records; nil: NewMemoryStore(MemoryConfig{}).
 	// Several Servers (for example one per service of a process) may
@@ -58,14 +60,14 @@ type Config struct {
 	// retry executes the handler again; 0: DefaultNotStored. A handler
 	// that returns one of these codes must not have applied its effect.
 	NotStored idempotency.CodeSet
-	// Streams opts server-streaming methods in to deduplication: full
-	// method names ("/pkg.Svc/Method", the leading slash optional) or
-	// whole services ("/pkg.Svc/" or "pkg.Svc"), as in
-	// ResolverConfig.Idempotent. Empty entries are ignored. Client-streaming
-	// and bidirectional methods are not deduplicated even when listed (see
-	// [Server]). Empty: [Server.Stream] passes every stream through
-	// untouched.
-	Streams []string
+	// Methods lists methods to deduplicate besides those whose proto marks
+	// them retry_with_key (see idempotency.Lookup), for protos you cannot
+	// annotate: full method names ("/pkg.Svc/Method", the leading slash
+	// optional) or whole services ("/pkg.Svc/" or "pkg.Svc"). Empty
+	// entries are ignored. Keys on any other method are not looked at:
+	// those requests pass through, and nothing is stored. Client-streaming
+	// and bidirectional methods pass through even when listed.
+	Methods []string
 	// MaxStreamBytes bounds the response messages recorded for one
 	// deduplicated stream, in bytes, each message counted as its
 	// serialized length plus ResponseOverhead (as Record.Size counts it);
@@ -79,9 +81,9 @@ type Config struct {
 // DefaultMaxStreamBytes is the default of Config.MaxStreamBytes.
 const DefaultMaxStreamBytes = 1 << 20
 
-// Server holds the deduplicating server interceptors: [Server.Unary] for
-// unary methods and [Server.Stream] for the server-streaming methods that
-// Config.Streams opts in. The package documentation says what each does
+// Server holds the deduplicating server interceptors, [Server.Unary] and
+// [Server.Stream], for the unary and server-streaming methods that are
+// marked retry_with_key or listed in Config.Methods. The package documentation says what each does
 // with a keyed request.
 //
 // Create a Server with [NewServer]; the zero Server is not usable. A
@@ -93,11 +95,10 @@ type Server struct {
 	notStored      idempotency.CodeSet
 	methods        cowmap.Map[string, *methodInfo]
 
-	// streams is Config.Streams, parsed.
-	streams        protoreg.MethodSet
+	extra          protoreg.MethodSet // Config.Methods
 	maxStreamBytes int64
 
-	hits, misses, waits, conflicts, invalid, anonymous, notStoredN, storeErrors, oversized atomic.Uint64
+	hits, misses, waits, conflicts, invalid, anonymous, full, notStoredN, storeErrors, oversized atomic.Uint64
 }
 
 // Stats counts what a Server did, since it was created.
@@ -117,10 +118,12 @@ type Stats struct {
 	// Anonymous counts keyed requests refused because the caller had no
 	// identity and Config.AllowAnonymous was not set.
 	Anonymous uint64
+	// Full counts keyed requests refused because the store had no room
+	// (codes.ResourceExhausted, with a pushback); the handler did not run.
+	Full uint64
 	// NotStored counts handler runs whose outcome was not stored.
 	NotStored uint64
-	// StoreErrors counts Store calls that failed, including a MemoryStore
-	// refusing a new key while full of requests in flight.
+	// StoreErrors counts Store calls that failed.
 	StoreErrors uint64
 	// Oversized counts deduplicated streams whose responses outgrew
 	// Config.MaxStreamBytes and whose outcome was stored as a
@@ -146,7 +149,7 @@ func NewServer(c Config) *Server {
 		s.notStored = DefaultNotStored
 	}
 	s.methods.Max = maxMethods
-	s.streams = protoreg.ParseMethodSet(c.Streams)
+	s.extra = protoreg.ParseMethodSet(c.Methods)
 	s.maxStreamBytes = c.MaxStreamBytes
 	if s.maxStreamBytes <= 0 {
 		s.maxStreamBytes = DefaultMaxStreamBytes
@@ -163,6 +166,7 @@ func (s *Server) Stats() Stats {
 		Conflicts:   s.conflicts.Load(),
 		Invalid:     s.invalid.Load(),
 		Anonymous:   s.anonymous.Load(),
+		Full:        s.full.Load(),
 		NotStored:   s.notStoredN.Load(),
 		StoreErrors: s.storeErrors.Load(),
 		Oversized:   s.oversized.Load(),
@@ -173,20 +177,15 @@ func (s *Server) Stats() Stats {
 func (s *Server) Unary() grpc.UnaryServerInterceptor { return s.unary }
 
 // Stream returns the stream server interceptor: it deduplicates the
-// server-streaming methods Config.Streams opts in, and passes every
-// other stream through untouched (see [Server]).
-func (s *Server) Stream() grpc.StreamServerInterceptor {
-	if s.streams.Empty() {
-		return passStream
-	}
-	return s.stream
-}
-
-func passStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	return handler(srv, ss)
-}
+// server-streaming methods to deduplicate, and passes every other stream
+// through untouched.
+func (s *Server) Stream() grpc.StreamServerInterceptor { return s.stream }
 
 func (s *Server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	mi := s.method(info.FullMethod)
+	if !mi.dedupe {
+		return handler(ctx, req)
+	}
 	key, ok, err := idempotency.KeyFromIncoming(ctx)
 	if !ok {
 		return handler(ctx, req)
@@ -208,10 +207,12 @@ func (s *Server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	if fp.RequestHash, err = hashRequest(msg); err != nil {
 		return nil, status.Error(codes.Internal, "dedupe: cannot serialize the request: "+err.Error())
 	}
-	mi := s.method(info.FullMethod)
 	c, rec, err := s.claim(ctx, scope, fp)
 	switch {
 	case err != nil:
+		if md := pushbackMD(err); md != nil {
+			_ = grpc.SetTrailer(ctx, md)
+		}
 		return nil, err
 	case rec != nil:
 		return s.replay(ctx, mi, fp, rec)
@@ -242,8 +243,7 @@ func (s *Server) claim(ctx context.Context, scope Scope, fp Fingerprint) (Claim,
 	for {
 		c, err := s.store.Claim(ctx, scope, fp)
 		if err != nil {
-			s.storeErrors.Add(1)
-			return Claim{}, nil, storeError(err)
+			return Claim{}, nil, s.storeError(err)
 		}
 		switch c.State {
 		case Owned:
@@ -266,10 +266,10 @@ func (s *Server) claim(ctx context.Context, scope Scope, fp Fingerprint) (Claim,
 			s.waits.Add(1)
 			rec, err := s.store.Wait(ctx, c)
 			if err != nil {
-				if ctx.Err() == nil {
-					s.storeErrors.Add(1)
+				if ctx.Err() != nil {
+					return Claim{}, nil, status.FromContextError(ctx.Err()).Err()
 				}
-				return Claim{}, nil, storeError(err)
+				return Claim{}, nil, s.storeError(err)
 			}
 			if rec != nil {
 				s.hits.Add(1)
@@ -384,25 +384,59 @@ func (rec *Record) err() error {
 	return status.FromProto(p).Err()
 }
 
-// storeError turns a Store's error into a status error.
-func storeError(err error) error {
+// storeError turns a Store's error into the status error the caller gets,
+// and counts it: a refusal for want of room is passed on with its
+// pushback; anything else is a store error.
+func (s *Server) storeError(err error) error {
 	if st, ok := status.FromError(err); ok {
+		if st.Code() == codes.ResourceExhausted {
+			s.full.Add(1)
+			wait, ok := retryDelay(st)
+			if !ok {
+				wait = busyPushback
+			}
+			return &pushbackError{st: st, after: wait}
+		}
+		s.storeErrors.Add(1)
 		return st.Err()
 	}
+	s.storeErrors.Add(1)
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return status.FromContextError(err).Err()
 	}
 	return status.Error(codes.Unavailable, "dedupe: store: "+err.Error())
 }
 
+// pushbackError is a status error that tells the caller when to retry:
+// the interceptor sends it as grpc-retry-pushback-ms.
+type pushbackError struct {
+	st    *status.Status
+	after time.Duration
+}
+
+func (e *pushbackError) Error() string              { return e.st.Err().Error() }
+func (e *pushbackError) GRPCStatus() *status.Status { return e.st }
+
+// pushbackMD returns the trailer that carries err's pushback, or nil.
+func pushbackMD(err error) metadata.MD {
+	var pe *pushbackError
+	if !errors.As(err, &pe) {
+		return nil
+	}
+	return metadata.Pairs(pushbackKey, strconv.FormatInt(max(pe.after.Milliseconds(), 1), 10))
+}
+
+// pushbackKey is the gRFC A6 trailer that tells a client when to retry.
+const pushbackKey = "grpc-retry-pushback-ms"
+
 // methodInfo is what the server knows of one method, resolved once.
 type methodInfo struct {
-	out atomic.Pointer[outType]
-	// stream is true when Config.Streams lists the method (or its
-	// service): its server streams are deduplicated.
-	stream bool
-	// in is the request type of a method listed in Streams, from the
-	// registry; nil if the registry does not know it.
+	// dedupe is true when the method is marked retry_with_key or listed in
+	// Config.Methods.
+	dedupe bool
+	out    atomic.Pointer[outType]
+	// in is the request type of a method to deduplicate, from the
+	// registry (for streams); nil if the registry does not know it.
 	in protoreflect.MessageType
 }
 
@@ -430,17 +464,17 @@ func (s *Server) method(full string) *methodInfo {
 	return s.methods.LoadOrCreate(full, s.resolveMethod)
 }
 
-// resolveMethod finds the output type of full in the global registries,
-// and whether (and with what request type) its streams are deduplicated.
+// resolveMethod finds whether full is deduplicated, and its message types
+// in the global registries.
 func (s *Server) resolveMethod(full string) *methodInfo {
-	mi := &methodInfo{}
+	mi := &methodInfo{dedupe: idempotency.Lookup(full).Level == idempotency.RetryWithKey || s.extra.Has(full)}
+	if !mi.dedupe {
+		return mi
+	}
 	if mt := protoreg.ResponseType(full); mt != nil {
 		mi.out.Store(&outType{mt})
 	}
-	mi.stream = s.streams.Has(full)
-	if mi.stream {
-		mi.in = protoreg.RequestType(full)
-	}
+	mi.in = protoreg.RequestType(full)
 	return mi
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -221,7 +223,8 @@ func TestServerKeyReuseWithDifferentRequest(t *testing.T) {
 
 func TestServerKeyReuseWithDifferentMethod(t *testing.T) {
 	o := origin.New(nil)
-	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
+	// Put is IDEMPOTENT in the proto; listing it deduplicates it too.
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Methods: []string{echov1.EchoService_Put_FullMethodName}})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "one-key")
 	_, err := c.Charge(ctx, &echov1.ChargeRequest{RequestId: "p", Account: "acct", AmountCents: 1})
@@ -229,11 +232,12 @@ func TestServerKeyReuseWithDifferentMethod(t *testing.T) {
 	_, err = c.Put(ctx, &echov1.PutRequest{RequestId: "p"})
 	assert.Equal(t, codes.InvalidArgument, status.Code(err))
 	assert.Contains(t, status.Convert(err).Message(), "another method")
-	_, err = c.Notify(ctx, &echov1.NotifyRequest{RequestId: "p"})
-	assert.Equal(t, codes.InvalidArgument, status.Code(err))
 	assert.Zero(t, o.Count(echov1.EchoService_Put_FullMethodName))
-	assert.Zero(t, o.Count(echov1.EchoService_Notify_FullMethodName))
-	assert.Equal(t, uint64(2), s.Stats().Conflicts)
+	// Notify is not deduplicated: its key is not looked at.
+	_, err = c.Notify(ctx, &echov1.NotifyRequest{RequestId: "p"})
+	require.NoError(t, err)
+	assert.Equal(t, 1, o.Count(echov1.EchoService_Notify_FullMethodName))
+	assert.Equal(t, uint64(1), s.Stats().Conflicts)
 }
 
 // tenant is a stand-in for an identity from auth info: the x-tenant
@@ -409,7 +413,8 @@ func TestServerBusyStore(t *testing.T) {
 		}
 		return origin.Reply{}
 	})
-	store := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 1})
+	clock := newClock()
+	store := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 1, Now: clock.Now})
 	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: store})
 	c := startEcho(t, o, dedupeOpts(s))
 	first := make(chan error, 1)
@@ -418,15 +423,34 @@ func TestServerBusyStore(t *testing.T) {
 		first <- err
 	}()
 	eventually(t, "first in flight", func() bool { return s.Stats().Misses == 1 })
-	_, err := c.Charge(keyed(context.Background(), "b"), &echov1.ChargeRequest{RequestId: "other"})
-	assert.Equal(t, codes.ResourceExhausted, status.Code(err))
-	assert.Zero(t, o.CountID(chargeMethod, "other"))
+	refused := func(want time.Duration) {
+		t.Helper()
+		var tr metadata.MD
+		_, err := c.Charge(keyed(context.Background(), "b"), &echov1.ChargeRequest{RequestId: "other"}, grpc.Trailer(&tr))
+		assert.Equal(t, codes.ResourceExhausted, status.Code(err))
+		assert.Equal(t, []string{strconv.FormatInt(want.Milliseconds(), 10)}, tr.Get("grpc-retry-pushback-ms"))
+		var info *errdetails.RetryInfo
+		for _, d := range status.Convert(err).Details() {
+			if ri, ok := d.(*errdetails.RetryInfo); ok {
+				info = ri
+			}
+		}
+		require.NotNil(t, info, "a RetryInfo says when to come back")
+		assert.Equal(t, want, info.GetRetryDelay().AsDuration())
+		assert.Zero(t, o.CountID(chargeMethod, "other"))
+	}
+	refused(time.Second) // the room is held by a request in flight
 	g.open()
 	require.NoError(t, <-first)
-	_, err = c.Charge(keyed(context.Background(), "b"), &echov1.ChargeRequest{RequestId: "other"})
-	require.NoError(t, err, "room again once the first completed")
-	assert.Equal(t, uint64(1), store.Stats().Busy)
+	clock.Advance(20 * time.Second)
+	refused(dedupe.DefaultRetryHorizon - 20*time.Second) // by a record younger than the retry horizon
+	clock.Advance(dedupe.DefaultRetryHorizon)
+	_, err := c.Charge(keyed(context.Background(), "b"), &echov1.ChargeRequest{RequestId: "other"})
+	require.NoError(t, err, "room again once the first is past the retry horizon")
+	assert.Equal(t, uint64(2), store.Stats().OverQuota)
 	assert.Equal(t, uint64(1), store.Stats().Evictions, "the first record made room for the second key")
+	assert.Equal(t, uint64(2), s.Stats().Full)
+	assert.Zero(t, s.Stats().StoreErrors)
 }
 
 func TestServerStreamsPassThrough(t *testing.T) {
@@ -551,8 +575,8 @@ func TestServerHandlerErrorsAsGrpcSeesThem(t *testing.T) {
 
 func TestServerUnknownMethodLearnsOutputType(t *testing.T) {
 	store := dedupe.NewMemoryStore(dedupe.MemoryConfig{})
-	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: store})
 	const method = "/unknown.v1.Svc/Do"
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: store, Methods: []string{method}})
 	h := func(context.Context, any) (any, error) { return wrapperspb.String("out"), nil }
 	_, _, err := direct(s, method, keyMD("k"), wrapperspb.String("in"), h)
 	require.NoError(t, err)
@@ -562,7 +586,7 @@ func TestServerUnknownMethodLearnsOutputType(t *testing.T) {
 
 	// A server that never saw a response of an unknown method cannot
 	// rebuild one: it says so rather than guessing.
-	fresh := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: store})
+	fresh := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: store, Methods: []string{method}})
 	_, _, err = direct(fresh, method, keyMD("k"), wrapperspb.String("in"), nil)
 	assert.Equal(t, codes.Internal, status.Code(err))
 }

@@ -4,10 +4,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"strconv"
+	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // Fingerprint identifies the request an idempotency key was first used
@@ -188,4 +192,24 @@ type Store interface {
 	// until ctx is done (it returns a status error from the context:
 	// codes.DeadlineExceeded or codes.Canceled).
 	Wait(ctx context.Context, c Claim) (*Record, error)
+}
+
+// resourceExhausted returns a ResourceExhausted status error with msg and
+// a RetryInfo of wait: how a Store refuses a claim for want of room.
+func resourceExhausted(msg string, wait time.Duration) error {
+	st, err := status.New(codes.ResourceExhausted, msg).WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)})
+	if err != nil { // cannot happen: RetryInfo always marshals
+		return status.Error(codes.ResourceExhausted, msg)
+	}
+	return st.Err()
+}
+
+// retryDelay returns the RetryInfo delay of st, if it has one.
+func retryDelay(st *status.Status) (time.Duration, bool) {
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay() != nil {
+			return max(ri.GetRetryDelay().AsDuration(), 0), true
+		}
+	}
+	return 0, false
 }

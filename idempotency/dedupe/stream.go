@@ -24,7 +24,7 @@ func (s *Server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerIn
 		return handler(srv, ss)
 	}
 	mi := s.method(info.FullMethod)
-	if !mi.stream {
+	if !mi.dedupe {
 		return handler(srv, ss)
 	}
 	ctx := ss.Context()
@@ -55,6 +55,9 @@ func (s *Server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerIn
 	c, rec, err := s.claim(ctx, scope, fp)
 	switch {
 	case err != nil:
+		if md := pushbackMD(err); md != nil {
+			ss.SetTrailer(md)
+		}
 		return err
 	case rec != nil:
 		return s.replayStream(ss, mi, fp, rec)

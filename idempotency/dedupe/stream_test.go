@@ -70,8 +70,8 @@ func assertSameStream(t *testing.T, want, got listed, msgAndArgs ...any) {
 }
 
 func listServer(c dedupe.Config) *dedupe.Server {
-	if c.Streams == nil {
-		c.Streams = []string{listMethod}
+	if c.Methods == nil {
+		c.Methods = []string{listMethod}
 	}
 	return dedupe.NewServer(c)
 }
@@ -242,7 +242,7 @@ func TestStreamStoredFailureReplaysItsMessages(t *testing.T) {
 func TestStreamPassThrough(t *testing.T) {
 	req := &echov1.ListRequest{RequestId: "l", Count: 2}
 	for name, tc := range map[string]struct {
-		streams []string
+		methods []string
 		key     bool
 	}{
 		"no opt-in":          {nil, true},
@@ -254,7 +254,7 @@ func TestStreamPassThrough(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			o := origin.New(nil)
-			s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Streams: tc.streams})
+			s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Methods: tc.methods})
 			c := startEcho(t, o, dedupeOpts(s))
 			ctx := context.Background()
 			if tc.key {
@@ -275,7 +275,7 @@ func TestStreamOptInByService(t *testing.T) {
 	for _, entry := range []string{"echo.v1.EchoService", "/echo.v1.EchoService/", "/echo.v1.EchoService", "echo.v1.EchoService/List"} {
 		t.Run(entry, func(t *testing.T) {
 			o := origin.New(nil)
-			s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Streams: []string{entry}})
+			s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Methods: []string{entry}})
 			c := startEcho(t, o, dedupeOpts(s))
 			ctx := keyed(context.Background(), "k")
 			req := &echov1.ListRequest{RequestId: "l", Count: 2}
@@ -291,7 +291,7 @@ func TestStreamOptInByService(t *testing.T) {
 // their requests are not known before the handler runs.
 func TestStreamClientAndBidiPassThrough(t *testing.T) {
 	o := origin.New(nil)
-	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Streams: []string{"echo.v1.EchoService"}})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Methods: []string{"echo.v1.EchoService"}})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "k")
 	for range 2 {
@@ -527,7 +527,7 @@ func TestStreamRecordsStreamMetadataAndDetails(t *testing.T) {
 
 func TestStreamUnknownRequestType(t *testing.T) {
 	const method = "/unknown.v1.Svc/Watch"
-	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Streams: []string{method}})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Methods: []string{method}})
 	info := &grpc.StreamServerInfo{FullMethod: method, IsServerStream: true}
 	ran := false
 	h := func(any, grpc.ServerStream) error { ran = true; return nil }
