@@ -22,18 +22,14 @@ const (
 	DefaultRetryHorizon = time.Minute
 )
 
-// EntryOverhead is what [MemoryStore] counts, in bytes, for the
-// bookkeeping of each entry (the entry itself, its map slot and its Record
-// header), on top of its scope, method and Record.Size.
-const EntryOverhead = 320
-
 // MemoryConfig configures a MemoryStore. The zero value gives the defaults.
 type MemoryConfig struct {
 	// MaxEntries bounds the entries held, in flight and completed;
 	// 0 (or less): DefaultMaxEntries.
 	MaxEntries int
-	// MaxBytes bounds the bytes held, as counted per entry (EntryOverhead
-	// + scope + method + Record.Size); 0 (or less): DefaultMaxBytes.
+	// MaxBytes bounds the heap the store holds: each entry's bookkeeping,
+	// key and record (Record.Size), and each identity's bookkeeping, as
+	// the Go allocator sizes them; 0 (or less): DefaultMaxBytes.
 	MaxBytes int64
 	// MaxEntriesPerIdentity bounds the entries one identity holds (the
 	// identity "" of anonymous callers included); 0 (or less): a quarter
@@ -102,7 +98,7 @@ type MemoryStats struct {
 	Entries, InFlight int
 	// Identities counts the identities that hold entries.
 	Identities int
-	// Bytes is the bytes held, as counted against MaxBytes.
+	// Bytes is the heap held, as counted against MaxBytes.
 	Bytes int64
 	// Evictions counts completed entries dropped for room before their TTL.
 	Evictions uint64
@@ -153,7 +149,8 @@ type entry struct {
 type identity struct {
 	name    string
 	entries int
-	bytes   int64
+	bytes   int64 // its entries', against MaxBytesPerIdentity
+	cost    int64 // its own, against MaxBytes
 	root    entry // sentinel of links[idList]
 }
 
@@ -247,15 +244,16 @@ func (m *MemoryStore) Claim(_ context.Context, scope Scope, fp Fingerprint) (Cla
 			m.stats.Expirations++
 		}
 	}
-	size := EntryOverhead + int64(len(scope.Identity)+len(scope.Key)+len(fp.Method))
+	size := entryCost(scope.Key)
 	id := m.ids[scope.Identity]
 	if err := m.roomLocked(id, 1, size, now); err != nil {
 		return Claim{}, err
 	}
 	if id = m.ids[scope.Identity]; id == nil { // new, or emptied to make room
-		id = &identity{name: scope.Identity}
+		id = &identity{name: scope.Identity, cost: identityCost(scope.Identity)}
 		initList(&id.root, idList)
 		m.ids[id.name] = id
+		m.bytes += id.cost
 	}
 	e := &entry{store: m, id: id, key: scope.Key, fp: fp, state: inFlight, size: size}
 	m.entries[Scope{Identity: id.name, Key: scope.Key}] = e
@@ -357,10 +355,11 @@ func (m *MemoryStore) Complete(_ context.Context, c Claim, rec *Record) error {
 	}
 	now := m.now()
 	m.expireLocked(now)
-	grow := rec.Size()
+	// The entry's size already counts a Record (see entryCost).
+	grow := rec.Size() - allocSize(recordSize)
 	if e.size+grow > m.maxBytesPerID || m.roomLocked(e.id, 0, grow, now) != nil {
-		// A tombstone takes no more than the in-flight entry did: its
-		// message is a shared constant.
+		// A tombstone is a Record and nothing else: its message is a
+		// shared constant.
 		rec = &Record{Fingerprint: e.fp, Code: codes.Internal, Message: tooLarge}
 		grow = 0
 		m.stats.Oversized++
@@ -375,6 +374,7 @@ func (m *MemoryStore) Complete(_ context.Context, c Claim, rec *Record) error {
 	e.id.root.insertBefore(e, idList)
 	if e.done != nil {
 		close(e.done)
+		e.done = nil // its waiters hold it
 	}
 	return nil
 }
@@ -392,6 +392,7 @@ func (m *MemoryStore) Release(_ context.Context, c Claim) error {
 	e.state = released
 	if e.done != nil {
 		close(e.done)
+		e.done = nil
 	}
 	return nil
 }
@@ -456,5 +457,6 @@ func (m *MemoryStore) dropLocked(e *entry) {
 	m.add(id, -1, -e.size)
 	if id.entries == 0 {
 		delete(m.ids, id.name)
+		m.bytes -= id.cost
 	}
 }

@@ -68,13 +68,12 @@ type Config struct {
 	// those requests pass through, and nothing is stored. Client-streaming
 	// and bidirectional methods pass through even when listed.
 	Methods []string
-	// MaxStreamBytes bounds the response messages recorded for one
-	// deduplicated stream, in bytes, each message counted as its
-	// serialized length plus ResponseOverhead (as Record.Size counts it);
-	// 0 (or less): DefaultMaxStreamBytes. It is also the memory one stream
-	// in progress may hold for its record, on top of what the store
-	// holds. A stream whose responses outgrow it is stored as a tombstone
-	// (see [Server]).
+	// MaxStreamBytes bounds the heap the response messages recorded for
+	// one deduplicated stream hold, counted as Record.Size counts them;
+	// 0 (or less): DefaultMaxStreamBytes. It is also what one stream in
+	// progress may hold for its record, on top of what the store holds.
+	// A stream whose responses outgrow it is stored as a tombstone, whose
+	// replay is codes.Internal: it ran, and does not run again.
 	MaxStreamBytes int64
 }
 

@@ -60,33 +60,6 @@ type Record struct {
 	Header, Trailer metadata.MD
 }
 
-// Size returns an estimate, in bytes, of the memory r's variable-length
-// contents hold: response, stream responses (each counted with
-// ResponseOverhead), message, details and metadata (the method name and
-// hash are counted by the store with the entry).
-func (r *Record) Size() int64 {
-	n := len(r.Response) + len(r.Message)
-	for _, b := range r.Responses {
-		n += len(b) + ResponseOverhead
-	}
-	for _, d := range r.Details {
-		n += len(d.GetTypeUrl()) + len(d.GetValue()) + 32
-	}
-	for _, md := range [2]metadata.MD{r.Header, r.Trailer} {
-		for k, vs := range md {
-			n += len(k) + 16
-			for _, v := range vs {
-				n += len(v) + 16
-			}
-		}
-	}
-	return int64(n)
-}
-
-// ResponseOverhead is what [Record.Size] counts, in bytes, for each of a
-// stream's Responses on top of its length: the slice header that holds it.
-const ResponseOverhead = 24
-
 // ClaimState is the answer of [Store.Claim].
 type ClaimState uint8
 

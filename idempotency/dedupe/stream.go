@@ -216,7 +216,7 @@ func (r *recordingStream) record(m any) {
 		r.unstorable, r.resps = true, nil
 		return
 	}
-	r.size += int64(len(b)) + ResponseOverhead
+	r.size += responseCost(len(b))
 	if r.size > r.limit {
 		r.oversized, r.resps = true, nil
 		return

@@ -325,8 +325,8 @@ func TestStreamOversizedStoresTombstone(t *testing.T) {
 		return origin.Reply{Trailer: metadata.Pairs("x-receipt", "r")}
 	})
 	// The first ListResponses of a request id of one letter are 6, 8, 8,
-	// ... bytes, counted with ResponseOverhead as 30, 32, 32, ...: 3 fit
-	// in 100 bytes, 4 do not.
+	// ... bytes, each counted as an 8-byte allocation and a 24-byte slice
+	// header, 32 bytes: 3 fit in 100 bytes, 4 do not.
 	store := dedupe.NewMemoryStore(dedupe.MemoryConfig{})
 	s := listServer(dedupe.Config{AllowAnonymous: true, MaxStreamBytes: 100, Store: store})
 	c := startEcho(t, o, dedupeOpts(s))
