@@ -207,16 +207,17 @@ func (s *Server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		return nil, status.Error(codes.Internal, "dedupe: cannot serialize the request: "+err.Error())
 	}
 	c, rec, err := s.claim(ctx, scope, fp)
-	switch {
-	case err != nil:
-		if md := pushbackMD(err); md != nil {
-			_ = grpc.SetTrailer(ctx, md)
-		}
-		return nil, err
-	case rec != nil:
-		return s.replay(ctx, mi, fp, rec)
+	if err == nil && rec == nil {
+		return s.execute(ctx, req, handler, c, mi)
 	}
-	return s.execute(ctx, req, handler, c, mi)
+	var resp any
+	if err == nil {
+		resp, err = s.replay(ctx, mi, fp, rec)
+	}
+	if md := pushbackMD(err); md != nil {
+		_ = grpc.SetTrailer(ctx, md)
+	}
+	return resp, err
 }
 
 // scope returns the scope of key: the caller's identity and the key. It
@@ -242,6 +243,9 @@ func (s *Server) claim(ctx context.Context, scope Scope, fp Fingerprint) (Claim,
 	for {
 		c, err := s.store.Claim(ctx, scope, fp)
 		if err != nil {
+			if ctx.Err() != nil {
+				return Claim{}, nil, status.FromContextError(ctx.Err()).Err()
+			}
 			return Claim{}, nil, s.storeError(err)
 		}
 		switch c.State {
@@ -253,8 +257,7 @@ func (s *Server) claim(ctx context.Context, scope Scope, fp Fingerprint) (Claim,
 				return Claim{}, nil, s.conflict(fp, c.Holder)
 			}
 			if c.Record == nil {
-				s.storeErrors.Add(1)
-				return Claim{}, nil, status.Error(codes.Internal, "dedupe: the store answered DONE without a record")
+				return Claim{}, nil, s.storeFailure("answered DONE without a record")
 			}
 			s.hits.Add(1)
 			return Claim{}, c.Record, nil
@@ -276,8 +279,7 @@ func (s *Server) claim(ctx context.Context, scope Scope, fp Fingerprint) (Claim,
 			}
 			// Released without an outcome: claim again, and maybe run it.
 		default:
-			s.storeErrors.Add(1)
-			return Claim{}, nil, status.Error(codes.Internal, "dedupe: store answered "+c.State.String())
+			return Claim{}, nil, s.storeFailure("answered " + c.State.String())
 		}
 	}
 }
@@ -351,9 +353,8 @@ func (s *Server) release(ctx context.Context, c Claim) {
 
 // replay answers with the stored outcome rec.
 func (s *Server) replay(ctx context.Context, mi *methodInfo, fp Fingerprint, rec *Record) (any, error) {
-	if rec == nil || rec.Fingerprint != fp {
-		s.storeErrors.Add(1)
-		return nil, status.Error(codes.Internal, "dedupe: the store answered with a record of another request")
+	if rec.Fingerprint != fp {
+		return nil, s.storeFailure("answered with a record of another request")
 	}
 	// Best effort: see the Server doc.
 	_ = grpc.SetHeader(ctx, rec.Header)
@@ -383,28 +384,35 @@ func (rec *Record) err() error {
 	return status.FromProto(p).Err()
 }
 
-// storeError turns a Store's error into the status error the caller gets,
-// and counts it: a refusal for want of room is passed on with its
-// pushback; anything else is a store error.
+// storeError turns the error of a Store's Claim or Wait into the status
+// error the caller gets, and counts it. A refusal for want of room is
+// passed on with its pushback. Any other error fails closed: the request
+// is refused with codes.Unavailable and a pushback, and the handler does
+// not run.
 func (s *Server) storeError(err error) error {
-	if st, ok := status.FromError(err); ok {
-		if st.Code() == codes.ResourceExhausted {
-			s.full.Add(1)
-			wait, ok := retryDelay(st)
-			if !ok {
-				wait = busyPushback
-			}
-			return &pushbackError{st: st, after: wait}
+	if st, ok := status.FromError(err); ok && st.Code() == codes.ResourceExhausted {
+		s.full.Add(1)
+		wait, ok := retryDelay(st)
+		if !ok {
+			wait = busyPushback
 		}
-		s.storeErrors.Add(1)
-		return st.Err()
+		return &pushbackError{st: st, after: wait}
 	}
-	s.storeErrors.Add(1)
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return status.FromContextError(err).Err()
-	}
-	return status.Error(codes.Unavailable, "dedupe: store: "+err.Error())
+	return s.storeFailure("failed: " + err.Error())
 }
+
+// storeFailure counts a store that failed or misbehaved, and returns the
+// Unavailable status error, with a pushback, that the caller gets.
+func (s *Server) storeFailure(what string) error {
+	s.storeErrors.Add(1)
+	st := status.New(codes.Unavailable, "dedupe: the idempotency store "+what+
+		"; the request did not run, and may be retried")
+	return &pushbackError{st: st, after: storePushback}
+}
+
+// storePushback is when a caller refused because the Store failed is told
+// to come back.
+const storePushback = time.Second
 
 // pushbackError is a status error that tells the caller when to retry:
 // the interceptor sends it as grpc-retry-pushback-ms.

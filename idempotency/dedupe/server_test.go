@@ -611,18 +611,87 @@ func (f failingStore) Wait(context.Context, dedupe.Claim) (*dedupe.Record, error
 	return nil, f.err
 }
 
+// Store errors fail closed: the caller is refused with Unavailable and a
+// pushback, and the handler never runs unguarded. A store's own refusal
+// for want of room keeps its code, with a pushback.
 func TestServerStoreErrors(t *testing.T) {
 	for _, tc := range []struct {
-		err  error
-		want codes.Code
+		err      error
+		want     codes.Code
+		pushback string
 	}{
-		{errors.New("redis: connection refused"), codes.Unavailable},
-		{status.Error(codes.PermissionDenied, "acl"), codes.PermissionDenied},
-		{context.DeadlineExceeded, codes.DeadlineExceeded},
+		{errors.New("redis: connection refused"), codes.Unavailable, "1000"},
+		{status.Error(codes.PermissionDenied, "NOPERM this user has no permissions to run the 'eval' command"), codes.Unavailable, "1000"},
+		{status.Error(codes.Internal, "store bug"), codes.Unavailable, "1000"},
+		{context.DeadlineExceeded, codes.Unavailable, "1000"}, // the store's own timeout, not the caller's
+		{status.Error(codes.ResourceExhausted, "full"), codes.ResourceExhausted, "1000"},
 	} {
-		s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: failingStore{tc.err}})
-		_, _, err := direct(s, chargeMethod, keyMD("k"), &echov1.ChargeRequest{}, nil)
-		assert.Equal(t, tc.want, status.Code(err), "%v", tc.err)
-		assert.Equal(t, uint64(1), s.Stats().StoreErrors)
+		t.Run(tc.err.Error(), func(t *testing.T) {
+			o := origin.New(nil)
+			s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: failingStore{tc.err}})
+			c := startEcho(t, o, dedupeOpts(s))
+			var tr metadata.MD
+			_, err := c.Charge(keyed(context.Background(), "k"), &echov1.ChargeRequest{RequestId: "p"}, grpc.Trailer(&tr))
+			assert.Equal(t, tc.want, status.Code(err), "%v", err)
+			assert.Equal(t, []string{tc.pushback}, tr.Get("grpc-retry-pushback-ms"))
+			assert.Zero(t, o.Total(), "the handler never runs unguarded")
+			st := s.Stats()
+			assert.Equal(t, uint64(1), st.StoreErrors+st.Full)
+		})
 	}
+}
+
+// flakyStore is a MemoryStore whose Wait and Complete fail on demand.
+type flakyStore struct {
+	*dedupe.MemoryStore
+	waitErr, completeErr error
+}
+
+func (f *flakyStore) Wait(ctx context.Context, c dedupe.Claim) (*dedupe.Record, error) {
+	if f.waitErr != nil {
+		return nil, f.waitErr
+	}
+	return f.MemoryStore.Wait(ctx, c)
+}
+
+func (f *flakyStore) Complete(ctx context.Context, c dedupe.Claim, rec *dedupe.Record) error {
+	if f.completeErr != nil {
+		return f.completeErr
+	}
+	return f.MemoryStore.Complete(ctx, c, rec)
+}
+
+func TestServerStoreFailsWhileWaiting(t *testing.T) {
+	g := newGate(t)
+	o := origin.New(func(origin.Call) origin.Reply { g.block(); return origin.Reply{} })
+	store := &flakyStore{MemoryStore: dedupe.NewMemoryStore(dedupe.MemoryConfig{}), waitErr: errors.New("redis: i/o timeout")}
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: store})
+	c := startEcho(t, o, dedupeOpts(s))
+	req := &echov1.ChargeRequest{RequestId: "p", Account: "acct", AmountCents: 3}
+	first := make(chan error, 1)
+	go func() {
+		_, err := c.Charge(keyed(context.Background(), "k"), req)
+		first <- err
+	}()
+	eventually(t, "first in flight", func() bool { return s.Stats().Misses == 1 })
+	var tr metadata.MD
+	_, err := c.Charge(keyed(context.Background(), "k"), req, grpc.Trailer(&tr))
+	assert.Equal(t, codes.Unavailable, status.Code(err))
+	assert.Equal(t, []string{"1000"}, tr.Get("grpc-retry-pushback-ms"))
+	g.open()
+	require.NoError(t, <-first)
+	assert.Equal(t, 1, o.CountID(chargeMethod, "p"), "the waiter did not run the handler")
+	assert.Equal(t, uint64(1), s.Stats().StoreErrors)
+}
+
+// When the outcome cannot be stored, the caller still gets it.
+func TestServerStoreFailsToComplete(t *testing.T) {
+	o := origin.New(nil)
+	store := &flakyStore{MemoryStore: dedupe.NewMemoryStore(dedupe.MemoryConfig{}), completeErr: errors.New("redis: connection reset")}
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: store})
+	c := startEcho(t, o, dedupeOpts(s))
+	resp, err := c.Charge(keyed(context.Background(), "k"), &echov1.ChargeRequest{RequestId: "p", Account: "acct", AmountCents: 3})
+	require.NoError(t, err)
+	assert.Equal(t, "ch_1", resp.GetChargeId())
+	assert.Equal(t, dedupe.Stats{Misses: 1, StoreErrors: 1}, s.Stats())
 }

@@ -118,52 +118,56 @@ type Claim struct {
 	Token any
 }
 
-// Store keeps idempotency records. It is the seam between the server
-// interceptor and where records live: [MemoryStore] in one process, or a
-// shared store (Redis, a database) so that every replica of a service sees
-// the same keys.
+// Store keeps the outcomes of keyed requests for a [Server]. [MemoryStore]
+// keeps them in one process; a shared store (Redis, a database) lets every
+// replica of a service see the same keys. The README in this directory
+// states the contract in full; the conformance suite in internal/storetest
+// checks it.
 //
-// A Scope's identity and key are opaque strings of at most MaxIdentityLen
-// and idempotency.MaxKeyLen bytes.
+// A scope holds nothing, an execution in flight (owned by the one caller
+// whose Claim took it), or a completed Record, kept for a TTL after
+// completion and evictable to make room only once it is older than a
+// retry horizon.
 //
-// The protocol, for one request:
-//
-//	c, err := store.Claim(ctx, scope, fp)
-//	Owned    → run the handler; then Complete(ctx, c, rec) to store its
-//	           outcome, or Release(ctx, c) to forget it (retryable failure,
-//	           panic), so that the next attempt runs again.
-//	InFlight → (if c.Holder == fp) Wait(ctx, c): the record once the other
-//	           execution completes, or nil once it is released, in which
-//	           case Claim again.
-//	Done     → (if c.Holder == fp) replay c.Record.
-//
-// Implementations must be safe for concurrent use, and must make Claim
-// atomic: of any number of concurrent Claims of one scope, at most one gets
-// Owned until that claim is completed or released. An owned claim should
-// not be taken from its owner while the owner runs (MemoryStore never
-// evicts one); a shared store should still give it a lease, renewed or long
-// enough for the slowest handler, so that a crashed process does not hold a
-// key forever. Completed records are kept for a TTL and may be evicted
-// earlier to bound memory.
-//
-// Errors should be gRPC status errors; the server interceptor returns them
-// to the caller as they are, and turns any other error into
-// codes.Unavailable (the handler has not run, so the caller may retry).
+// Implementations must be safe for concurrent use. A Scope's identity and
+// key are opaque strings of at most MaxIdentityLen and
+// idempotency.MaxKeyLen bytes.
 type Store interface {
-	// Claim looks scope up and, if it is free, takes it for fp. It does
-	// not block for other executions.
+	// Claim atomically looks scope up and, if it holds nothing, takes it
+	// for fp: of concurrent Claims of one scope, one gets Owned, and the
+	// others get InFlight until the owner completes or releases it, or
+	// its lease ends. The lease lasts at least until ctx's deadline (or a
+	// store-defined time without one); a store that outlives its owners
+	// (a shared one) must end it eventually. A scope with a record gets
+	// Done, with the record. Claim never waits for another execution.
+	//
+	// When taking the scope would evict an entry in flight or a record
+	// younger than the retry horizon, Claim fails with
+	// codes.ResourceExhausted and an errdetails.RetryInfo saying when to
+	// come back. Any other error means the store could not answer; the
+	// server then refuses the request with codes.Unavailable, and the
+	// handler does not run.
 	Claim(ctx context.Context, scope Scope, fp Fingerprint) (Claim, error)
-	// Complete stores rec (whose Fingerprint is c.Holder) as the outcome
-	// of the owned claim c and wakes its waiters. The server passes a
-	// context that is not cancelled when the caller leaves.
+	// Complete stores rec as the outcome of the owned claim c and wakes
+	// its waiters; rec.Fingerprint is c.Holder, and rec is immutable from
+	// then on. A record that does not fit is replaced by a tombstone: the
+	// same Fingerprint, codes.Internal, a message saying the response was
+	// too large, and nothing else; the scope is never freed before its TTL
+	// once its request may have run. Complete fails for a claim that is
+	// not an owned claim of the store, is finished, or whose lease ended;
+	// the outcome is then lost. The server passes a context that is not
+	// cancelled when the caller leaves.
 	Complete(ctx context.Context, c Claim, rec *Record) error
-	// Release gives the owned claim c up without storing anything and
-	// wakes its waiters, which then Claim again.
+	// Release gives the owned claim c up without an outcome (the handler
+	// failed with a code not to store, or panicked): it frees the scope
+	// and wakes the waiters, which then Claim again. It fails as Complete
+	// does.
 	Release(ctx context.Context, c Claim) error
-	// Wait blocks until the execution of the InFlight claim c completes
-	// (it returns the Record) or is released (it returns nil, nil), or
-	// until ctx is done (it returns a status error from the context:
-	// codes.DeadlineExceeded or codes.Canceled).
+	// Wait blocks until the execution of the InFlight claim c finishes:
+	// it returns the record once completed, or nil, nil once released or
+	// once its lease ended, so that the waiter claims again. When ctx is
+	// done first, it returns the status of ctx's error
+	// (codes.DeadlineExceeded or codes.Canceled).
 	Wait(ctx context.Context, c Claim) (*Record, error)
 }
 

@@ -53,16 +53,16 @@ func (s *Server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerIn
 		return status.Error(codes.Internal, "dedupe: cannot serialize the request: "+err.Error())
 	}
 	c, rec, err := s.claim(ctx, scope, fp)
-	switch {
-	case err != nil:
-		if md := pushbackMD(err); md != nil {
-			ss.SetTrailer(md)
-		}
-		return err
-	case rec != nil:
-		return s.replayStream(ss, mi, fp, rec)
+	if err == nil && rec == nil {
+		return s.executeStream(srv, ss, handler, c, mi, req)
 	}
-	return s.executeStream(srv, ss, handler, c, mi, req)
+	if err == nil {
+		err = s.replayStream(ss, mi, fp, rec)
+	}
+	if md := pushbackMD(err); md != nil {
+		ss.SetTrailer(md)
+	}
+	return err
 }
 
 // executeStream runs the handler under the owned claim c, recording what it
@@ -112,8 +112,7 @@ func (s *Server) executeStream(srv any, ss grpc.ServerStream, handler grpc.Strea
 // replayStream answers the stream with the stored outcome rec.
 func (s *Server) replayStream(ss grpc.ServerStream, mi *methodInfo, fp Fingerprint, rec *Record) error {
 	if rec.Fingerprint != fp {
-		s.storeErrors.Add(1)
-		return status.Error(codes.Internal, "dedupe: the store answered with a record of another request")
+		return s.storeFailure("answered with a record of another request")
 	}
 	mt := mi.outType()
 	if mt == nil && len(rec.Responses) > 0 {
