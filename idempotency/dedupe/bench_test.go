@@ -2,15 +2,20 @@ package dedupe_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 
 	"github.com/stormguard/stormguard/idempotency"
 	"github.com/stormguard/stormguard/idempotency/dedupe"
@@ -60,6 +65,58 @@ func BenchmarkServerHit(b *testing.B) {
 	if st := s.Stats(); st.Misses != 1 {
 		b.Fatalf("%+v", st)
 	}
+}
+
+// BenchmarkServerPassThrough: a keyed read (Get, NO_SIDE_EFFECTS) is not
+// deduplicated: one cached method lookup.
+func BenchmarkServerPassThrough(b *testing.B) {
+	u := dedupe.NewServer(dedupe.Config{}).Unary()
+	ctx := benchCtx(metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey(), "user-agent", "bench"))
+	info := &grpc.UnaryServerInfo{FullMethod: echov1.EchoService_Get_FullMethodName}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := u(ctx, benchReq, info, benchHandler); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchHitAs is BenchmarkServerHit for a caller whose identity ctx
+// carries: the cost of DefaultIdentity on every keyed request.
+func benchHitAs(b *testing.B, ctx context.Context) {
+	s := dedupe.NewServer(dedupe.Config{})
+	u := s.Unary()
+	if _, err := u(ctx, benchReq, benchInfo, benchHandler); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := u(ctx, benchReq, benchInfo, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if st := s.Stats(); st.Misses != 1 {
+		b.Fatalf("%+v", st)
+	}
+}
+
+// BenchmarkServerHitAuthorization: the caller sends a bearer token of
+// about the size of a JWT (800 bytes).
+func BenchmarkServerHitAuthorization(b *testing.B) {
+	token := "Bearer " + strings.Repeat("eyJhbGciOiJSUzI1NiJ9", 40)
+	benchHitAs(b, benchCtx(metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey(), "authorization", token)))
+}
+
+// BenchmarkServerHitTLS: the caller presented a TLS client certificate.
+func BenchmarkServerHitTLS(b *testing.B) {
+	pki := newTestPKI(b)
+	cert, err := x509.ParseCertificate(pki.issue("client", false).Certificate[0])
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := peer.NewContext(benchCtx(metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey())),
+		&peer.Peer{AuthInfo: credentials.TLSInfo{State: tls.ConnectionState{PeerCertificates: []*x509.Certificate{cert, pki.ca}}}})
+	benchHitAs(b, ctx)
 }
 
 // benchStore returns a store of n entries for one identity whose clock

@@ -41,6 +41,15 @@
 // every response message; client-streaming and bidirectional streams pass
 // through untouched.
 //
+// A store that fails refuses the request with codes.Unavailable and
+// grpc-retry-pushback-ms: 1000: the handler never runs unguarded.
+//
+// The handler of a deduplicated request runs with a wrapped
+// grpc.ServerTransportStream in its context, so that its header and
+// trailer are recorded: grpc.SetHeader, SendHeader, SetTrailer and Method
+// work there; grpc.SetSendCompressor and ClientSupportedCompressors do
+// not.
+//
 // The README in this directory explains the design: identities, what is
 // recorded and replayed, the limits of header replay, why client-streaming
 // and bidirectional methods are not deduplicated, and how stored outcomes

@@ -10,10 +10,10 @@ import (
 	"google.golang.org/grpc/peer"
 )
 
-// AuthorizationKey is the request metadata key whose value [DefaultIdentity]
-// hashes: the credentials a caller sends with each request, such as
-// "Bearer <token>".
-const AuthorizationKey = "authorization"
+// authorizationKey is the request metadata key whose values
+// DefaultIdentity hashes: the credentials a caller sends with each
+// request, such as "Bearer <token>".
+const authorizationKey = "authorization"
 
 // MaxIdentityLen is the longest identity kept as it is, in bytes. A longer
 // identity from Config.Identity is replaced by its SHA-256, so that what
@@ -42,7 +42,7 @@ func DefaultIdentity(ctx context.Context) string {
 			cert, hasCert = sha256.Sum256(ti.State.PeerCertificates[0].Raw), true
 		}
 	}
-	switch vals := metadata.ValueFromIncomingContext(ctx, AuthorizationKey); {
+	switch vals := metadata.ValueFromIncomingContext(ctx, authorizationKey); {
 	case len(vals) == 1 && vals[0] != "":
 		auth, hasAuth = sha256.Sum256([]byte(vals[0])), true
 	case len(vals) > 1:

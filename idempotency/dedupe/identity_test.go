@@ -32,7 +32,7 @@ import (
 // testPKI is a certificate authority, a server certificate and client
 // certificates, made in memory for one test.
 type testPKI struct {
-	t      *testing.T
+	t      testing.TB
 	ca     *x509.Certificate
 	caKey  *ecdsa.PrivateKey
 	pool   *x509.CertPool
@@ -41,7 +41,7 @@ type testPKI struct {
 
 const tlsServerName = "origin.stormguard.test"
 
-func newTestPKI(t *testing.T) *testPKI {
+func newTestPKI(t testing.TB) *testPKI {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
@@ -299,5 +299,56 @@ func TestAnonymousCallers(t *testing.T) {
 		require.NoError(t, err)
 		assert.True(t, proto.Equal(first, again), "one anonymous key space")
 		assert.Equal(t, dedupe.Stats{Hits: 1, Misses: 1}, s.Stats())
+	})
+}
+
+// FuzzIdentity feeds DefaultIdentity authorization values of any shape,
+// and a custom identity of any length to the server: never a panic, an
+// identity of bounded length, "" only without credentials, and two
+// different credentials never share an identity.
+func FuzzIdentity(f *testing.F) {
+	for _, s := range [][2]string{{"", ""}, {"Bearer a", ""}, {"Bearer a", "Bearer b"}, {"", "x"},
+		{"\x00", "\x00\x00"}, {strings.Repeat("t", 4096), ""}, {"ключ", "💳"}} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, a, b string) {
+		id := func(vals ...string) string {
+			md := metadata.MD{}
+			for _, v := range vals {
+				md.Append("authorization", v)
+			}
+			return dedupe.DefaultIdentity(metadata.NewIncomingContext(context.Background(), md))
+		}
+		one := id(a)
+		if (one == "") != (a == "") {
+			t.Fatalf("DefaultIdentity(%q) = %q", a, one)
+		}
+		if len(one) > dedupe.MaxIdentityLen {
+			t.Fatalf("DefaultIdentity(%q) is %d bytes long", a, len(one))
+		}
+		if a != b && a != "" && b != "" && one == id(b) {
+			t.Fatalf("%q and %q share the identity %q", a, b, one)
+		}
+		if two := id(a, b); len(two) > dedupe.MaxIdentityLen || (two == "") != (a == "" && b == "") {
+			t.Fatalf("DefaultIdentity(%q, %q) = %q", a, b, two)
+		}
+
+		// A custom identity of any content scopes the server's keys.
+		s := dedupe.NewServer(dedupe.Config{Identity: func(context.Context) string { return a }})
+		runs := 0
+		h := func(context.Context, any) (any, error) { runs++; return &echov1.ChargeResponse{}, nil }
+		for range 2 {
+			_, _, err := direct(s, chargeMethod, keyMD("k"), &echov1.ChargeRequest{}, h)
+			if a == "" {
+				if status.Code(err) != codes.FailedPrecondition {
+					t.Fatalf("no identity: %v", err)
+				}
+			} else if err != nil {
+				t.Fatalf("identity %q: %v", a, err)
+			}
+		}
+		if a != "" && runs != 1 {
+			t.Fatalf("identity %q: %d runs of one keyed request", a, runs)
+		}
 	})
 }

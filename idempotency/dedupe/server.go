@@ -3,7 +3,6 @@ package dedupe
 import (
 	"context"
 	"crypto/sha256"
-	"errors"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -38,16 +37,13 @@ type Config struct {
 	// Several Servers (for example one per service of a process) may
 	// share a Store: a record answers only its own method and request.
 	Store Store
-	// Identity returns who is calling; keys are scoped by it, so that a
-	// caller never sees another's records, and a key another caller used
-	// is indistinguishable from an unused one. It is called once per keyed
-	// request to a deduplicated method, and must be fast and safe for
-	// concurrent use; an identity longer than MaxIdentityLen is replaced
-	// by its hash. "" means the caller has no identity (see
-	// AllowAnonymous). nil: [DefaultIdentity], from the TLS client
-	// certificate and the authorization metadata. Set it when the server
-	// knows better, for example the principal an authentication
-	// interceptor put in ctx.
+	// Identity returns who is calling, to scope keys by; "" means the
+	// caller has no identity (see AllowAnonymous). nil: [DefaultIdentity],
+	// from the TLS client certificate and the authorization metadata. Set
+	// it to the principal an authentication interceptor put in ctx when
+	// there is one. It is called once per keyed request to a deduplicated
+	// method, and must be fast and safe for concurrent use; an identity
+	// longer than MaxIdentityLen is replaced by its hash.
 	Identity func(ctx context.Context) string
 	// AllowAnonymous lets callers without identity share one anonymous key
 	// space: any of them can then replay another's stored outcome by
@@ -82,8 +78,8 @@ const DefaultMaxStreamBytes = 1 << 20
 
 // Server holds the deduplicating server interceptors, [Server.Unary] and
 // [Server.Stream], for the unary and server-streaming methods that are
-// marked retry_with_key or listed in Config.Methods. The package documentation says what each does
-// with a keyed request.
+// marked retry_with_key or listed in Config.Methods. The package
+// documentation says what they do with a keyed request.
 //
 // Create a Server with [NewServer]; the zero Server is not usable. A
 // Server is safe for concurrent use.
@@ -100,7 +96,8 @@ type Server struct {
 	hits, misses, waits, conflicts, invalid, anonymous, full, notStoredN, storeErrors, oversized atomic.Uint64
 }
 
-// Stats counts what a Server did, since it was created.
+// Stats counts what a Server did since it was created. Counters of the
+// store (evictions, refusals) are the store's: see MemoryStore.Stats.
 type Stats struct {
 	// Hits counts keyed requests answered with a stored outcome, without
 	// running the handler (after waiting or not).
@@ -426,8 +423,8 @@ func (e *pushbackError) GRPCStatus() *status.Status { return e.st }
 
 // pushbackMD returns the trailer that carries err's pushback, or nil.
 func pushbackMD(err error) metadata.MD {
-	var pe *pushbackError
-	if !errors.As(err, &pe) {
+	pe, ok := err.(*pushbackError)
+	if !ok {
 		return nil
 	}
 	return metadata.Pairs(pushbackKey, strconv.FormatInt(max(pe.after.Milliseconds(), 1), 10))

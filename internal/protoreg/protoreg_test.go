@@ -1,6 +1,7 @@
 package protoreg_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -46,4 +47,26 @@ func TestMethodSet(t *testing.T) {
 	assert.True(t, protoreg.ParseMethodSet([]string{"", " ", "/"}).Empty())
 	assert.True(t, protoreg.MethodSet{}.Empty())
 	assert.False(t, protoreg.MethodSet{}.Has("/pkg.A/X"))
+}
+
+// FuzzMethodSet parses entries of any shape: never a panic, and a listed
+// full method or service always matches.
+func FuzzMethodSet(f *testing.F) {
+	for _, s := range [][2]string{{"pkg.Svc", "/pkg.Svc/Do"}, {"/pkg.Svc/Do", "/pkg.Svc/Do"}, {"", ""}, {"/", "//"},
+		{"a/b/c", "/a/b/c"}, {" x.Y ", "/x.Y/Z"}, {"\x00/\xff", "/\x00/\xff"}} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, entry, method string) {
+		s := protoreg.ParseMethodSet([]string{entry})
+		_ = s.Has(method)
+		_ = s.Empty()
+		if svc, m, ok := protoreg.SplitMethod(method); ok && !strings.ContainsAny(svc+m, " \t\r\n\v\f\u0085\u00a0") {
+			if !protoreg.ParseMethodSet([]string{method}).Has(method) {
+				t.Fatalf("the set of %q does not have it", method)
+			}
+			if !protoreg.ParseMethodSet([]string{svc}).Has(method) {
+				t.Fatalf("the set of service %q does not have %q", svc, method)
+			}
+		}
+	})
 }
