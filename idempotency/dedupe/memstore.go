@@ -246,7 +246,11 @@ func (m *MemoryStore) Claim(_ context.Context, scope Scope, fp Fingerprint) (Cla
 	}
 	size := entryCost(scope.Key)
 	id := m.ids[scope.Identity]
-	if err := m.roomLocked(id, 1, size, now); err != nil {
+	total := size // what the store takes in all
+	if id == nil {
+		total += identityCost(scope.Identity)
+	}
+	if err := m.roomLocked(id, 1, size, total, now); err != nil {
 		return Claim{}, err
 	}
 	if id = m.ids[scope.Identity]; id == nil { // new, or emptied to make room
@@ -269,12 +273,13 @@ func (m *MemoryStore) add(id *identity, entries int, bytes int64) {
 }
 
 // roomLocked evicts completed entries until id (nil for an identity that
-// holds nothing yet) can take n more entries and size more bytes, within
-// its share and the store's bounds. It evicts the identity's own oldest
+// holds nothing yet) can take n more entries and size more bytes within
+// its share, and the store n more entries and total more bytes within its
+// bounds. It evicts the identity's own oldest
 // records for its share, and the oldest of all for the store's bounds, but
 // never a record younger than the retry horizon: then it returns a
 // ResourceExhausted status error with the time until one is old enough.
-func (m *MemoryStore) roomLocked(id *identity, n int, size int64, now time.Time) error {
+func (m *MemoryStore) roomLocked(id *identity, n int, size, total int64, now time.Time) error {
 	if id != nil {
 		for id.entries+n > m.maxEntriesPerID || id.bytes+size > m.maxBytesPerID {
 			if err := m.evictOldestLocked(&id.root, idList, now); err != nil {
@@ -286,7 +291,7 @@ func (m *MemoryStore) roomLocked(id *identity, n int, size int64, now time.Time)
 		m.stats.OverQuota++
 		return full("this caller holds its share of the store", errNothing)
 	}
-	for len(m.entries)+n > m.maxEntries || m.bytes+size > m.maxBytes {
+	for len(m.entries)+n > m.maxEntries || m.bytes+total > m.maxBytes {
 		if err := m.evictOldestLocked(&m.root, allList, now); err != nil {
 			m.stats.Busy++
 			return full("the store is full", err)
@@ -357,7 +362,7 @@ func (m *MemoryStore) Complete(_ context.Context, c Claim, rec *Record) error {
 	m.expireLocked(now)
 	// The entry's size already counts a Record (see entryCost).
 	grow := rec.Size() - allocSize(recordSize)
-	if e.size+grow > m.maxBytesPerID || m.roomLocked(e.id, 0, grow, now) != nil {
+	if e.size+grow > m.maxBytesPerID || m.roomLocked(e.id, 0, grow, grow, now) != nil {
 		// A tombstone is a Record and nothing else: its message is a
 		// shared constant.
 		rec = &Record{Fingerprint: e.fp, Code: codes.Internal, Message: tooLarge}
