@@ -15,17 +15,10 @@ import (
 )
 
 // A payment server that deduplicates retried charges, and a client that
-// retries one with the same key.
+// retries one with the same key. Keys are scoped by the caller's
+// authorization metadata (or TLS client certificate).
 func ExampleServer() {
-	dd := dedupe.NewServer(dedupe.Config{
-		// Scope keys by caller, e.g. from auth info; here a header.
-		Identity: func(ctx context.Context) string {
-			if v := metadata.ValueFromIncomingContext(ctx, "x-tenant"); len(v) == 1 {
-				return v[0]
-			}
-			return ""
-		},
-	})
+	dd := dedupe.NewServer(dedupe.Config{})
 	payments := origin.New(nil) // the demo EchoService: Charge moves money
 	l := origin.Bufconn()
 	srv := origin.Serve(l, payments,
@@ -41,7 +34,7 @@ func ExampleServer() {
 
 	// One logical call, one key, however many attempts.
 	ctx := metadata.AppendToOutgoingContext(context.Background(),
-		"x-tenant", "shop-7", idempotency.MetadataKey, "order-42")
+		"authorization", "Bearer shop-7-token", idempotency.MetadataKey, "order-42")
 	req := &echov1.ChargeRequest{RequestId: "order-42", Account: "alice", AmountCents: 1999}
 	for attempt := 1; attempt <= 2; attempt++ {
 		resp, err := client.Charge(ctx, req)
@@ -62,4 +55,27 @@ func ExampleServer() {
 	// reused key: InvalidArgument
 	// charges: 1 cents: 1999
 	// hits: 1 misses: 1 conflicts: 1
+}
+
+// A server whose callers have no identity (plaintext, no credentials)
+// refuses their keyed writes, unless it lets them share one anonymous key
+// space.
+func ExampleConfig_allowAnonymous() {
+	for _, allow := range []bool{false, true} {
+		dd := dedupe.NewServer(dedupe.Config{AllowAnonymous: allow})
+		l := origin.Bufconn()
+		srv := origin.Serve(l, origin.New(nil), grpc.ChainUnaryInterceptor(dd.Unary()))
+		cc, err := l.Dial()
+		if err != nil {
+			panic(err)
+		}
+		ctx := metadata.AppendToOutgoingContext(context.Background(), idempotency.MetadataKey, "order-42")
+		_, err = echov1.NewEchoServiceClient(cc).Charge(ctx, &echov1.ChargeRequest{RequestId: "order-42", Account: "bob", AmountCents: 500})
+		fmt.Println("AllowAnonymous:", allow, "->", status.Code(err))
+		cc.Close()
+		srv.Stop()
+	}
+	// Output:
+	// AllowAnonymous: false -> FailedPrecondition
+	// AllowAnonymous: true -> OK
 }
