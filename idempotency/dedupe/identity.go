@@ -3,6 +3,7 @@ package dedupe
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/base64"
 
 	"google.golang.org/grpc/credentials"
@@ -38,24 +39,19 @@ func DefaultIdentity(ctx context.Context) string {
 	var cert, auth [sha256.Size]byte
 	hasCert, hasAuth := false, false
 	if p, ok := peer.FromContext(ctx); ok {
-		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.PeerCertificates) > 0 {
-			cert, hasCert = sha256.Sum256(ti.State.PeerCertificates[0].Raw), true
+		var certs []*x509.Certificate
+		switch ti := p.AuthInfo.(type) {
+		case credentials.TLSInfo: // as grpc's TLS credentials set it
+			certs = ti.State.PeerCertificates
+		case *credentials.TLSInfo:
+			certs = ti.State.PeerCertificates
+		}
+		if len(certs) > 0 && certs[0] != nil {
+			cert, hasCert = sha256.Sum256(certs[0].Raw), true
 		}
 	}
-	switch vals := metadata.ValueFromIncomingContext(ctx, authorizationKey); {
-	case len(vals) == 1 && vals[0] != "":
-		auth, hasAuth = sha256.Sum256([]byte(vals[0])), true
-	case len(vals) > 1:
-		h := sha256.New()
-		for _, v := range vals {
-			if v != "" {
-				// Values are printable ASCII: a NUL separates them.
-				h.Write([]byte(v))
-				h.Write([]byte{0})
-				hasAuth = true
-			}
-		}
-		h.Sum(auth[:0])
+	if vals := metadata.ValueFromIncomingContext(ctx, authorizationKey); len(vals) > 0 {
+		auth, hasAuth = hashValues(vals)
 	}
 	switch {
 	case hasCert && hasAuth:
@@ -69,6 +65,27 @@ func DefaultIdentity(ctx context.Context) string {
 		return encodeIdentity("auth:", auth)
 	}
 	return ""
+}
+
+// hashValues returns the SHA-256 of the non-empty values, each followed by
+// a NUL (metadata values are printable ASCII: the NUL separates them), and
+// whether there was one.
+func hashValues(vals []string) (sum [sha256.Size]byte, ok bool) {
+	bp := hashBufs.Get().(*[]byte)
+	b := (*bp)[:0]
+	for _, v := range vals {
+		if v != "" {
+			b = append(append(b, v...), 0)
+		}
+	}
+	if ok = len(b) > 0; ok {
+		sum = sha256.Sum256(b)
+	}
+	if cap(b) <= maxPooledBuf {
+		*bp = b[:0]
+		hashBufs.Put(bp)
+	}
+	return sum, ok
 }
 
 // encodeIdentity returns prefix (at most 16 bytes) and sum in base64.
