@@ -1,6 +1,5 @@
 // Package idempotency decides which RPC methods may be sent more than once,
-// and (on the server) makes retried writes safe by deduplicating them on an
-// idempotency key.
+// and carries the idempotency keys that make a retried write safe.
 //
 // # Method policy
 //
@@ -23,15 +22,8 @@
 // logical call carries the same idempotency-key metadata ([MetadataKey]):
 // the caller's own ([WithKey], [CallKey]) or one the client interceptor
 // generates per logical call ([NewKey]). [ValidateKey] says what a key may
-// hold.
+// hold, and [KeyFromIncoming] reads one on the server.
 //
-// # Deduplication on the server
-//
-// [Server]'s unary interceptor runs each keyed request once: the first
-// sight runs the handler and stores its outcome in a [Store] (the bounded
-// [MemoryStore] by default); a duplicate that arrives while the first is
-// running waits for it; later duplicates get the stored outcome; a key
-// reused with another method or request is refused with InvalidArgument.
-// Server-streaming methods listed in [ServerConfig].Streams are
-// deduplicated the same way; other streams pass through untouched.
+// The server side, which runs each keyed write once and replays its
+// outcome to retries, is package [github.com/stormguard/stormguard/idempotency/dedupe].
 package idempotency

@@ -7,12 +7,13 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/descriptorpb"
 
 	"github.com/stormguard/stormguard/internal/codename"
 	"github.com/stormguard/stormguard/internal/cowmap"
+	"github.com/stormguard/stormguard/internal/limits"
+	"github.com/stormguard/stormguard/internal/protoreg"
 	stormguardv1 "github.com/stormguard/stormguard/proto/stormguard/v1"
 )
 
@@ -144,10 +145,9 @@ const maxCached = 10_000
 //
 // Create one with [NewResolver]; a Resolver is safe for concurrent use.
 type Resolver struct {
-	files    *protoregistry.Files
-	services map[string]bool // "pkg.Svc" marked idempotent
-	methods  map[string]bool // "/pkg.Svc/Method" marked idempotent
-	cache    cowmap.Map[string, Policy]
+	files      *protoregistry.Files
+	idempotent protoreg.MethodSet // marked IDEMPOTENT by ResolverConfig
+	cache      cowmap.Map[string, Policy]
 }
 
 // ResolverConfig configures a Resolver. The zero value resolves through
@@ -171,35 +171,8 @@ func NewResolver(c ResolverConfig) *Resolver {
 		r.files = protoregistry.GlobalFiles
 	}
 	r.cache.Max = maxCached
-	r.services, r.methods = parseMethodSet(c.Idempotent)
+	r.idempotent = protoreg.ParseMethodSet(c.Idempotent)
 	return r
-}
-
-// parseMethodSet parses a list of full methods ("/pkg.Svc/Method", the
-// leading slash optional) and whole services ("/pkg.Svc/" or "pkg.Svc"),
-// ignoring empty entries, into the set of services ("pkg.Svc") and the set
-// of methods ("/pkg.Svc/Method"). Both maps are non-nil.
-func parseMethodSet(entries []string) (services, methods map[string]bool) {
-	services, methods = map[string]bool{}, map[string]bool{}
-	for _, o := range entries {
-		o = strings.TrimSpace(o)
-		if o == "" {
-			continue
-		}
-		if !strings.HasPrefix(o, "/") {
-			o = "/" + o
-		}
-		svc, method, ok := strings.Cut(o[1:], "/")
-		switch {
-		case !ok || method == "": // "/pkg.Svc" or "/pkg.Svc/"
-			if svc != "" {
-				services[svc] = true
-			}
-		default:
-			methods[o] = true
-		}
-	}
-	return services, methods
 }
 
 var defaultResolver = NewResolver(ResolverConfig{})
@@ -220,77 +193,24 @@ func (r *Resolver) Lookup(fullMethod string) Policy {
 	if p, ok := r.cache.Load(fullMethod); ok {
 		return p
 	}
-	svc, method, ok := splitMethod(fullMethod)
+	svc, method, ok := protoreg.SplitMethod(fullMethod)
 	if !ok {
-		return r.override(Policy{}, "", fullMethod)
+		return r.override(Policy{}, fullMethod)
 	}
 	return r.cache.LoadOrCreate(fullMethod, func(string) Policy {
-		return r.override(r.resolve(svc, method), svc, fullMethod)
+		return r.override(r.resolve(svc, method), fullMethod)
 	})
 }
 
-func (r *Resolver) override(p Policy, svc, fullMethod string) Policy {
-	if p.Level < Idempotent && (r.methods[fullMethod] || (svc != "" && r.services[svc])) {
+func (r *Resolver) override(p Policy, fullMethod string) Policy {
+	if p.Level < Idempotent && r.idempotent.Has(fullMethod) {
 		p.Level = Idempotent
 	}
 	return p
 }
 
-// splitMethod splits "/pkg.Svc/Method" into its two non-empty parts.
-func splitMethod(full string) (svc, method string, ok bool) {
-	if len(full) < 4 || full[0] != '/' {
-		return "", "", false
-	}
-	svc, method, ok = strings.Cut(full[1:], "/")
-	if !ok || svc == "" || method == "" || strings.IndexByte(method, '/') >= 0 {
-		return "", "", false
-	}
-	return svc, method, true
-}
-
-// findMethod returns the descriptor of svc's method, or nil.
-func findMethod(files *protoregistry.Files, svc, method string) protoreflect.MethodDescriptor {
-	d, err := files.FindDescriptorByName(protoreflect.FullName(svc))
-	if err != nil {
-		return nil
-	}
-	sd, ok := d.(protoreflect.ServiceDescriptor)
-	if !ok {
-		return nil
-	}
-	return sd.Methods().ByName(protoreflect.Name(method))
-}
-
-// ResponseType returns the Go type of fullMethod's response message, from
-// protoregistry.GlobalFiles and GlobalTypes, or nil for an unknown method or
-// a malformed name. It is not cached: callers resolve it once per method.
-func ResponseType(fullMethod string) protoreflect.MessageType { return messageType(fullMethod, true) }
-
-// requestType is ResponseType for the request message.
-func requestType(fullMethod string) protoreflect.MessageType { return messageType(fullMethod, false) }
-
-func messageType(fullMethod string, output bool) protoreflect.MessageType {
-	svc, method, ok := splitMethod(fullMethod)
-	if !ok {
-		return nil
-	}
-	md := findMethod(protoregistry.GlobalFiles, svc, method)
-	if md == nil {
-		return nil
-	}
-	d := md.Input()
-	if output {
-		d = md.Output()
-	}
-	mt, err := protoregistry.GlobalTypes.FindMessageByName(d.FullName())
-	if err != nil {
-		return nil
-	}
-	return mt
-}
-
 func (r *Resolver) resolve(svc, method string) Policy {
-	md := findMethod(r.files, svc, method)
+	md := protoreg.FindMethod(r.files, svc, method)
 	if md == nil {
 		return Policy{}
 	}
@@ -312,8 +232,8 @@ func (r *Resolver) resolve(svc, method string) Policy {
 	if mp.GetRetryWithKey() && p.Level == Unmarked {
 		p.Level = RetryWithKey
 	}
-	p.MaxAttempts = int(min(mp.GetMaxAttempts(), MaxAttemptsLimit))
-	p.MaxHedges = int(min(mp.GetMaxHedges(), MaxAttemptsLimit))
+	p.MaxAttempts = int(min(mp.GetMaxAttempts(), limits.MaxAttempts))
+	p.MaxHedges = int(min(mp.GetMaxHedges(), limits.MaxAttempts))
 	if d := mp.GetHedgingDelay(); d != nil {
 		p.Hedging = true
 		p.HedgingDelay = max(d.AsDuration(), 0)
@@ -324,8 +244,3 @@ func (r *Resolver) resolve(svc, method string) Policy {
 	}
 	return p
 }
-
-// MaxAttemptsLimit caps attempts per logical call, whatever a proto or an
-// option asks for (grpc-go caps its retry policy at 5; a hedged call may
-// reasonably want a few more).
-const MaxAttemptsLimit = 10

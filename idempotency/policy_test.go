@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/internal/limits"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
@@ -122,7 +123,7 @@ func TestPolicyFieldsFromOptions(t *testing.T) {
 		PerAttemptTimeout: 250 * time.Millisecond,
 	}, p)
 	capped := r.Lookup("/test.v1.TunedService/Capped")
-	assert.Equal(t, idempotency.MaxAttemptsLimit, capped.MaxAttempts)
+	assert.Equal(t, limits.MaxAttempts, capped.MaxAttempts)
 	assert.Equal(t, idempotency.RetryWithKey, capped.Level)
 	assert.False(t, capped.Hedging)
 }
@@ -135,14 +136,5 @@ func BenchmarkLookup(b *testing.B) {
 		if idempotency.Lookup(m).Level != idempotency.NoSideEffects {
 			b.Fatal("wrong policy")
 		}
-	}
-}
-
-func TestResponseType(t *testing.T) {
-	mt := idempotency.ResponseType(echov1.EchoService_List_FullMethodName)
-	require.NotNil(t, mt)
-	assert.Equal(t, "echo.v1.ListResponse", string(mt.Descriptor().FullName()))
-	for _, bad := range []string{"", "x", "/no.Svc/M", "/echo.v1.EchoService/Nope", "/echo.v1.GetRequest/Get"} {
-		assert.Nil(t, idempotency.ResponseType(bad), bad)
 	}
 }

@@ -15,7 +15,9 @@ import (
 	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/deadline"
 	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/internal/clock"
+	"github.com/stormguard/stormguard/internal/limits"
 )
 
 // Defaults of the client options.
@@ -75,10 +77,9 @@ type clientOptions struct {
 }
 
 // WithMaxAttempts sets the most attempts of one logical call, the first
-// included (default 3; values below 1 mean 1; capped at
-// idempotency.MaxAttemptsLimit). A method's proto max_attempts takes
-// precedence. Methods that may not be repeated get one attempt whatever
-// this says.
+// included (default 3; values below 1 mean 1; capped at 10). A method's
+// proto max_attempts takes precedence. Methods that may not be repeated
+// get one attempt whatever this says.
 func WithMaxAttempts(n int) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.maxAttempts = clampAttempts(n) })
 }
@@ -358,14 +359,13 @@ func WithLogger(l *slog.Logger) ClientOption {
 	})
 }
 
-func clampAttempts(n int) int { return min(max(n, 1), idempotency.MaxAttemptsLimit) }
+func clampAttempts(n int) int { return min(max(n, 1), limits.MaxAttempts) }
 
 // Per-call options.
 
 // MaxAttempts limits the attempts of one call, the first included
 // (1 disables retries and hedging for the call). It can raise the client's
-// limit up to idempotency.MaxAttemptsLimit, but never makes a method that may
-// not be repeated retry.
+// limit up to 10, but never makes a method that may not be repeated retry.
 func MaxAttempts(n int) grpc.CallOption { return maxAttemptsOption{n: clampAttempts(n)} }
 
 // NoHedging turns hedging off for one call; failed attempts may still be
@@ -388,7 +388,7 @@ func (f serverOptionFunc) applyServer(o *serverOptions) { f(o) }
 
 type serverOptions struct {
 	deadlineCfg deadline.ServerConfig
-	dedupe      *idempotency.Server
+	dedupe      *dedupe.Server
 	noDedupe    bool
 	noPushback  bool
 }
@@ -398,9 +398,9 @@ func WithServerDeadline(c deadline.ServerConfig) ServerOption {
 	return serverOptionFunc(func(o *serverOptions) { o.deadlineCfg = c })
 }
 
-// WithDedupe sets the idempotency-key deduplication (default: an
-// idempotency.NewServer with an in-memory store). nil is ignored.
-func WithDedupe(s *idempotency.Server) ServerOption {
+// WithDedupe sets the idempotency-key deduplication (default: a
+// dedupe.NewServer with an in-memory store). nil is ignored.
+func WithDedupe(s *dedupe.Server) ServerOption {
 	return serverOptionFunc(func(o *serverOptions) {
 		if s != nil {
 			o.dedupe = s

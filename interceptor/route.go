@@ -11,6 +11,7 @@ import (
 	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/internal/protoreg"
 )
 
 // MaxRoutes bounds the (target, method) routes a Client caches. Generated
@@ -78,7 +79,7 @@ func (c *Client) newRoute(k routeKey) *route {
 		retryable:   c.retryable,
 		perAttempt:  p.PerAttemptTimeout,
 		tel:         newRouteTelemetry(method, target, p.Known, c.o.instrumented),
-		respType:    idempotency.ResponseType(method),
+		respType:    protoreg.ResponseType(method),
 	}
 	if r.perAttempt == 0 {
 		r.perAttempt = c.o.perAttempt

@@ -8,7 +8,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/stormguard/stormguard/deadline"
-	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/idempotency/dedupe"
 )
 
 // Server is the suite's server side: it applies the caller's propagated
@@ -20,10 +20,20 @@ import (
 type Server struct {
 	o      serverOptions
 	dl     *deadline.Server
-	dedupe *idempotency.Server // nil: off
+	dedupe *dedupe.Server // nil: off
 }
 
 // NewServer returns a Server configured by opts. Nil options are ignored.
+//
+// By default it deduplicates keyed writes with dedupe.NewServer(dedupe.Config{}),
+// which scopes idempotency keys by caller (TLS client certificate, or
+// authorization metadata) and refuses a keyed request to a deduplicated
+// method from a caller without identity with codes.FailedPrecondition,
+// before the handler runs. A server whose callers are all trusted and
+// unauthenticated (plaintext on a private network) opts in to one shared
+// key space explicitly:
+//
+//	interceptor.NewServer(interceptor.WithDedupe(dedupe.NewServer(dedupe.Config{AllowAnonymous: true})))
 func NewServer(opts ...ServerOption) *Server {
 	var o serverOptions
 	for _, opt := range opts {
@@ -33,7 +43,7 @@ func NewServer(opts ...ServerOption) *Server {
 	}
 	s := &Server{o: o, dl: deadline.NewServer(o.deadlineCfg), dedupe: o.dedupe}
 	if s.dedupe == nil && !o.noDedupe {
-		s.dedupe = idempotency.NewServer(idempotency.ServerConfig{})
+		s.dedupe = dedupe.NewServer(dedupe.Config{})
 	}
 	return s
 }

@@ -5,9 +5,10 @@
 //
 // The server interceptors (interceptor.NewServer) apply the deadline the
 // caller propagated, refuse work whose deadline has already passed,
-// deduplicate requests that carry an idempotency key (Charge), and tell
-// callers not to retry when a handler failed because its own retries were
-// refused. With -flaky N the server fails the first attempt of every N-th
+// deduplicate requests that carry an idempotency key (Charge; the demo's
+// plaintext callers share one anonymous key space, by explicit choice),
+// and tell callers not to retry when a handler failed because its own
+// retries were refused. With -flaky N the server fails the first attempt of every N-th
 // unary request with UNAVAILABLE, so that a client shows its retries.
 //
 // It prints one line per request (method, request id, attempt, the

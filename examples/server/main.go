@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/interceptor"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
@@ -54,7 +55,11 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 		return err
 	}
 	log := newLog(out)
-	guard := interceptor.NewServer()
+	// The demo serves plaintext on 127.0.0.1 to trusted demo clients, so
+	// its callers have no identity (no TLS client certificate, no
+	// authorization metadata): they share one anonymous key space, by
+	// explicit choice. A real server authenticates its callers instead.
+	guard := interceptor.NewServer(interceptor.WithDedupe(dedupe.NewServer(dedupe.Config{AllowAnonymous: true})))
 	srv := grpc.NewServer(
 		// Outermost first: log what arrived, then the suite (deadline,
 		// dedupe, pushback), then the demo's injected failures.

@@ -1,4 +1,4 @@
-package idempotency
+package dedupe
 
 import (
 	"context"
@@ -8,11 +8,13 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/stormguard/stormguard/idempotency"
 )
 
 // tooLargeStream is the message of the tombstone stored for a stream whose
-// responses outgrew ServerConfig.MaxStreamBytes.
-const tooLargeStream = "idempotency: this request was executed, but its response stream was too large to keep for replay; it is not executed again"
+// responses outgrew Config.MaxStreamBytes.
+const tooLargeStream = "dedupe: this request was executed, but its response stream was too large to keep for replay; it is not executed again"
 
 // stream is the interceptor Stream returns when some methods are opted in.
 func (s *Server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
@@ -22,11 +24,11 @@ func (s *Server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerIn
 		return handler(srv, ss)
 	}
 	mi := s.method(info.FullMethod)
-	if !mi.stream {
+	if !mi.dedupe {
 		return handler(srv, ss)
 	}
 	ctx := ss.Context()
-	key, ok, err := KeyFromIncoming(ctx)
+	key, ok, err := idempotency.KeyFromIncoming(ctx)
 	if !ok {
 		return handler(srv, ss)
 	}
@@ -34,8 +36,12 @@ func (s *Server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerIn
 		s.invalid.Add(1)
 		return err
 	}
+	scope, err := s.scope(ctx, key, info.FullMethod)
+	if err != nil {
+		return err
+	}
 	if mi.in == nil {
-		return status.Error(codes.Internal, "idempotency: the request type of "+info.FullMethod+
+		return status.Error(codes.Internal, "dedupe: the request type of "+info.FullMethod+
 			" is unknown to the protobuf registry; its streams cannot be deduplicated")
 	}
 	req := mi.in.New().Interface()
@@ -44,16 +50,19 @@ func (s *Server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerIn
 	}
 	fp := Fingerprint{Method: info.FullMethod}
 	if fp.RequestHash, err = hashRequest(req); err != nil {
-		return status.Error(codes.Internal, "idempotency: cannot serialize the request: "+err.Error())
+		return status.Error(codes.Internal, "dedupe: cannot serialize the request: "+err.Error())
 	}
-	c, rec, err := s.claim(ctx, s.scope(ctx, key), fp)
-	switch {
-	case err != nil:
-		return err
-	case rec != nil:
-		return s.replayStream(ss, mi, fp, rec)
+	c, rec, err := s.claim(ctx, scope, fp)
+	if err == nil && rec == nil {
+		return s.executeStream(srv, ss, handler, c, mi, req)
 	}
-	return s.executeStream(srv, ss, handler, c, mi, req)
+	if err == nil {
+		err = s.replayStream(ss, mi, fp, rec)
+	}
+	if md := pushbackMD(err); md != nil {
+		ss.SetTrailer(md)
+	}
+	return err
 }
 
 // executeStream runs the handler under the owned claim c, recording what it
@@ -103,12 +112,11 @@ func (s *Server) executeStream(srv any, ss grpc.ServerStream, handler grpc.Strea
 // replayStream answers the stream with the stored outcome rec.
 func (s *Server) replayStream(ss grpc.ServerStream, mi *methodInfo, fp Fingerprint, rec *Record) error {
 	if rec.Fingerprint != fp {
-		s.storeErrors.Add(1)
-		return status.Error(codes.Internal, "idempotency: the store answered with a record of another request")
+		return s.storeFailure("answered with a record of another request")
 	}
 	mt := mi.outType()
 	if mt == nil && len(rec.Responses) > 0 {
-		return status.Error(codes.Internal, "idempotency: cannot rebuild the stored responses of "+
+		return status.Error(codes.Internal, "dedupe: cannot rebuild the stored responses of "+
 			fp.Method+": its output type is unknown to the protobuf registry")
 	}
 	// Best effort, as for unary: an interceptor outside this one may have
@@ -117,7 +125,7 @@ func (s *Server) replayStream(ss grpc.ServerStream, mi *methodInfo, fp Fingerpri
 	for _, b := range rec.Responses {
 		m := mt.New().Interface() // a new one each: grpc may use a sent message lazily
 		if err := proto.Unmarshal(b, m); err != nil {
-			return status.Error(codes.Internal, "idempotency: cannot rebuild a stored response: "+err.Error())
+			return status.Error(codes.Internal, "dedupe: cannot rebuild a stored response: "+err.Error())
 		}
 		if err := ss.SendMsg(m); err != nil {
 			return err
@@ -179,7 +187,7 @@ func (r *recordingStream) RecvMsg(m any) error {
 	r.req = nil
 	dst, ok := m.(proto.Message)
 	if !ok || dst.ProtoReflect().Descriptor().FullName() != req.ProtoReflect().Descriptor().FullName() {
-		return status.Errorf(codes.Internal, "idempotency: the handler receives its request into a %T, not a %s",
+		return status.Errorf(codes.Internal, "dedupe: the handler receives its request into a %T, not a %s",
 			m, req.ProtoReflect().Descriptor().FullName())
 	}
 	proto.Reset(dst)
@@ -207,7 +215,7 @@ func (r *recordingStream) record(m any) {
 		r.unstorable, r.resps = true, nil
 		return
 	}
-	r.size += int64(len(b)) + ResponseOverhead
+	r.size += responseCost(len(b))
 	if r.size > r.limit {
 		r.oversized, r.resps = true, nil
 		return

@@ -1,16 +1,24 @@
-package idempotency_test
+package dedupe_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 
 	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
@@ -31,7 +39,7 @@ var (
 func benchHandler(context.Context, any) (any, error) { return benchResp, nil }
 
 func BenchmarkServerNoKey(b *testing.B) {
-	u := idempotency.NewServer(idempotency.ServerConfig{}).Unary()
+	u := dedupe.NewServer(dedupe.Config{AllowAnonymous: true}).Unary()
 	ctx := benchCtx(metadata.Pairs("x-request-id", "1", "user-agent", "bench"))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -42,7 +50,7 @@ func BenchmarkServerNoKey(b *testing.B) {
 }
 
 func BenchmarkServerHit(b *testing.B) {
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	u := s.Unary()
 	ctx := benchCtx(metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey(), "user-agent", "bench"))
 	if _, err := u(ctx, benchReq, benchInfo, benchHandler); err != nil {
@@ -59,12 +67,80 @@ func BenchmarkServerHit(b *testing.B) {
 	}
 }
 
+// BenchmarkServerPassThrough: a keyed read (Get, NO_SIDE_EFFECTS) is not
+// deduplicated: one cached method lookup.
+func BenchmarkServerPassThrough(b *testing.B) {
+	u := dedupe.NewServer(dedupe.Config{}).Unary()
+	ctx := benchCtx(metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey(), "user-agent", "bench"))
+	info := &grpc.UnaryServerInfo{FullMethod: echov1.EchoService_Get_FullMethodName}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := u(ctx, benchReq, info, benchHandler); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchHitAs is BenchmarkServerHit for a caller whose identity ctx
+// carries: the cost of DefaultIdentity on every keyed request.
+func benchHitAs(b *testing.B, ctx context.Context) {
+	s := dedupe.NewServer(dedupe.Config{})
+	u := s.Unary()
+	if _, err := u(ctx, benchReq, benchInfo, benchHandler); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := u(ctx, benchReq, benchInfo, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if st := s.Stats(); st.Misses != 1 {
+		b.Fatalf("%+v", st)
+	}
+}
+
+// BenchmarkServerHitAuthorization: the caller sends a bearer token of
+// about the size of a JWT (800 bytes).
+func BenchmarkServerHitAuthorization(b *testing.B) {
+	token := "Bearer " + strings.Repeat("eyJhbGciOiJSUzI1NiJ9", 40)
+	benchHitAs(b, benchCtx(metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey(), "authorization", token)))
+}
+
+// BenchmarkServerHitTLS: the caller presented a TLS client certificate.
+func BenchmarkServerHitTLS(b *testing.B) {
+	pki := newTestPKI(b)
+	cert, err := x509.ParseCertificate(pki.issue("client", false).Certificate[0])
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := peer.NewContext(benchCtx(metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey())),
+		&peer.Peer{AuthInfo: credentials.TLSInfo{State: tls.ConnectionState{PeerCertificates: []*x509.Certificate{cert, pki.ca}}}})
+	benchHitAs(b, ctx)
+}
+
+// benchStore returns a store of n entries for one identity whose clock
+// moves past the retry horizon at every reading: in a full store, each
+// new key evicts the oldest record, as a store in its steady state does
+// (rather than refusing the key because the records are young).
+func benchStore(n int) *dedupe.MemoryStore {
+	var ticks atomic.Int64
+	start := time.Unix(1_700_000_000, 0)
+	return dedupe.NewMemoryStore(dedupe.MemoryConfig{
+		MaxEntries: n, MaxEntriesPerIdentity: n, MaxBytesPerIdentity: dedupe.DefaultMaxBytes,
+		TTL: 1 << 62, // longer than any benchmark's ticks
+		Now: func() time.Time {
+			return start.Add(time.Duration(ticks.Add(1)) * (dedupe.DefaultRetryHorizon + time.Second))
+		},
+	})
+}
+
 // BenchmarkServerMiss cycles through 4096 keys in a store of 1024 entries:
 // every call is first sight of its key (the key was evicted since), and
 // completing it evicts the least recently used record, the steady state
 // of a full store.
 func BenchmarkServerMiss(b *testing.B) {
-	s := idempotency.NewServer(idempotency.ServerConfig{Store: idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxEntries: 1024})})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: benchStore(1024)})
 	u := s.Unary()
 	ctxs := make([]context.Context, 4096)
 	for i := range ctxs {
@@ -86,10 +162,10 @@ func BenchmarkServerMiss(b *testing.B) {
 // The same over real grpc on bufconn, end to end (client, transport,
 // server), for scale.
 
-func benchClient(b *testing.B, dedupe bool) echov1.EchoServiceClient {
+func benchClient(b *testing.B, withDedupe bool) echov1.EchoServiceClient {
 	var opts []grpc.ServerOption
-	if dedupe {
-		opts = dedupeOpts(idempotency.NewServer(idempotency.ServerConfig{}))
+	if withDedupe {
+		opts = dedupeOpts(dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: benchStore(dedupe.DefaultMaxEntries)}))
 	}
 	return startEcho(b, origin.New(nil), opts)
 }
@@ -155,8 +231,8 @@ func noopStreamHandler(any, grpc.ServerStream) error { return nil }
 
 // benchStream runs the stream interceptor of c on a List stream with
 // incoming md, b.N times, and checks that each call sent want responses.
-func benchStream(b *testing.B, c idempotency.ServerConfig, md metadata.MD, h grpc.StreamHandler, want int) *idempotency.Server {
-	s := idempotency.NewServer(c)
+func benchStream(b *testing.B, c dedupe.Config, md metadata.MD, h grpc.StreamHandler, want int) *dedupe.Server {
+	s := dedupe.NewServer(c)
 	st := s.Stream()
 	ctx := grpc.NewContextWithServerTransportStream(metadata.NewIncomingContext(context.Background(), md), &fakeStream{method: listMethod})
 	f := &fakeServerStream{ctx: ctx, req: benchListReq}
@@ -179,32 +255,32 @@ func benchStream(b *testing.B, c idempotency.ServerConfig, md metadata.MD, h grp
 
 // BenchmarkStreamPassThrough: no Streams configured; a keyed stream.
 func BenchmarkStreamPassThrough(b *testing.B) {
-	benchStream(b, idempotency.ServerConfig{}, metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey()), noopStreamHandler, 0)
+	benchStream(b, dedupe.Config{AllowAnonymous: true}, metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey()), noopStreamHandler, 0)
 }
 
 // BenchmarkStreamNotOptedIn: Streams lists other methods; a keyed List
 // passes through.
 func BenchmarkStreamNotOptedIn(b *testing.B) {
-	c := idempotency.ServerConfig{Streams: []string{"/other.v1.Svc/", echov1.EchoService_Chat_FullMethodName}}
+	c := dedupe.Config{AllowAnonymous: true, Methods: []string{"/other.v1.Svc/", echov1.EchoService_Chat_FullMethodName}}
 	benchStream(b, c, metadata.Pairs(idempotency.MetadataKey, idempotency.NewKey()), noopStreamHandler, 0)
 }
 
 // BenchmarkStreamNoKey: List is opted in; the stream carries no key.
 func BenchmarkStreamNoKey(b *testing.B) {
-	c := idempotency.ServerConfig{Streams: []string{listMethod}}
+	c := dedupe.Config{AllowAnonymous: true, Methods: []string{listMethod}}
 	benchStream(b, c, metadata.Pairs("x-request-id", "1", "user-agent", "bench"), noopStreamHandler, 0)
 }
 
 // BenchmarkStreamHandlerAlone is the bench List handler without
 // deduplication (no Streams), for comparison with a hit, which replaces it.
 func BenchmarkStreamHandlerAlone(b *testing.B) {
-	benchStream(b, idempotency.ServerConfig{}, nil, benchListHandler, benchListCount)
+	benchStream(b, dedupe.Config{AllowAnonymous: true}, nil, benchListHandler, benchListCount)
 }
 
 // BenchmarkStreamHit: every call after the first is a replay of its 3
 // responses; the handler must not run.
 func BenchmarkStreamHit(b *testing.B) {
-	c := idempotency.ServerConfig{Streams: []string{listMethod}}
+	c := dedupe.Config{AllowAnonymous: true, Methods: []string{listMethod}}
 	ran := false
 	h := func(srv any, ss grpc.ServerStream) error {
 		if ran {
@@ -223,9 +299,10 @@ func BenchmarkStreamHit(b *testing.B) {
 // each completion evicts the least recently used record): read, claim,
 // run and record.
 func BenchmarkStreamMiss(b *testing.B) {
-	s := idempotency.NewServer(idempotency.ServerConfig{
-		Streams: []string{listMethod},
-		Store:   idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxEntries: 1024}),
+	s := dedupe.NewServer(dedupe.Config{
+		AllowAnonymous: true,
+		Methods:        []string{listMethod},
+		Store:          benchStore(1024),
 	})
 	st := s.Stream()
 	ctxs := make([]context.Context, 4096)
@@ -277,7 +354,7 @@ func BenchmarkBufconnStreamNoDedupe(b *testing.B) {
 }
 
 func BenchmarkBufconnStreamHit(b *testing.B) {
-	s := idempotency.NewServer(idempotency.ServerConfig{Streams: []string{listMethod}})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Methods: []string{listMethod}})
 	benchList(b, startEcho(b, origin.New(nil), dedupeOpts(s)), keyed(context.Background(), idempotency.NewKey()))
 	if st := s.Stats(); st.Misses != 1 {
 		b.Fatalf("%+v", st)

@@ -1,4 +1,4 @@
-package idempotency_test
+package dedupe_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
@@ -56,7 +57,7 @@ func (l *loseFirstResponse) intercept(ctx context.Context, req any, info *grpc.U
 func TestDoubleCharge(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
-		dedupe      bool
+		withDedupe  bool
 		wantCharges int
 	}{
 		{"with dedupe charges once", true, 1},
@@ -66,9 +67,9 @@ func TestDoubleCharge(t *testing.T) {
 			o := origin.New(nil)
 			lost := &loseFirstResponse{method: chargeMethod}
 			chain := []grpc.UnaryServerInterceptor{lost.intercept}
-			dedupe := idempotency.NewServer(idempotency.ServerConfig{})
-			if tc.dedupe {
-				chain = append(chain, dedupe.Unary())
+			dd := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
+			if tc.withDedupe {
+				chain = append(chain, dd.Unary())
 			}
 			// The client: stormguard's, which sends one key on every
 			// attempt of a retry_with_key method (no budget, so the lone
@@ -92,9 +93,9 @@ func TestDoubleCharge(t *testing.T) {
 			assert.Equal(t, lost.keys[0], lost.keys[1], "the same key on every attempt")
 			assert.NoError(t, idempotency.ValidateKey(lost.keys[0]))
 			require.NotNil(t, lost.dropped)
-			if tc.dedupe {
+			if tc.withDedupe {
 				assert.True(t, proto.Equal(lost.dropped, resp), "the caller gets the original success: got %v, lost %v", resp, lost.dropped)
-				assert.Equal(t, idempotency.Stats{Hits: 1, Misses: 1}, dedupe.Stats())
+				assert.Equal(t, dedupe.Stats{Hits: 1, Misses: 1}, dd.Stats())
 			} else {
 				assert.False(t, proto.Equal(lost.dropped, resp), "a second, different charge")
 			}
@@ -113,9 +114,9 @@ func TestHedgedChargeRunsOnce(t *testing.T) {
 		}
 		return origin.Reply{}
 	})
-	dedupe := idempotency.NewServer(idempotency.ServerConfig{})
+	dd := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	guard := interceptor.NewClient(interceptor.WithoutBudget(), interceptor.WithHedging(5*time.Millisecond, 3))
-	payments := startEcho(t, o, []grpc.ServerOption{grpc.ChainUnaryInterceptor(dedupe.Unary())},
+	payments := startEcho(t, o, []grpc.ServerOption{grpc.ChainUnaryInterceptor(dd.Unary())},
 		grpc.WithChainUnaryInterceptor(guard.Unary()))
 	resp, err := payments.Charge(context.Background(), &echov1.ChargeRequest{RequestId: "h", Account: "acct", AmountCents: 100})
 	require.NoError(t, err)
@@ -124,5 +125,5 @@ func TestHedgedChargeRunsOnce(t *testing.T) {
 	assert.Equal(t, int64(100), cents)
 	assert.Equal(t, int64(100), resp.GetBalanceCents())
 	assert.Equal(t, 1, o.Total(), "the hedges waited for the first attempt instead of running the handler")
-	assert.GreaterOrEqual(t, dedupe.Stats().Waits, uint64(1))
+	assert.GreaterOrEqual(t, dd.Stats().Waits, uint64(1))
 }

@@ -1,9 +1,10 @@
-package idempotency_test
+package dedupe_test
 
 import (
 	"context"
 	"errors"
 	"io"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -19,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
@@ -42,7 +45,7 @@ func startEcho(t testing.TB, svc origin.Registerer, serverOpts []grpc.ServerOpti
 }
 
 // dedupeOpts installs s as the server's interceptors.
-func dedupeOpts(s *idempotency.Server) []grpc.ServerOption {
+func dedupeOpts(s *dedupe.Server) []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(s.Unary()), grpc.ChainStreamInterceptor(s.Stream())}
 }
 
@@ -75,7 +78,7 @@ func TestServerReplaysStoredResponse(t *testing.T) {
 	o := origin.New(func(origin.Call) origin.Reply {
 		return origin.Reply{Header: metadata.Pairs("x-h", "1"), Trailer: metadata.Pairs("x-receipt", "r-1")}
 	})
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "order-1")
 	req := &echov1.ChargeRequest{RequestId: "p1", Account: "acct", AmountCents: 1999}
@@ -96,12 +99,12 @@ func TestServerReplaysStoredResponse(t *testing.T) {
 	cents, n := o.Balance("acct")
 	assert.Equal(t, int64(1999), cents)
 	assert.Equal(t, 1, n)
-	assert.Equal(t, idempotency.Stats{Hits: 1, Misses: 1}, s.Stats())
+	assert.Equal(t, dedupe.Stats{Hits: 1, Misses: 1}, s.Stats())
 }
 
 func TestServerWithoutKeyPassesThrough(t *testing.T) {
 	o := origin.New(nil)
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	req := &echov1.ChargeRequest{RequestId: "p", Account: "acct", AmountCents: 5}
 	for range 2 {
@@ -110,12 +113,12 @@ func TestServerWithoutKeyPassesThrough(t *testing.T) {
 	}
 	_, n := o.Balance("acct")
 	assert.Equal(t, 2, n)
-	assert.Equal(t, idempotency.Stats{}, s.Stats())
+	assert.Equal(t, dedupe.Stats{}, s.Stats())
 }
 
 func TestServerRefusesInvalidKeys(t *testing.T) {
 	o := origin.New(nil)
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	// What grpc lets a client send: printable ASCII (grpc-go itself refuses
 	// to send control characters and non-ASCII; see the direct test below).
@@ -144,7 +147,7 @@ func TestServerConcurrentDuplicates(t *testing.T) {
 		g.block() // hold the first execution until every duplicate is waiting
 		return origin.Reply{Trailer: metadata.Pairs("x-receipt", "r-dup")}
 	})
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), idempotency.NewKey())
 	req := &echov1.ChargeRequest{RequestId: "dup", Account: "acct", AmountCents: 700}
@@ -173,7 +176,7 @@ func TestServerConcurrentDuplicates(t *testing.T) {
 	cents, charges := o.Balance("acct")
 	assert.Equal(t, int64(700), cents)
 	assert.Equal(t, 1, charges)
-	assert.Equal(t, idempotency.Stats{Hits: n - 1, Misses: 1, Waits: n - 1}, s.Stats())
+	assert.Equal(t, dedupe.Stats{Hits: n - 1, Misses: 1, Waits: n - 1}, s.Stats())
 }
 
 func TestServerKeyReuseWithDifferentRequest(t *testing.T) {
@@ -184,7 +187,7 @@ func TestServerKeyReuseWithDifferentRequest(t *testing.T) {
 		}
 		return origin.Reply{}
 	})
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 
 	t.Run("completed", func(t *testing.T) {
@@ -220,7 +223,8 @@ func TestServerKeyReuseWithDifferentRequest(t *testing.T) {
 
 func TestServerKeyReuseWithDifferentMethod(t *testing.T) {
 	o := origin.New(nil)
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	// Put is IDEMPOTENT in the proto; listing it deduplicates it too.
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Methods: []string{echov1.EchoService_Put_FullMethodName}})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "one-key")
 	_, err := c.Charge(ctx, &echov1.ChargeRequest{RequestId: "p", Account: "acct", AmountCents: 1})
@@ -228,11 +232,12 @@ func TestServerKeyReuseWithDifferentMethod(t *testing.T) {
 	_, err = c.Put(ctx, &echov1.PutRequest{RequestId: "p"})
 	assert.Equal(t, codes.InvalidArgument, status.Code(err))
 	assert.Contains(t, status.Convert(err).Message(), "another method")
-	_, err = c.Notify(ctx, &echov1.NotifyRequest{RequestId: "p"})
-	assert.Equal(t, codes.InvalidArgument, status.Code(err))
 	assert.Zero(t, o.Count(echov1.EchoService_Put_FullMethodName))
-	assert.Zero(t, o.Count(echov1.EchoService_Notify_FullMethodName))
-	assert.Equal(t, uint64(2), s.Stats().Conflicts)
+	// Notify is not deduplicated: its key is not looked at.
+	_, err = c.Notify(ctx, &echov1.NotifyRequest{RequestId: "p"})
+	require.NoError(t, err)
+	assert.Equal(t, 1, o.Count(echov1.EchoService_Notify_FullMethodName))
+	assert.Equal(t, uint64(1), s.Stats().Conflicts)
 }
 
 // tenant is a stand-in for an identity from auth info: the x-tenant
@@ -251,7 +256,7 @@ func TestServerIdentityScoping(t *testing.T) {
 	}
 	t.Run("scoped", func(t *testing.T) {
 		o := origin.New(nil)
-		s := idempotency.NewServer(idempotency.ServerConfig{Identity: tenant})
+		s := dedupe.NewServer(dedupe.Config{Identity: tenant})
 		c := startEcho(t, o, dedupeOpts(s))
 		alice, err := c.Charge(as(context.Background(), "alice"), req)
 		require.NoError(t, err)
@@ -272,7 +277,7 @@ func TestServerIdentityScoping(t *testing.T) {
 	})
 	t.Run("unscoped, for contrast", func(t *testing.T) {
 		o := origin.New(nil)
-		s := idempotency.NewServer(idempotency.ServerConfig{})
+		s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 		c := startEcho(t, o, dedupeOpts(s))
 		alice, err := c.Charge(as(context.Background(), "alice"), req)
 		require.NoError(t, err)
@@ -286,7 +291,7 @@ func TestServerRetryableFailureNotStored(t *testing.T) {
 	for _, code := range []codes.Code{codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted, codes.Canceled} {
 		t.Run(code.String(), func(t *testing.T) {
 			o := origin.New(origin.FailFirst(1, code))
-			s := idempotency.NewServer(idempotency.ServerConfig{})
+			s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 			c := startEcho(t, o, dedupeOpts(s))
 			ctx := keyed(context.Background(), "k")
 			req := &echov1.ChargeRequest{RequestId: "p", Account: "acct", AmountCents: 3}
@@ -298,7 +303,7 @@ func TestServerRetryableFailureNotStored(t *testing.T) {
 			require.NoError(t, err)
 			assert.True(t, proto.Equal(first, again))
 			assert.Equal(t, 2, o.CountID(chargeMethod, "p"))
-			assert.Equal(t, idempotency.Stats{Hits: 1, Misses: 2, NotStored: 1}, s.Stats())
+			assert.Equal(t, dedupe.Stats{Hits: 1, Misses: 2, NotStored: 1}, s.Stats())
 		})
 	}
 }
@@ -307,7 +312,7 @@ func TestServerOtherFailureStored(t *testing.T) {
 	o := origin.New(func(c origin.Call) origin.Reply {
 		return origin.Reply{Code: codes.FailedPrecondition, Message: "card declined", Trailer: metadata.Pairs("x-decline", "insufficient_funds")}
 	})
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "k")
 	req := &echov1.ChargeRequest{RequestId: "p", Account: "acct", AmountCents: 3}
@@ -319,13 +324,13 @@ func TestServerOtherFailureStored(t *testing.T) {
 		assert.Equal(t, []string{"insufficient_funds"}, tr.Get("x-decline"), "call %d", i)
 	}
 	assert.Equal(t, 1, o.CountID(chargeMethod, "p"))
-	assert.Equal(t, idempotency.Stats{Hits: 2, Misses: 1}, s.Stats())
+	assert.Equal(t, dedupe.Stats{Hits: 2, Misses: 1}, s.Stats())
 }
 
 func TestServerWaiterBoundedByDeadline(t *testing.T) {
 	g := newGate(t)
 	o := origin.New(func(origin.Call) origin.Reply { g.block(); return origin.Reply{} })
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	// outcomes receives what the server answered each call, as it leaves
 	// the server (the client may give up a moment earlier).
 	outcomes := make(chan error, 4)
@@ -374,7 +379,7 @@ func TestServerWaiterRunsAfterRelease(t *testing.T) {
 		}
 		return origin.Reply{}
 	})
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "k")
 	req := &echov1.ChargeRequest{RequestId: "p", Account: "acct", AmountCents: 3}
@@ -397,7 +402,7 @@ func TestServerWaiterRunsAfterRelease(t *testing.T) {
 	assert.Equal(t, 2, o.CountID(chargeMethod, "p"))
 	_, n := o.Balance("acct")
 	assert.Equal(t, 1, n)
-	assert.Equal(t, idempotency.Stats{Misses: 2, Waits: 1, NotStored: 1}, s.Stats())
+	assert.Equal(t, dedupe.Stats{Misses: 2, Waits: 1, NotStored: 1}, s.Stats())
 }
 
 func TestServerBusyStore(t *testing.T) {
@@ -408,8 +413,9 @@ func TestServerBusyStore(t *testing.T) {
 		}
 		return origin.Reply{}
 	})
-	store := idempotency.NewMemoryStore(idempotency.MemoryConfig{MaxEntries: 1})
-	s := idempotency.NewServer(idempotency.ServerConfig{Store: store})
+	clock := newClock()
+	store := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 1, Now: clock.Now})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: store})
 	c := startEcho(t, o, dedupeOpts(s))
 	first := make(chan error, 1)
 	go func() {
@@ -417,20 +423,39 @@ func TestServerBusyStore(t *testing.T) {
 		first <- err
 	}()
 	eventually(t, "first in flight", func() bool { return s.Stats().Misses == 1 })
-	_, err := c.Charge(keyed(context.Background(), "b"), &echov1.ChargeRequest{RequestId: "other"})
-	assert.Equal(t, codes.ResourceExhausted, status.Code(err))
-	assert.Zero(t, o.CountID(chargeMethod, "other"))
+	refused := func(want time.Duration) {
+		t.Helper()
+		var tr metadata.MD
+		_, err := c.Charge(keyed(context.Background(), "b"), &echov1.ChargeRequest{RequestId: "other"}, grpc.Trailer(&tr))
+		assert.Equal(t, codes.ResourceExhausted, status.Code(err))
+		assert.Equal(t, []string{strconv.FormatInt(want.Milliseconds(), 10)}, tr.Get("grpc-retry-pushback-ms"))
+		var info *errdetails.RetryInfo
+		for _, d := range status.Convert(err).Details() {
+			if ri, ok := d.(*errdetails.RetryInfo); ok {
+				info = ri
+			}
+		}
+		require.NotNil(t, info, "a RetryInfo says when to come back")
+		assert.Equal(t, want, info.GetRetryDelay().AsDuration())
+		assert.Zero(t, o.CountID(chargeMethod, "other"))
+	}
+	refused(time.Second) // the room is held by a request in flight
 	g.open()
 	require.NoError(t, <-first)
-	_, err = c.Charge(keyed(context.Background(), "b"), &echov1.ChargeRequest{RequestId: "other"})
-	require.NoError(t, err, "room again once the first completed")
-	assert.Equal(t, uint64(1), store.Stats().Busy)
-	assert.Equal(t, uint64(1), s.Stats().Evictions)
+	clock.Advance(20 * time.Second)
+	refused(dedupe.DefaultRetryHorizon - 20*time.Second) // by a record younger than the retry horizon
+	clock.Advance(dedupe.DefaultRetryHorizon)
+	_, err := c.Charge(keyed(context.Background(), "b"), &echov1.ChargeRequest{RequestId: "other"})
+	require.NoError(t, err, "room again once the first is past the retry horizon")
+	assert.Equal(t, uint64(2), store.Stats().OverQuota)
+	assert.Equal(t, uint64(1), store.Stats().Evictions, "the first record made room for the second key")
+	assert.Equal(t, uint64(2), s.Stats().Full)
+	assert.Zero(t, s.Stats().StoreErrors)
 }
 
 func TestServerStreamsPassThrough(t *testing.T) {
 	o := origin.New(nil)
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	for range 2 {
 		ls, err := c.List(keyed(context.Background(), "k"), &echov1.ListRequest{RequestId: "l", Count: 2})
@@ -444,7 +469,7 @@ func TestServerStreamsPassThrough(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 2, o.CountID(echov1.EchoService_List_FullMethodName, "l"))
-	assert.Equal(t, idempotency.Stats{}, s.Stats())
+	assert.Equal(t, dedupe.Stats{}, s.Stats())
 }
 
 // The tests below call the interceptor directly, for what a grpc client
@@ -469,7 +494,7 @@ func (f *fakeStream) SetTrailer(md metadata.MD) error {
 }
 
 // direct calls s's unary interceptor as grpc would, with incoming md.
-func direct(s *idempotency.Server, method string, md metadata.MD, req any, h grpc.UnaryHandler) (any, *fakeStream, error) {
+func direct(s *dedupe.Server, method string, md metadata.MD, req any, h grpc.UnaryHandler) (any, *fakeStream, error) {
 	fs := &fakeStream{method: method}
 	ctx := grpc.NewContextWithServerTransportStream(metadata.NewIncomingContext(context.Background(), md), fs)
 	resp, err := s.Unary()(ctx, req, &grpc.UnaryServerInfo{FullMethod: method}, h)
@@ -479,7 +504,7 @@ func direct(s *idempotency.Server, method string, md metadata.MD, req any, h grp
 func keyMD(key string) metadata.MD { return metadata.MD{idempotency.MetadataKey: {key}} }
 
 func TestServerRefusesUnsendableKeys(t *testing.T) {
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	ran := false
 	h := func(context.Context, any) (any, error) { ran = true; return &echov1.ChargeResponse{}, nil }
 	for _, k := range []string{"a\nb", "\x00", "\x7f", "ключ", "tab\t"} {
@@ -490,7 +515,7 @@ func TestServerRefusesUnsendableKeys(t *testing.T) {
 }
 
 func TestServerHandlerPanicReleases(t *testing.T) {
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	req := &echov1.ChargeRequest{RequestId: "p"}
 	assert.PanicsWithValue(t, "boom", func() {
 		_, _, _ = direct(s, chargeMethod, keyMD("k"), req, func(context.Context, any) (any, error) { panic("boom") })
@@ -503,11 +528,11 @@ func TestServerHandlerPanicReleases(t *testing.T) {
 		assert.Equal(t, "c", resp.(*echov1.ChargeResponse).GetChargeId())
 	}
 	assert.Equal(t, 1, runs, "the retry after the panic runs, and is then stored")
-	assert.Equal(t, idempotency.Stats{Hits: 1, Misses: 2, NotStored: 1}, s.Stats())
+	assert.Equal(t, dedupe.Stats{Hits: 1, Misses: 2, NotStored: 1}, s.Stats())
 }
 
 func TestServerReplaysStatusDetails(t *testing.T) {
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	st, err := status.New(codes.FailedPrecondition, "declined").WithDetails(wrapperspb.String("insufficient_funds"))
 	require.NoError(t, err)
 	h := func(ctx context.Context, _ any) (any, error) {
@@ -530,7 +555,7 @@ func TestServerReplaysStatusDetails(t *testing.T) {
 }
 
 func TestServerHandlerErrorsAsGrpcSeesThem(t *testing.T) {
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	req := &echov1.ChargeRequest{}
 	// A plain error is stored as Unknown; a raw context error is
 	// DeadlineExceeded, so not stored.
@@ -549,9 +574,9 @@ func TestServerHandlerErrorsAsGrpcSeesThem(t *testing.T) {
 }
 
 func TestServerUnknownMethodLearnsOutputType(t *testing.T) {
-	store := idempotency.NewMemoryStore(idempotency.MemoryConfig{})
-	s := idempotency.NewServer(idempotency.ServerConfig{Store: store})
+	store := dedupe.NewMemoryStore(dedupe.MemoryConfig{})
 	const method = "/unknown.v1.Svc/Do"
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: store, Methods: []string{method}})
 	h := func(context.Context, any) (any, error) { return wrapperspb.String("out"), nil }
 	_, _, err := direct(s, method, keyMD("k"), wrapperspb.String("in"), h)
 	require.NoError(t, err)
@@ -561,13 +586,13 @@ func TestServerUnknownMethodLearnsOutputType(t *testing.T) {
 
 	// A server that never saw a response of an unknown method cannot
 	// rebuild one: it says so rather than guessing.
-	fresh := idempotency.NewServer(idempotency.ServerConfig{Store: store})
+	fresh := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: store, Methods: []string{method}})
 	_, _, err = direct(fresh, method, keyMD("k"), wrapperspb.String("in"), nil)
 	assert.Equal(t, codes.Internal, status.Code(err))
 }
 
 func TestServerNonProtoRequest(t *testing.T) {
-	s := idempotency.NewServer(idempotency.ServerConfig{})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
 	_, _, err := direct(s, chargeMethod, keyMD("k"), struct{}{}, nil)
 	assert.Equal(t, codes.Internal, status.Code(err))
 }
@@ -575,29 +600,98 @@ func TestServerNonProtoRequest(t *testing.T) {
 // failingStore fails every call with err.
 type failingStore struct{ err error }
 
-func (f failingStore) Claim(context.Context, string, idempotency.Fingerprint) (idempotency.Claim, error) {
-	return idempotency.Claim{}, f.err
+func (f failingStore) Claim(context.Context, dedupe.Scope, dedupe.Fingerprint) (dedupe.Claim, error) {
+	return dedupe.Claim{}, f.err
 }
-func (f failingStore) Complete(context.Context, idempotency.Claim, *idempotency.Record) error {
+func (f failingStore) Complete(context.Context, dedupe.Claim, *dedupe.Record) error {
 	return f.err
 }
-func (f failingStore) Release(context.Context, idempotency.Claim) error { return f.err }
-func (f failingStore) Wait(context.Context, idempotency.Claim) (*idempotency.Record, error) {
+func (f failingStore) Release(context.Context, dedupe.Claim) error { return f.err }
+func (f failingStore) Wait(context.Context, dedupe.Claim) (*dedupe.Record, error) {
 	return nil, f.err
 }
 
+// Store errors fail closed: the caller is refused with Unavailable and a
+// pushback, and the handler never runs unguarded. A store's own refusal
+// for want of room keeps its code, with a pushback.
 func TestServerStoreErrors(t *testing.T) {
 	for _, tc := range []struct {
-		err  error
-		want codes.Code
+		err      error
+		want     codes.Code
+		pushback string
 	}{
-		{errors.New("redis: connection refused"), codes.Unavailable},
-		{status.Error(codes.PermissionDenied, "acl"), codes.PermissionDenied},
-		{context.DeadlineExceeded, codes.DeadlineExceeded},
+		{errors.New("redis: connection refused"), codes.Unavailable, "1000"},
+		{status.Error(codes.PermissionDenied, "NOPERM this user has no permissions to run the 'eval' command"), codes.Unavailable, "1000"},
+		{status.Error(codes.Internal, "store bug"), codes.Unavailable, "1000"},
+		{context.DeadlineExceeded, codes.Unavailable, "1000"}, // the store's own timeout, not the caller's
+		{status.Error(codes.ResourceExhausted, "full"), codes.ResourceExhausted, "1000"},
 	} {
-		s := idempotency.NewServer(idempotency.ServerConfig{Store: failingStore{tc.err}})
-		_, _, err := direct(s, chargeMethod, keyMD("k"), &echov1.ChargeRequest{}, nil)
-		assert.Equal(t, tc.want, status.Code(err), "%v", tc.err)
-		assert.Equal(t, uint64(1), s.Stats().StoreErrors)
+		t.Run(tc.err.Error(), func(t *testing.T) {
+			o := origin.New(nil)
+			s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: failingStore{tc.err}})
+			c := startEcho(t, o, dedupeOpts(s))
+			var tr metadata.MD
+			_, err := c.Charge(keyed(context.Background(), "k"), &echov1.ChargeRequest{RequestId: "p"}, grpc.Trailer(&tr))
+			assert.Equal(t, tc.want, status.Code(err), "%v", err)
+			assert.Equal(t, []string{tc.pushback}, tr.Get("grpc-retry-pushback-ms"))
+			assert.Zero(t, o.Total(), "the handler never runs unguarded")
+			st := s.Stats()
+			assert.Equal(t, uint64(1), st.StoreErrors+st.Full)
+		})
 	}
+}
+
+// flakyStore is a MemoryStore whose Wait and Complete fail on demand.
+type flakyStore struct {
+	*dedupe.MemoryStore
+	waitErr, completeErr error
+}
+
+func (f *flakyStore) Wait(ctx context.Context, c dedupe.Claim) (*dedupe.Record, error) {
+	if f.waitErr != nil {
+		return nil, f.waitErr
+	}
+	return f.MemoryStore.Wait(ctx, c)
+}
+
+func (f *flakyStore) Complete(ctx context.Context, c dedupe.Claim, rec *dedupe.Record) error {
+	if f.completeErr != nil {
+		return f.completeErr
+	}
+	return f.MemoryStore.Complete(ctx, c, rec)
+}
+
+func TestServerStoreFailsWhileWaiting(t *testing.T) {
+	g := newGate(t)
+	o := origin.New(func(origin.Call) origin.Reply { g.block(); return origin.Reply{} })
+	store := &flakyStore{MemoryStore: dedupe.NewMemoryStore(dedupe.MemoryConfig{}), waitErr: errors.New("redis: i/o timeout")}
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: store})
+	c := startEcho(t, o, dedupeOpts(s))
+	req := &echov1.ChargeRequest{RequestId: "p", Account: "acct", AmountCents: 3}
+	first := make(chan error, 1)
+	go func() {
+		_, err := c.Charge(keyed(context.Background(), "k"), req)
+		first <- err
+	}()
+	eventually(t, "first in flight", func() bool { return s.Stats().Misses == 1 })
+	var tr metadata.MD
+	_, err := c.Charge(keyed(context.Background(), "k"), req, grpc.Trailer(&tr))
+	assert.Equal(t, codes.Unavailable, status.Code(err))
+	assert.Equal(t, []string{"1000"}, tr.Get("grpc-retry-pushback-ms"))
+	g.open()
+	require.NoError(t, <-first)
+	assert.Equal(t, 1, o.CountID(chargeMethod, "p"), "the waiter did not run the handler")
+	assert.Equal(t, uint64(1), s.Stats().StoreErrors)
+}
+
+// When the outcome cannot be stored, the caller still gets it.
+func TestServerStoreFailsToComplete(t *testing.T) {
+	o := origin.New(nil)
+	store := &flakyStore{MemoryStore: dedupe.NewMemoryStore(dedupe.MemoryConfig{}), completeErr: errors.New("redis: connection reset")}
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: store})
+	c := startEcho(t, o, dedupeOpts(s))
+	resp, err := c.Charge(keyed(context.Background(), "k"), &echov1.ChargeRequest{RequestId: "p", Account: "acct", AmountCents: 3})
+	require.NoError(t, err)
+	assert.Equal(t, "ch_1", resp.GetChargeId())
+	assert.Equal(t, dedupe.Stats{Misses: 1, StoreErrors: 1}, s.Stats())
 }

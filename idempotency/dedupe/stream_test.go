@@ -1,4 +1,4 @@
-package idempotency_test
+package dedupe_test
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
@@ -68,18 +69,18 @@ func assertSameStream(t *testing.T, want, got listed, msgAndArgs ...any) {
 		"status: got %v, want %v", got.err, want.err)
 }
 
-func listServer(c idempotency.ServerConfig) *idempotency.Server {
-	if c.Streams == nil {
-		c.Streams = []string{listMethod}
+func listServer(c dedupe.Config) *dedupe.Server {
+	if c.Methods == nil {
+		c.Methods = []string{listMethod}
 	}
-	return idempotency.NewServer(c)
+	return dedupe.NewServer(c)
 }
 
 func TestStreamReplaysStoredResponses(t *testing.T) {
 	o := origin.New(func(origin.Call) origin.Reply {
 		return origin.Reply{Header: metadata.Pairs("x-h", "1"), Trailer: metadata.Pairs("x-receipt", "r-1")}
 	})
-	s := listServer(idempotency.ServerConfig{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "list-1")
 	req := &echov1.ListRequest{RequestId: "l", Count: 3}
@@ -97,7 +98,7 @@ func TestStreamReplaysStoredResponses(t *testing.T) {
 	assert.Equal(t, []string{"r-1"}, again.trailer.Get("x-receipt"))
 
 	assert.Equal(t, 1, o.CountID(listMethod, "l"), "handler runs once")
-	assert.Equal(t, idempotency.Stats{Hits: 1, Misses: 1}, s.Stats())
+	assert.Equal(t, dedupe.Stats{Hits: 1, Misses: 1}, s.Stats())
 }
 
 func TestStreamConcurrentDuplicates(t *testing.T) {
@@ -106,7 +107,7 @@ func TestStreamConcurrentDuplicates(t *testing.T) {
 		g.block() // hold the first execution until every duplicate is waiting
 		return origin.Reply{Trailer: metadata.Pairs("x-receipt", "r-dup")}
 	})
-	s := listServer(idempotency.ServerConfig{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), idempotency.NewKey())
 	req := &echov1.ListRequest{RequestId: "dup", Count: 4}
@@ -131,7 +132,7 @@ func TestStreamConcurrentDuplicates(t *testing.T) {
 		assert.Equal(t, []string{"r-dup"}, got[i].trailer.Get("x-receipt"), "call %d", i)
 	}
 	assert.Equal(t, 1, o.CountID(listMethod, "dup"), "handler runs once")
-	assert.Equal(t, idempotency.Stats{Hits: n - 1, Misses: 1, Waits: n - 1}, s.Stats())
+	assert.Equal(t, dedupe.Stats{Hits: n - 1, Misses: 1, Waits: n - 1}, s.Stats())
 }
 
 func TestStreamKeyReuse(t *testing.T) {
@@ -142,7 +143,7 @@ func TestStreamKeyReuse(t *testing.T) {
 		}
 		return origin.Reply{}
 	})
-	s := listServer(idempotency.ServerConfig{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 
 	t.Run("completed, different request", func(t *testing.T) {
@@ -181,12 +182,12 @@ func TestStreamKeyReuse(t *testing.T) {
 
 func TestStreamRefusesInvalidKey(t *testing.T) {
 	o := origin.New(nil)
-	s := listServer(idempotency.ServerConfig{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	got := list(keyed(context.Background(), "order 1"), c, &echov1.ListRequest{RequestId: "l", Count: 1})
 	assert.Equal(t, codes.InvalidArgument, status.Code(got.err))
 	assert.Zero(t, o.CountID(listMethod, "l"), "handler must not run")
-	assert.Equal(t, idempotency.Stats{Invalid: 1}, s.Stats())
+	assert.Equal(t, dedupe.Stats{Invalid: 1}, s.Stats())
 }
 
 func TestStreamRetryableFailureNotStored(t *testing.T) {
@@ -198,7 +199,7 @@ func TestStreamRetryableFailureNotStored(t *testing.T) {
 				}
 				return origin.Reply{}
 			})
-			s := listServer(idempotency.ServerConfig{})
+			s := listServer(dedupe.Config{AllowAnonymous: true})
 			c := startEcho(t, o, dedupeOpts(s))
 			ctx := keyed(context.Background(), "k")
 			req := &echov1.ListRequest{RequestId: "l", Count: 3}
@@ -212,7 +213,7 @@ func TestStreamRetryableFailureNotStored(t *testing.T) {
 			again := list(ctx, c, req) // and is then stored
 			assertSameStream(t, first, again)
 			assert.Equal(t, 2, o.CountID(listMethod, "l"))
-			assert.Equal(t, idempotency.Stats{Hits: 1, Misses: 2, NotStored: 1}, s.Stats())
+			assert.Equal(t, dedupe.Stats{Hits: 1, Misses: 2, NotStored: 1}, s.Stats())
 		})
 	}
 }
@@ -222,7 +223,7 @@ func TestStreamStoredFailureReplaysItsMessages(t *testing.T) {
 		return origin.Reply{Code: codes.FailedPrecondition, Message: "out of stock", FailAfter: 2,
 			Trailer: metadata.Pairs("x-why", "stock")}
 	})
-	s := listServer(idempotency.ServerConfig{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "k")
 	req := &echov1.ListRequest{RequestId: "l", Count: 5}
@@ -235,13 +236,13 @@ func TestStreamStoredFailureReplaysItsMessages(t *testing.T) {
 		assert.Equal(t, []string{"stock"}, again.trailer.Get("x-why"))
 	}
 	assert.Equal(t, 1, o.CountID(listMethod, "l"))
-	assert.Equal(t, idempotency.Stats{Hits: 2, Misses: 1}, s.Stats())
+	assert.Equal(t, dedupe.Stats{Hits: 2, Misses: 1}, s.Stats())
 }
 
 func TestStreamPassThrough(t *testing.T) {
 	req := &echov1.ListRequest{RequestId: "l", Count: 2}
 	for name, tc := range map[string]struct {
-		streams []string
+		methods []string
 		key     bool
 	}{
 		"no opt-in":          {nil, true},
@@ -253,7 +254,7 @@ func TestStreamPassThrough(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			o := origin.New(nil)
-			s := idempotency.NewServer(idempotency.ServerConfig{Streams: tc.streams})
+			s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Methods: tc.methods})
 			c := startEcho(t, o, dedupeOpts(s))
 			ctx := context.Background()
 			if tc.key {
@@ -265,7 +266,7 @@ func TestStreamPassThrough(t *testing.T) {
 				assert.Len(t, got.msgs, 2)
 			}
 			assert.Equal(t, 2, o.CountID(listMethod, "l"), "the handler runs every time")
-			assert.Equal(t, idempotency.Stats{}, s.Stats())
+			assert.Equal(t, dedupe.Stats{}, s.Stats())
 		})
 	}
 }
@@ -274,7 +275,7 @@ func TestStreamOptInByService(t *testing.T) {
 	for _, entry := range []string{"echo.v1.EchoService", "/echo.v1.EchoService/", "/echo.v1.EchoService", "echo.v1.EchoService/List"} {
 		t.Run(entry, func(t *testing.T) {
 			o := origin.New(nil)
-			s := idempotency.NewServer(idempotency.ServerConfig{Streams: []string{entry}})
+			s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Methods: []string{entry}})
 			c := startEcho(t, o, dedupeOpts(s))
 			ctx := keyed(context.Background(), "k")
 			req := &echov1.ListRequest{RequestId: "l", Count: 2}
@@ -290,7 +291,7 @@ func TestStreamOptInByService(t *testing.T) {
 // their requests are not known before the handler runs.
 func TestStreamClientAndBidiPassThrough(t *testing.T) {
 	o := origin.New(nil)
-	s := idempotency.NewServer(idempotency.ServerConfig{Streams: []string{"echo.v1.EchoService"}})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Methods: []string{"echo.v1.EchoService"}})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "k")
 	for range 2 {
@@ -313,7 +314,7 @@ func TestStreamClientAndBidiPassThrough(t *testing.T) {
 	}
 	assert.Equal(t, 2, o.CountID(echov1.EchoService_Upload_FullMethodName, "u"))
 	assert.Equal(t, 2, o.CountID(echov1.EchoService_Chat_FullMethodName, "c"))
-	assert.Equal(t, idempotency.Stats{}, s.Stats())
+	assert.Equal(t, dedupe.Stats{}, s.Stats())
 }
 
 // A stream whose responses outgrow MaxStreamBytes reaches its first caller
@@ -324,10 +325,10 @@ func TestStreamOversizedStoresTombstone(t *testing.T) {
 		return origin.Reply{Trailer: metadata.Pairs("x-receipt", "r")}
 	})
 	// The first ListResponses of a request id of one letter are 6, 8, 8,
-	// ... bytes, counted with ResponseOverhead as 30, 32, 32, ...: 3 fit
-	// in 100 bytes, 4 do not.
-	store := idempotency.NewMemoryStore(idempotency.MemoryConfig{})
-	s := listServer(idempotency.ServerConfig{MaxStreamBytes: 100, Store: store})
+	// ... bytes, each counted as an 8-byte allocation and a 24-byte slice
+	// header, 32 bytes: 3 fit in 100 bytes, 4 do not.
+	store := dedupe.NewMemoryStore(dedupe.MemoryConfig{})
+	s := listServer(dedupe.Config{AllowAnonymous: true, MaxStreamBytes: 100, Store: store})
 	c := startEcho(t, o, dedupeOpts(s))
 
 	t.Run("within the limit", func(t *testing.T) {
@@ -354,14 +355,14 @@ func TestStreamOversizedStoresTombstone(t *testing.T) {
 		}
 		assert.Equal(t, 1, o.CountID(listMethod, "l"), "the handler does not run again")
 	})
-	assert.Equal(t, idempotency.Stats{Hits: 3, Misses: 2, Oversized: 1}, s.Stats())
+	assert.Equal(t, dedupe.Stats{Hits: 3, Misses: 2, Oversized: 1}, s.Stats())
 	assert.Zero(t, store.Stats().Oversized, "the interceptor's tombstone, not the store's")
 }
 
 func TestStreamWaiterBoundedByDeadline(t *testing.T) {
 	g := newGate(t)
 	o := origin.New(func(origin.Call) origin.Reply { g.block(); return origin.Reply{} })
-	s := listServer(idempotency.ServerConfig{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	c := startEcho(t, o, dedupeOpts(s))
 	ctx := keyed(context.Background(), "k")
 	req := &echov1.ListRequest{RequestId: "l", Count: 2}
@@ -384,7 +385,7 @@ func TestStreamWaiterBoundedByDeadline(t *testing.T) {
 
 func TestStreamIdentityScoping(t *testing.T) {
 	o := origin.New(nil)
-	s := listServer(idempotency.ServerConfig{Identity: tenant})
+	s := listServer(dedupe.Config{Identity: tenant})
 	c := startEcho(t, o, dedupeOpts(s))
 	req := &echov1.ListRequest{RequestId: "l", Count: 1}
 	as := func(who string) context.Context {
@@ -394,7 +395,7 @@ func TestStreamIdentityScoping(t *testing.T) {
 		require.NoError(t, list(as(who), c, req).err)
 	}
 	assert.Equal(t, 2, o.CountID(listMethod, "l"), "one run per tenant")
-	assert.Equal(t, idempotency.Stats{Hits: 2, Misses: 2}, s.Stats())
+	assert.Equal(t, dedupe.Stats{Hits: 2, Misses: 2}, s.Stats())
 }
 
 // Through stormguard's composed server interceptor, which wraps the stream
@@ -403,7 +404,7 @@ func TestStreamThroughComposedServer(t *testing.T) {
 	o := origin.New(func(origin.Call) origin.Reply {
 		return origin.Reply{Header: metadata.Pairs("x-h", "1")}
 	})
-	s := listServer(idempotency.ServerConfig{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	guard := interceptor.NewServer(interceptor.WithDedupe(s))
 	c := startEcho(t, o, []grpc.ServerOption{grpc.ChainUnaryInterceptor(guard.Unary()), grpc.ChainStreamInterceptor(guard.Stream())})
 	ctx := keyed(context.Background(), "k")
@@ -453,7 +454,7 @@ var serverStreaming = &grpc.StreamServerInfo{FullMethod: listMethod, IsServerStr
 
 // directStream calls s's stream interceptor as grpc would, with incoming
 // md and the one request req.
-func directStream(s *idempotency.Server, info *grpc.StreamServerInfo, md metadata.MD, req proto.Message, h grpc.StreamHandler) (*fakeServerStream, error) {
+func directStream(s *dedupe.Server, info *grpc.StreamServerInfo, md metadata.MD, req proto.Message, h grpc.StreamHandler) (*fakeServerStream, error) {
 	ctx := grpc.NewContextWithServerTransportStream(metadata.NewIncomingContext(context.Background(), md), &fakeStream{method: info.FullMethod})
 	f := &fakeServerStream{ctx: ctx, req: req}
 	return f, s.Stream()(nil, f, info, h)
@@ -478,7 +479,7 @@ func listHandler(runs *int) grpc.StreamHandler {
 }
 
 func TestStreamHandlerPanicReleases(t *testing.T) {
-	s := listServer(idempotency.ServerConfig{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	req := &echov1.ListRequest{RequestId: "p", Count: 2}
 	assert.PanicsWithValue(t, "boom", func() {
 		_, _ = directStream(s, serverStreaming, keyMD("k"), req, func(any, grpc.ServerStream) error { panic("boom") })
@@ -490,13 +491,13 @@ func TestStreamHandlerPanicReleases(t *testing.T) {
 		assert.Len(t, f.sent, 2)
 	}
 	assert.Equal(t, 1, runs, "the retry after the panic runs, and is then stored")
-	assert.Equal(t, idempotency.Stats{Hits: 1, Misses: 2, NotStored: 1}, s.Stats())
+	assert.Equal(t, dedupe.Stats{Hits: 1, Misses: 2, NotStored: 1}, s.Stats())
 }
 
 // Metadata set on the stream itself (not through its context, as the
 // origin does) is recorded and replayed too, with status details.
 func TestStreamRecordsStreamMetadataAndDetails(t *testing.T) {
-	s := listServer(idempotency.ServerConfig{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	st, err := status.New(codes.FailedPrecondition, "declined").WithDetails(wrapperspb.String("why"))
 	require.NoError(t, err)
 	runs := 0
@@ -526,7 +527,7 @@ func TestStreamRecordsStreamMetadataAndDetails(t *testing.T) {
 
 func TestStreamUnknownRequestType(t *testing.T) {
 	const method = "/unknown.v1.Svc/Watch"
-	s := idempotency.NewServer(idempotency.ServerConfig{Streams: []string{method}})
+	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Methods: []string{method}})
 	info := &grpc.StreamServerInfo{FullMethod: method, IsServerStream: true}
 	ran := false
 	h := func(any, grpc.ServerStream) error { ran = true; return nil }
@@ -541,7 +542,7 @@ func TestStreamUnknownRequestType(t *testing.T) {
 }
 
 func TestStreamNonProtoResponseNotStored(t *testing.T) {
-	s := listServer(idempotency.ServerConfig{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	runs := 0
 	h := func(_ any, ss grpc.ServerStream) error {
 		runs++
@@ -555,11 +556,11 @@ func TestStreamNonProtoResponseNotStored(t *testing.T) {
 		require.NoError(t, err)
 	}
 	assert.Equal(t, 2, runs)
-	assert.Equal(t, idempotency.Stats{Misses: 2, NotStored: 2}, s.Stats())
+	assert.Equal(t, dedupe.Stats{Misses: 2, NotStored: 2}, s.Stats())
 }
 
 func TestStreamHandlerReceivesIntoWrongType(t *testing.T) {
-	s := listServer(idempotency.ServerConfig{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	var recvErr error
 	h := func(_ any, ss grpc.ServerStream) error {
 		recvErr = ss.RecvMsg(new(echov1.ChatRequest))
@@ -571,7 +572,7 @@ func TestStreamHandlerReceivesIntoWrongType(t *testing.T) {
 }
 
 func TestStreamReceiveErrorBeforeClaim(t *testing.T) {
-	s := listServer(idempotency.ServerConfig{})
+	s := listServer(dedupe.Config{AllowAnonymous: true})
 	ctx := metadata.NewIncomingContext(context.Background(), keyMD("k"))
 	f := &fakeServerStream{ctx: ctx, recvd: true} // the client sent no request
 	err := s.Stream()(nil, f, serverStreaming, func(any, grpc.ServerStream) error {
@@ -579,5 +580,5 @@ func TestStreamReceiveErrorBeforeClaim(t *testing.T) {
 		return nil
 	})
 	assert.ErrorIs(t, err, io.EOF, "returned as the handler would have")
-	assert.Equal(t, idempotency.Stats{}, s.Stats(), "nothing claimed")
+	assert.Equal(t, dedupe.Stats{}, s.Stats(), "nothing claimed")
 }
