@@ -68,7 +68,7 @@ func (c *call) begin(ctx context.Context, kind attemptKind, mode attemptMode) (a
 		default:
 			return attempt{}, ReasonBreaker, circuitOpenError(b)
 		}
-		if kind != kindFirst && servedNothing(b) {
+		if kind != kindFirst && c.servedNothing(b, now) {
 			if !c.client.o.shadow {
 				a.ticket.Ignore()
 				return attempt{}, ReasonBreaker, nil
@@ -117,14 +117,19 @@ func (c *call) begin(ctx context.Context, kind attemptKind, mode attemptMode) (a
 // serves nothing lately (see servedNothing).
 const minServedNothing = 3
 
-// servedNothing reports whether every attempt in the breaker's window
-// failed, with at least minServedNothing: the target serves nothing
-// lately. A retry or a hedge is then refused when it is due (a first
+// servedNothing reports whether the target serves nothing lately: its
+// endpoints' recent window (the last 3 to 4 seconds) or, while no endpoint
+// is known, the breaker's window holds at least minServedNothing attempts,
+// all failed. A retry or a hedge is then refused when it is due (a first
 // attempt never is: refusing it would cost what no retries would have
-// had). The breaker itself opens only with MinAttempts such outcomes; this
-// stops the retries of a dead target's first callers before it does, so
-// that the hop next to it refuses, and says so to the hops above.
-func servedNothing(b *breaker.Breaker) bool {
+// had). The breaker itself opens only when its whole window (10 s by
+// default) holds failures, with at least MinAttempts; this stops the
+// retries of a dead target's callers sooner, so that the hop next to it
+// refuses, and says so to the hops above.
+func (c *call) servedNothing(b *breaker.Breaker, now time.Time) bool {
+	if ok, fail, known := c.route.endpoints.totals(now); known {
+		return ok == 0 && fail >= minServedNothing
+	}
 	st := b.Stats()
 	return st.State == breaker.StateClosed && st.Attempts >= minServedNothing && st.Failures == st.Attempts
 }

@@ -142,3 +142,39 @@ func TestRecoveryAfterAnOutage(t *testing.T) {
 	_, err = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "next"})
 	require.NoError(t, err, "and the breaker is closed")
 }
+
+// A target that dies after serving well: its endpoints' window forgets the
+// successes within 4 s, and from then on its callers get no retries, though
+// the breaker (whose window is 10 s) is still closed.
+func TestServedNothingAfterHealthyTraffic(t *testing.T) {
+	clk, opts := fakeClock()
+	var down atomic.Bool
+	e := newEnv(t, func(origin.Call) origin.Reply {
+		if down.Load() {
+			return origin.Reply{Code: codes.Unavailable}
+		}
+		return origin.Reply{}
+	}, append(opts, interceptor.WithoutBudget())...)
+	for i := range 20 {
+		_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("ok", i)})
+		require.NoError(t, err)
+	}
+	down.Store(true)
+	put1 := func(id string) error {
+		return drive(t, clk, func() error {
+			_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: id})
+			return err
+		})
+	}
+	// Still served lately: the failed call is retried.
+	require.Error(t, put1("early"))
+	assert.Equal(t, 3, e.origin.CountID(put, "early"))
+	clk.Advance(5 * time.Second)
+	for i := range 3 {
+		_, _ = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("down", i)}, interceptor.MaxAttempts(1))
+	}
+	err := put1("late")
+	assert.Equal(t, interceptor.ReasonBreaker, interceptor.RefusedBy(err))
+	assert.Equal(t, 1, e.origin.CountID(put, "late"), "served nothing lately: no retry")
+	assert.Equal(t, "closed", e.guard.Targets()[0].Breaker.State)
+}

@@ -208,3 +208,19 @@ func (t *endpoints) snapshot(now time.Time) []EndpointState {
 	slices.SortFunc(out, func(a, b EndpointState) int { return compareStrings(a.Addr, b.Addr) })
 	return out
 }
+
+// totals returns the outcomes of all the target's endpoints in the window
+// ending now; known is false when no endpoint has been seen.
+func (t *endpoints) totals(now time.Time) (ok, fail int64, known bool) {
+	if t.n.Load() == 0 {
+		return 0, 0, false
+	}
+	n := slotOf(now)
+	t.m.Range(func(_, v any) bool {
+		o, f := v.(*endpoint).counts(n)
+		ok += o
+		fail += f
+		return true
+	})
+	return ok, fail, true
+}

@@ -76,27 +76,27 @@ func (s *unaryState) release() {
 
 // sequential runs attempts one after the other: the retry path.
 func (c *call) sequential(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, cs *callSettings) error {
+	// Every attempt carries the call credentials (the deadline header, and
+	// the endpoint it went to); an attempt that may retry also captures
+	// its trailer (a server's pushback).
 	var trp *metadata.MD // where this call's trailers land
-	var creds *attemptCreds
-	if c.hasDeadline || c.maxAttempts > 1 {
-		st := unaryPool.Get().(*unaryState)
-		defer st.release()
-		st.opts = append(st.opts, opts...)
-		if c.maxAttempts > 1 {
-			for _, o := range opts {
-				if t, ok := o.(grpc.TrailerCallOption); ok {
-					trp = t.TrailerAddr
-				}
-			}
-			if trp == nil {
-				st.opts, trp = append(st.opts, st.trOpt), &st.tr
+	st := unaryPool.Get().(*unaryState)
+	defer st.release()
+	st.opts = append(st.opts, opts...)
+	if c.maxAttempts > 1 {
+		for _, o := range opts {
+			if t, ok := o.(grpc.TrailerCallOption); ok {
+				trp = t.TrailerAddr
 			}
 		}
-		creds = &st.creds
-		creds.reset(c, cs)
-		st.opts = append(st.opts, st.credsOpt)
-		opts = st.opts
+		if trp == nil {
+			st.opts, trp = append(st.opts, st.trOpt), &st.tr
+		}
 	}
+	creds := &st.creds
+	creds.reset(c, cs)
+	st.opts = append(st.opts, st.credsOpt)
+	opts = st.opts
 	kind := kindFirst
 	for {
 		a, reason, err := c.begin(ctx, kind, plainAttempt)
@@ -104,9 +104,7 @@ func (c *call) sequential(ctx context.Context, method string, req, reply any, cc
 			return c.notSent(ctx, reason, err)
 		}
 		a.creds = creds
-		if creds != nil {
-			creds.prepare(c)
-		}
+		creds.prepare(c)
 		if trp != nil {
 			*trp = nil
 		}
