@@ -46,18 +46,19 @@ type attempt struct {
 // left, the breaker, then, for retries and hedges, a token from the
 // budget), the attempt's metadata, context, span and metrics. When the
 // attempt may not be sent, begin returns why and the status a first
-// attempt fails with; nothing was sent and nothing was withdrawn.
-func (c *call) begin(ctx context.Context, kind attemptKind, mode attemptMode) (attempt, Reason, error) {
+// attempt fails with; nothing was sent and nothing was withdrawn. It fills
+// a in place (an attempt is too large to return by value on the hot path).
+func (c *call) begin(ctx context.Context, a *attempt, kind attemptKind, mode attemptMode) (Reason, error) {
 	now := c.start // the first attempt starts with the call
 	if c.sent > 0 {
 		now = c.client.now()
 	}
 	if c.hasDeadline {
 		if err := c.client.dl.Check(c.deadline.Sub(now)); err != nil {
-			return attempt{}, ReasonDeadline, err
+			return ReasonDeadline, err
 		}
 	}
-	a := attempt{kind: kind, start: now}
+	*a = attempt{kind: kind, start: now}
 	if b := c.route.breaker; b != nil {
 		t, err := b.Admit()
 		switch {
@@ -66,12 +67,12 @@ func (c *call) begin(ctx context.Context, kind attemptKind, mode attemptMode) (a
 		case c.client.o.shadow:
 			c.wouldRefuse(ctx, ReasonBreaker)
 		default:
-			return attempt{}, ReasonBreaker, circuitOpenError(b)
+			return ReasonBreaker, circuitOpenError(b)
 		}
 		if kind != kindFirst && c.servedNothing(b, now) {
 			if !c.client.o.shadow {
 				a.ticket.Ignore()
-				return attempt{}, ReasonBreaker, nil
+				return ReasonBreaker, nil
 			}
 			c.wouldRefuse(ctx, ReasonBreaker)
 		}
@@ -79,7 +80,7 @@ func (c *call) begin(ctx context.Context, kind attemptKind, mode attemptMode) (a
 	if kind == kindHedge || (kind == kindRetry && !c.failover) {
 		if reason, ok := c.withdraw(ctx, now); !ok {
 			a.ticket.Ignore()
-			return attempt{}, reason, nil
+			return reason, nil
 		}
 	}
 	actx := ctx
@@ -110,7 +111,7 @@ func (c *call) begin(ctx context.Context, kind attemptKind, mode attemptMode) (a
 	}
 	c.sent++
 	a.ctx = actx
-	return a, "", nil
+	return "", nil
 }
 
 // minServedNothing is how many attempts, all failed, say that a target
@@ -190,7 +191,13 @@ func (c *call) end(callCtx context.Context, a *attempt, err error, abandoned boo
 		return // a stream attempt may be ended by its receiver and by the caller leaving
 	}
 	code := status.Code(err)
-	now := c.client.now()
+	now := a.start
+	if code != codes.OK || c.timed || a.span != nil {
+		// A success needs no fresh reading unless something measures it:
+		// the breaker and the endpoint table count it in the slot of its
+		// start (or the newest).
+		now = c.client.now()
+	}
 	c.last = now
 	switch {
 	case abandoned || (code == codes.Canceled && callCtx.Err() != nil):
@@ -229,7 +236,7 @@ func (a *attempt) peer() net.Addr {
 	if a.creds == nil {
 		return nil
 	}
-	return a.creds.peerAddr()
+	return a.creds.last
 }
 
 // attemptCreds are the call credentials an attempt is sent with. grpc asks
@@ -241,36 +248,42 @@ func (a *attempt) peer() net.Addr {
 // without a grpc.Peer option. The caller's own call credentials, if any,
 // are wrapped, not replaced.
 //
-// One attemptCreds serves the attempts of a call one after the other; grpc
-// calls it synchronously while it starts a stream.
+// One attemptCreds serves the attempts of a call one after the other. The
+// call's goroutine sets it up before an attempt (prepare) and reads it
+// after (collect); grpc calls GetRequestMetadata in between, on the same
+// goroutine for a unary call, possibly on another for a stream's
+// transparent retry: mu guards what it writes.
 type attemptCreds struct {
 	client   *Client
 	deadline time.Time // zero: no deadline, no header
 	user     credentials.PerRPCCredentials
 	md       map[string]string // reused: grpc copies it before returning
-	avoid    []net.Addr        // a fail-over retry re-picks these endpoints...
-	repicks  int               // ...at most this many times
+	avoid    []net.Addr        // endpoints a pick re-picks...
+	last     net.Addr          // the endpoint of the last attempt, as collected
 
+	called atomic.Bool // GetRequestMetadata ran since prepare
 	mu     sync.Mutex
 	addr   net.Addr
-	vetoed bool // the last pick was refused: re-invoke
+	vetoed bool // the last pick was refused: invoke again
+	repick int  // ...at most this many more times
 }
 
-// errAvoided fails a fail-over retry's pick of an endpoint it avoids,
-// before anything is sent; the Client picks again.
-var errAvoided = status.Error(codes.Unavailable, "stormguard: endpoint avoided by a fail-over retry; picking another")
+// errAvoided fails the pick of an endpoint an attempt avoids, before
+// anything is sent; the Client picks again.
+var errAvoided = status.Error(codes.Unavailable, "stormguard: endpoint avoided (it fails while the others serve); picking another")
 
 // GetRequestMetadata implements credentials.PerRPCCredentials.
 func (a *attemptCreds) GetRequestMetadata(ctx context.Context, uri ...string) (map[string]string, error) {
 	if p, ok := peer.FromContext(ctx); ok {
 		a.mu.Lock()
 		a.addr = p.Addr
-		veto := a.repicks > 0 && contains(a.avoid, p.Addr)
+		veto := a.repick > 0 && contains(a.avoid, p.Addr)
 		if veto {
-			a.repicks--
+			a.repick--
 			a.vetoed = true
 		}
 		a.mu.Unlock()
+		a.called.Store(true)
 		if veto {
 			return nil, errAvoided
 		}
@@ -300,37 +313,34 @@ func (a *attemptCreds) RequireTransportSecurity() bool {
 	return a.user != nil && a.user.RequireTransportSecurity()
 }
 
-func (a *attemptCreds) peerAddr() net.Addr {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.addr
-}
-
-// takeVeto reports whether the attempt's pick was refused (see
-// errAvoided), and clears it: the caller then invokes again.
-func (a *attemptCreds) takeVeto() bool {
-	if a == nil {
+// collect runs after an invocation: it notes the endpoint the attempt
+// went to, and reports whether its pick was refused (see errAvoided), in
+// which case the caller invokes again. Nothing to lock when grpc never
+// asked (the attempt failed before a pick, or no transport ran).
+func (a *attemptCreds) collect() (vetoed bool) {
+	if a == nil || !a.called.Load() {
 		return false
 	}
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	v := a.vetoed
-	if v {
-		a.vetoed, a.addr = false, nil
+	vetoed, a.vetoed = a.vetoed, false
+	a.last = a.addr
+	if vetoed {
+		a.last = nil
 	}
-	return v
+	a.mu.Unlock()
+	a.called.Store(false)
+	return vetoed
 }
 
 // prepare sets a up for the next attempt of c: every attempt avoids the
 // target's outlier endpoints (those that fail while the others serve), by
 // picking again, at most maxRepicks times, when grpc picked one of them.
+// No GetRequestMetadata runs concurrently: grpc calls it only once the
+// attempt is invoked.
 func (a *attemptCreds) prepare(c *call) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.addr, a.vetoed = nil, false
-	a.avoid, a.repicks = c.avoid, 0
+	a.last, a.avoid, a.repick = nil, c.avoid, 0
 	if len(c.avoid) > 0 {
-		a.repicks = maxRepicks
+		a.repick = maxRepicks
 	}
 }
 
@@ -343,9 +353,7 @@ func (a *attemptCreds) reset(c *call, cs *callSettings) {
 	if cs.hasCreds {
 		a.user = cs.userCreds.Creds
 	}
-	a.mu.Lock()
-	a.addr, a.vetoed, a.avoid, a.repicks = nil, false, nil, 0
-	a.mu.Unlock()
+	a.last, a.avoid, a.repick = nil, nil, 0
 }
 
 // newAttemptCreds returns credentials for one attempt of c, and the call

@@ -71,6 +71,7 @@ type call struct {
 	backoffN     int        // retries since the last pushback
 	last         time.Time  // when the last attempt ended
 	lastErr      error      // the last attempt's error
+	timed        bool       // an attempt's end time is needed even on success (duration metric, latency)
 	failover     bool       // the next retry fails over from an outlier endpoint
 	avoid        []net.Addr // the target's outlier endpoints, which attempts avoid
 }
@@ -188,6 +189,7 @@ func (c *call) startCall(ctx context.Context) context.Context {
 			b.Deposit()
 		}
 	}
+	c.timed = c.route.lat != nil || c.client.tel.duration.Enabled(ctx)
 	if t := c.client.tel.tracer; t != nil {
 		ctx, c.span = t.Start(ctx, c.route.tel.name, c.route.tel.callSpan...)
 		c.recording = c.span.IsRecording()

@@ -137,8 +137,14 @@ func (c *Client) now() time.Time {
 	if c.o.now != nil {
 		return c.o.now()
 	}
-	return time.Now()
+	// The monotonic clock alone (time.Now reads the wall clock too): the
+	// Client only compares times with each other and with deadlines, which
+	// carry a monotonic reading.
+	return procEpoch.Add(time.Since(procEpoch))
 }
+
+// procEpoch is the origin of the Client's default clock.
+var procEpoch = time.Now()
 
 // newTimer makes a timer on the Client's timers.
 func (c *Client) newTimer(d time.Duration) clock.Timer {

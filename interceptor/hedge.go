@@ -156,11 +156,10 @@ func (h *hedger) answer(c *call, res hedgeResult) (done bool, err error) {
 
 // launch begins an attempt and runs it on its own goroutine.
 func (h *hedger) launch(c *call, kind attemptKind) (Reason, error) {
-	a, reason, err := c.begin(h.ctx, kind, cancelableAttempt)
-	if reason != "" {
+	ha := &hedgeAttempt{reply: h.reply}
+	if reason, err := c.begin(h.ctx, &ha.attempt, kind, cancelableAttempt); reason != "" {
 		return reason, err
 	}
-	ha := &hedgeAttempt{attempt: a, reply: h.reply}
 	if len(h.all) > 0 {
 		ha.reply = h.mt.New().Interface()
 	}
@@ -184,7 +183,7 @@ func (h *hedger) launch(c *call, kind attemptKind) (Reason, error) {
 func runHedgeAttempt(wg *sync.WaitGroup, results chan<- hedgeResult, ha *hedgeAttempt, invoker grpc.UnaryInvoker, method string, req any, cc *grpc.ClientConn, opts []grpc.CallOption) {
 	defer wg.Done()
 	err := invoker(ha.ctx, method, req, ha.reply, cc, opts...)
-	for ha.creds.takeVeto() { // a fail-over retry picked an endpoint it avoids
+	for ha.creds.collect() { // a fail-over retry picked an endpoint it avoids
 		err = invoker(ha.ctx, method, req, ha.reply, cc, opts...)
 	}
 	results <- hedgeResult{a: ha, err: err}

@@ -109,17 +109,18 @@ func (s *clientStream) current() (*streamAttempt, bool) {
 func (s *clientStream) open(kind attemptKind, old *streamAttempt) error {
 	k := s.k
 	for {
-		a, reason, err := k.begin(s.ctx, kind, streamAttemptMode)
+		sa := &streamAttempt{done: make(chan struct{})}
+		reason, err := k.begin(s.ctx, &sa.attempt, kind, streamAttemptMode)
 		if reason != "" {
 			return k.notSent(s.ctx, reason, err)
 		}
-		sa := &streamAttempt{attempt: a, done: make(chan struct{})}
+		a := &sa.attempt
 		creds, credsOpt := newAttemptCreds(k, &s.cs)
 		creds.prepare(k)
 		sa.creds = creds
 		opts := append(s.opts[:len(s.opts):len(s.opts)], credsOpt)
 		sa.inner, err = s.streamer(a.ctx, s.desc, s.cc, s.method, opts...)
-		for err != nil && creds.takeVeto() { // a fail-over retry picked an endpoint it avoids
+		for creds.collect() && err != nil { // a fail-over retry picked an endpoint it avoids
 			sa.inner, err = s.streamer(a.ctx, s.desc, s.cc, s.method, opts...)
 		}
 		if err == nil {

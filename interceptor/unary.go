@@ -98,8 +98,9 @@ func (c *call) sequential(ctx context.Context, method string, req, reply any, cc
 	st.opts = append(st.opts, st.credsOpt)
 	opts = st.opts
 	kind := kindFirst
+	var a attempt
 	for {
-		a, reason, err := c.begin(ctx, kind, plainAttempt)
+		reason, err := c.begin(ctx, &a, kind, plainAttempt)
 		if reason != "" {
 			return c.notSent(ctx, reason, err)
 		}
@@ -109,7 +110,7 @@ func (c *call) sequential(ctx context.Context, method string, req, reply any, cc
 			*trp = nil
 		}
 		err = invoker(a.ctx, method, req, reply, cc, opts...)
-		for creds.takeVeto() { // a fail-over retry picked an endpoint it avoids
+		for creds.collect() { // a fail-over retry picked an endpoint it avoids
 			err = invoker(a.ctx, method, req, reply, cc, opts...)
 		}
 		var tr metadata.MD
