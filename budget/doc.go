@@ -36,44 +36,16 @@
 //
 // On false nothing is withdrawn from either.
 //
-// # Why two windows and a floor
+// # Guarantees
 //
-// The TTL window makes deposits expire: traffic older than TTL funds nothing,
-// and over any TTL the ratio-funded retries stay within Ratio × the requests.
-// But a TTL window alone is a bank. Ten healthy minutes at 900 requests per
-// second leave Ratio × 9000 = 900 retries of credit in a 10 s window, and an
-// outage that begins then could spend all 900 in its first second: the
-// decaying bucket of the seed article reached 1,169 attempts per tick against
-// 900 requests for that reason (1,321 in this package's model of that
-// simulation). The short window removes the bank: a retry also needs credit
-// from the last second's requests, so the retries granted in any one second
-// stay within about Ratio × that second's requests (exactly: for every
-// interval I, ratio-funded retries in I ≤ Ratio × deposits in I extended
-// min(TTL, ShortWindow) into the past). In the seed's simulation this budget
-// peaks at 990 attempts per tick (900 + 90) and serves the
-// same 15,900 requests as no budget at all. In steady traffic the short window
-// is the binding one; the TTL window still caps the ratio-funded retries in
-// the last TTL (to a slot) at Ratio × its requests, which the short window
-// alone would let exceed by up to one second's worth of credit.
-//
-// A client that sends fewer than 1/Ratio requests per second never has a
-// whole retry of credit in one second; the floor serves it. The default floor,
-// 10 retries per second with a burst of 10 (the rate of Finagle's default
-// RetryBudget, as a minimum rather than an addition), lets a fresh or quiet
-// client retry its first failures. The floor does not accumulate: a burst of
-// failures gets at most max(1, MinPerSecond) floor retries at once, then
-// MinPerSecond per second.
-// So over any interval
-// of length L, granted ≤ Ratio × deposits (in the interval extended by
-// min(TTL, ShortWindow) into the past) + MinPerSecond × L +
-// max(1, MinPerSecond); the package's property test checks exactly this.
-// (Deposits must be counted from before the interval: in any budget where a
-// deposit funds a later retry, an interval can start between the two.)
-//
-// Both windows are rings of slots (100 for TTL, 10 for the short window), so
-// a Budget uses about 2 KiB and constant time per call. Slots make expiry
-// early, never late: a deposit stops counting between one slot and zero slots
-// before its window has passed.
+// Deposits expire after TTL, and a ratio-funded retry also needs credit
+// from the last second: healthy traffic banks nothing that an outage could
+// spend at once, and the retries granted in any one second stay near Ratio
+// × that second's requests. Over any interval of length L, granted ≤ Ratio
+// × deposits (in the interval extended min(TTL, ShortWindow) into the past)
+// + MinPerSecond × L + max(1, MinPerSecond); the property test checks
+// exactly this. README.md explains why two windows and a floor, with the
+// measurements behind them.
 //
 // # Invalid configuration
 //
