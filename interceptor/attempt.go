@@ -40,6 +40,10 @@ type attempt struct {
 	timeout bool          // the attempt has its own per-attempt timeout
 	ended   uint32        // atomic: 1 once end has run
 	creds   *attemptCreds // nil when the attempt was sent without
+	// guarded is the open breaker of a first attempt that goes to the
+	// pick: it is refused there if it picks an endpoint that served
+	// nothing (see call.guardPick), and counted as sent otherwise.
+	guarded *breaker.Breaker
 }
 
 // begin starts an attempt of the given kind: the send-time checks (time
@@ -66,6 +70,10 @@ func (c *call) begin(ctx context.Context, a *attempt, kind attemptKind, mode att
 			a.ticket = t
 		case c.client.o.shadow:
 			c.wouldRefuse(ctx, ReasonBreaker)
+		case kind == kindFirst && c.guardPick(now):
+			// Refused at the pick, and only if it picks an endpoint that
+			// served nothing (see guardPick).
+			a.guarded = b
 		default:
 			return ReasonBreaker, circuitOpenError(b)
 		}
@@ -102,7 +110,9 @@ func (c *call) begin(ctx context.Context, a *attempt, kind attemptKind, mode att
 		p.Inject(actx, mdCarrier(md))
 		actx = metadata.NewOutgoingContext(actx, md)
 	}
-	c.client.tel.attempts.Add(ctx, 1, ao.metric...)
+	if a.guarded == nil {
+		c.client.tel.attempts.Add(ctx, 1, ao.metric...)
+	}
 	switch kind {
 	case kindRetry:
 		c.retries++
@@ -112,6 +122,53 @@ func (c *call) begin(ctx context.Context, a *attempt, kind attemptKind, mode att
 	c.sent++
 	a.ctx = actx
 	return "", nil
+}
+
+// guardPick decides, for a first attempt that an open breaker refuses,
+// whether to refuse it at the pick instead: when the target's endpoints
+// that served nothing lately are known, the attempt avoids them (picking
+// again, as for outliers) and is refused only if it still picks one. An
+// endpoint that serves (a healthy backend whose connection was not ready
+// when the others failed, a new one) gets the call: an open breaker never
+// refuses what no retries would have sent successfully. A target whose
+// every endpoint has failed is refused as before, before anything is sent.
+func (c *call) guardPick(now time.Time) bool {
+	if c.client.o.noFailover {
+		return false
+	}
+	dead := c.route.endpoints.dead(now)
+	if len(dead) == 0 {
+		return false
+	}
+	avoid := make([]net.Addr, 0, len(dead)+len(c.avoid))
+	avoid = append(append(avoid, dead...), c.avoid...)
+	c.avoid = avoid
+	return true
+}
+
+// refusedAtPick ends an attempt that guardPick sent to the pick and that
+// picked an endpoint which served nothing: it was never sent. It returns
+// the status the call fails with (as an open breaker's).
+func (c *call) refusedAtPick(ctx context.Context, a *attempt) error {
+	c.sent--
+	a.ticket.Ignore()
+	if a.cancel != nil {
+		a.cancel()
+	}
+	err := circuitOpenError(a.guarded)
+	if a.span != nil {
+		a.span.SetAttributes(AttrSent.Bool(false))
+		endSpan(a.span, codes.Unavailable, status.Convert(err).Message())
+	}
+	atomic.StoreUint32(&a.ended, 1)
+	return c.notSent(ctx, ReasonBreaker, err)
+}
+
+// sentGuarded counts, as sent, a guarded first attempt that was not refused
+// at its pick.
+func (c *call) sentGuarded(ctx context.Context, a *attempt) {
+	a.guarded = nil
+	c.client.tel.attempts.Add(ctx, 1, c.route.tel.attemptOpts(a.kind).metric...)
 }
 
 // minServedNothing is how many attempts, all failed, say that a target
@@ -198,7 +255,6 @@ func (c *call) end(callCtx context.Context, a *attempt, err error, abandoned boo
 		// start (or the newest).
 		now = c.client.now()
 	}
-	c.last = now
 	switch {
 	case abandoned || (code == codes.Canceled && callCtx.Err() != nil):
 		a.ticket.Ignore()
@@ -261,11 +317,15 @@ type attemptCreds struct {
 	avoid    []net.Addr        // endpoints a pick re-picks...
 	last     net.Addr          // the endpoint of the last attempt, as collected
 
-	called atomic.Bool // GetRequestMetadata ran since prepare
-	mu     sync.Mutex
-	addr   net.Addr
-	vetoed bool // the last pick was refused: invoke again
-	repick int  // ...at most this many more times
+	guard   bool // refuse, rather than send, a pick still among avoid after the re-picks
+	refused bool // the pick was refused for good (guard); set on the call's goroutine by collect
+
+	called  atomic.Bool // GetRequestMetadata ran since prepare
+	mu      sync.Mutex
+	addr    net.Addr
+	vetoed  bool // the last pick was refused: invoke again
+	refusal bool // the last pick was refused for good
+	repick  int  // ...at most this many more times
 }
 
 // errAvoided fails the pick of an endpoint an attempt avoids, before
@@ -277,14 +337,17 @@ func (a *attemptCreds) GetRequestMetadata(ctx context.Context, uri ...string) (m
 	if p, ok := peer.FromContext(ctx); ok {
 		a.mu.Lock()
 		a.addr = p.Addr
-		veto := a.repick > 0 && contains(a.avoid, p.Addr)
+		avoided := contains(a.avoid, p.Addr)
+		veto := avoided && a.repick > 0
+		refuse := avoided && !veto && a.guard
 		if veto {
 			a.repick--
 			a.vetoed = true
 		}
+		a.refusal = refuse
 		a.mu.Unlock()
 		a.called.Store(true)
-		if veto {
+		if veto || refuse {
 			return nil, errAvoided
 		}
 	}
@@ -323,8 +386,9 @@ func (a *attemptCreds) collect() (vetoed bool) {
 	}
 	a.mu.Lock()
 	vetoed, a.vetoed = a.vetoed, false
+	a.refused, a.refusal = a.refusal, false
 	a.last = a.addr
-	if vetoed {
+	if vetoed || a.refused {
 		a.last = nil
 	}
 	a.mu.Unlock()
@@ -337,8 +401,9 @@ func (a *attemptCreds) collect() (vetoed bool) {
 // picking again, at most maxRepicks times, when grpc picked one of them.
 // No GetRequestMetadata runs concurrently: grpc calls it only once the
 // attempt is invoked.
-func (a *attemptCreds) prepare(c *call) {
-	a.last, a.avoid, a.repick = nil, c.avoid, 0
+func (a *attemptCreds) prepare(c *call, at *attempt) {
+	a.last, a.avoid, a.repick, a.refused = nil, c.avoid, 0, false
+	a.guard = at.guarded != nil
 	if len(c.avoid) > 0 {
 		a.repick = maxRepicks
 	}
@@ -353,7 +418,7 @@ func (a *attemptCreds) reset(c *call, cs *callSettings) {
 	if cs.hasCreds {
 		a.user = cs.userCreds.Creds
 	}
-	a.last, a.avoid, a.repick = nil, nil, 0
+	a.last, a.avoid, a.repick, a.guard, a.refused = nil, nil, 0, false, false
 }
 
 // newAttemptCreds returns credentials for one attempt of c, and the call

@@ -69,7 +69,6 @@ type call struct {
 	retries      int
 	hedges       int
 	backoffN     int        // retries since the last pushback
-	last         time.Time  // when the last attempt ended
 	lastErr      error      // the last attempt's error
 	timed        bool       // an attempt's end time is needed even on success (duration metric, latency)
 	failover     bool       // the next retry fails over from an outlier endpoint
@@ -207,11 +206,7 @@ func (c *call) endCall(ctx context.Context, err error) {
 	t, rt := c.client.tel, c.route.tel
 	t.calls.Add(ctx, 1, rt.callOpts(code)...)
 	if t.duration.Enabled(ctx) {
-		end := c.last // when the last attempt ended, usually the call's end
-		if end.IsZero() {
-			end = c.client.now()
-		}
-		t.duration.Record(ctx, end.Sub(c.start).Seconds(), rt.durationOpts(code)...)
+		t.duration.Record(ctx, c.client.now().Sub(c.start).Seconds(), rt.durationOpts(code)...)
 	}
 	if c.retries > 0 {
 		t.retries.Record(ctx, int64(c.retries), rt.perCallOpts()...)

@@ -224,3 +224,18 @@ func (t *endpoints) totals(now time.Time) (ok, fail int64, known bool) {
 	})
 	return ok, fail, true
 }
+
+// dead returns the endpoints that served nothing in the window ending now
+// (failures only).
+func (t *endpoints) dead(now time.Time) []net.Addr {
+	n := slotOf(now)
+	var out []net.Addr
+	t.m.Range(func(_, v any) bool {
+		e := v.(*endpoint)
+		if ok, fail := e.counts(n); ok == 0 && fail > 0 {
+			out = append(out, e.addr)
+		}
+		return true
+	})
+	return out
+}

@@ -146,3 +146,54 @@ func TestWithoutFailover(t *testing.T) {
 	_, err := echov1.NewEchoServiceClient(cc).Put(t.Context(), &echov1.PutRequest{})
 	_ = status.Code(err)
 }
+
+// An open breaker refuses only the calls it would send to an endpoint that
+// served nothing. Here the dead backend is the only one the resolver knows
+// at first (as when its connection is ready before the others'): twenty
+// calls fail and the breaker opens, on a fake clock that stays within its
+// open period. Then the healthy backends appear: the next calls reach them
+// (no retries would have sent them there), while picks of the dead backend
+// are refused before anything is sent.
+func TestOpenBreakerRefusesOnlyWhatGoesToADeadEndpoint(t *testing.T) {
+	_, opts := fakeClock() // it never moves: the breaker stays open
+	r := manual.NewBuilderWithScheme("sg")
+	var addrs []resolver.Address
+	var origins []*origin.Origin
+	for _, s := range []origin.Script{origin.Always(codes.Unavailable), origin.Succeed(), origin.Succeed()} {
+		o := origin.New(s)
+		l, err := origin.TCP()
+		require.NoError(t, err)
+		srv := origin.Serve(l, o)
+		t.Cleanup(srv.Stop)
+		origins = append(origins, o)
+		addrs = append(addrs, resolver.Address{Addr: l.Target})
+	}
+	r.InitialState(resolver.State{Addresses: addrs[:1]})
+	guard := interceptor.NewClient(append(noopProviders(), opts...)...)
+	cc, err := grpc.NewClient(r.Scheme()+":///backends", append(guard.DialOptions(),
+		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(r),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))...)
+	require.NoError(t, err)
+	defer cc.Close()
+	echo := echov1.NewEchoServiceClient(cc)
+	for i := range 25 {
+		_, _ = echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("a", i)}, interceptor.MaxAttempts(1))
+	}
+	require.Equal(t, "open", guard.Targets()[0].Breaker.State)
+	deadBefore := origins[0].Total()
+	_, err = echo.Put(t.Context(), &echov1.PutRequest{RequestId: "refused"})
+	assert.Equal(t, interceptor.ReasonBreaker, interceptor.RefusedBy(err), "only the dead backend: refused")
+	assert.Equal(t, deadBefore, origins[0].Total(), "before anything was sent")
+
+	r.UpdateState(resolver.State{Addresses: addrs})
+	deadline := time.Now().Add(10 * time.Second)
+	ok := 0
+	for i := 0; ok < 50; i++ {
+		require.True(t, time.Now().Before(deadline), "the healthy backends never got a call (%d ok)", ok)
+		if _, err := echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("b", i)}); err == nil {
+			ok++
+		}
+	}
+	assert.Equal(t, deadBefore, origins[0].Total(), "the dead backend got nothing more")
+	assert.Equal(t, "open", guard.Targets()[0].Breaker.State, "still within its open period")
+}

@@ -121,6 +121,12 @@ func (h *hedger) run(c *call) error {
 // answer handles a finished attempt; done says the call is over, with err.
 func (h *hedger) answer(c *call, res hedgeResult) (done bool, err error) {
 	h.inflight--
+	if a := &res.a.attempt; a.guarded != nil {
+		if a.creds.refused {
+			return true, c.refusedAtPick(h.ctx, a) // the first attempt: nothing else runs
+		}
+		c.sentGuarded(h.ctx, a)
+	}
 	v := c.after(h.ctx, &res.a.attempt, res.err, res.a.trailer)
 	h.winner = res.a // until proven otherwise
 	if res.err == nil {
@@ -164,7 +170,7 @@ func (h *hedger) launch(c *call, kind attemptKind) (Reason, error) {
 		ha.reply = h.mt.New().Interface()
 	}
 	creds, credsOpt := newAttemptCreds(c, &h.cs)
-	creds.prepare(c)
+	creds.prepare(c, &ha.attempt)
 	ha.creds = creds
 	opts := append(h.base[:len(h.base):len(h.base)], grpc.Trailer(&ha.trailer), credsOpt)
 	if h.hdrp != nil {
@@ -183,7 +189,7 @@ func (h *hedger) launch(c *call, kind attemptKind) (Reason, error) {
 func runHedgeAttempt(wg *sync.WaitGroup, results chan<- hedgeResult, ha *hedgeAttempt, invoker grpc.UnaryInvoker, method string, req any, cc *grpc.ClientConn, opts []grpc.CallOption) {
 	defer wg.Done()
 	err := invoker(ha.ctx, method, req, ha.reply, cc, opts...)
-	for ha.creds.collect() { // a fail-over retry picked an endpoint it avoids
+	for ha.creds.collect() { // it picked an endpoint it avoids: pick again
 		err = invoker(ha.ctx, method, req, ha.reply, cc, opts...)
 	}
 	results <- hedgeResult{a: ha, err: err}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/stormguard/stormguard/interceptor"
+	"github.com/stormguard/stormguard/internal/clock"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
@@ -50,22 +51,82 @@ func TestHedgeWinsAndFillsCallOptionsFromTheWinner(t *testing.T) {
 }
 
 func TestHedgeReplyIsTheWinnersMessage(t *testing.T) {
-	// Get has an adaptive hedging policy in the proto; a fixed client
-	// option does not override it, so warm it up first.
-	e := newEnv(t, func(c origin.Call) origin.Reply {
-		if c.RequestID == "slow" && c.Attempt == 1 {
-			return origin.Reply{Delay: time.Hour}
+	// Get has an adaptive hedging policy in the proto; warm it up with fast
+	// calls on the fake clock, then make the first attempt of one call
+	// hang: the hedge's reply is the call's.
+	clk, opts := fakeClock()
+	invoked := make(chan struct{}, 4)
+	invoke := func(ctx context.Context, _ string, req, reply any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+		md, _ := metadata.FromOutgoingContext(ctx)
+		hedge := len(md.Get(interceptor.PreviousAttemptsKey)) > 0
+		d := time.Millisecond
+		if req.(*echov1.GetRequest).GetRequestId() == "slow" && !hedge {
+			d = time.Hour
 		}
-		return origin.Reply{}
-	}, interceptor.WithoutBudget())
-	for i := range 40 {
-		_, err := e.echo.Get(t.Context(), &echov1.GetRequest{RequestId: fmt.Sprint(i), Key: "k"})
-		require.NoError(t, err)
+		timer := clk.NewTimer(d)
+		defer timer.Stop()
+		invoked <- struct{}{}
+		select {
+		case <-timer.C():
+			reply.(*echov1.GetResponse).Value = []byte(fmt.Sprintf("hedge=%v", hedge))
+			return nil
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
 	}
-	resp, err := e.echo.Get(t.Context(), &echov1.GetRequest{RequestId: "slow", Key: "value"})
-	require.NoError(t, err)
-	assert.Equal(t, "value", string(resp.GetValue()))
-	assert.Equal(t, 2, e.origin.CountID(get, "slow"))
+	ic := interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithoutBudget())...)...).Unary()
+	cc := dialPassthrough(t)
+	for i := range 40 {
+		resp := &echov1.GetResponse{}
+		stepHedged(t, clk, invoked, i >= 30, func() error {
+			return ic(t.Context(), get, &echov1.GetRequest{RequestId: fmt.Sprint(i)}, resp, cc, invoke)
+		})
+		assert.Equal(t, "hedge=false", string(resp.GetValue()), "call %d: a fast call is not hedged", i)
+	}
+	resp := &echov1.GetResponse{}
+	attempts := stepHedged(t, clk, invoked, true, func() error {
+		return ic(t.Context(), get, &echov1.GetRequest{RequestId: "slow"}, resp, cc, invoke)
+	})
+	assert.Equal(t, "hedge=true", string(resp.GetValue()))
+	assert.Equal(t, 2, attempts, "the first attempt and one hedge")
+}
+
+// stepHedged runs call on its own goroutine and moves the fake clock for
+// it: it waits for the first attempt's timer (and, once the route's
+// adaptive delay is warm, the hedging timer beside it) before each
+// advance, so that every timer is armed at the time it would be. It
+// returns the attempts invoked; the call must succeed.
+func stepHedged(t *testing.T, clk *clock.Fake, invoked <-chan struct{}, warm bool, call func() error) int {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	wait := func(what string) {
+		t.Helper()
+		select {
+		case <-invoked:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+	wait("the first attempt")
+	attempts := 1
+	if warm {
+		require.True(t, clk.WaitPending(2, 20*time.Second), "no hedging timer")
+	}
+	for {
+		d, ok := clk.Next()
+		require.True(t, ok, "nothing to wait for")
+		clk.Advance(d)
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+			return attempts
+		case <-invoked: // a hedge went out; its timer is armed
+			attempts++
+		case <-time.After(20 * time.Second):
+			t.Fatal("stuck")
+		}
+	}
 }
 
 func TestHedgingStopsWhenTheCallerCancels(t *testing.T) {

@@ -14,6 +14,8 @@ import (
 // Hooks calls nothing.
 type Hooks struct {
 	// OnRetry is called when a retry has been decided, before its backoff.
+	// It may still be refused when it is due (the breaker, the budget, the
+	// deadline): OnRefusal then follows.
 	OnRetry func(RetryEvent)
 	// OnRefusal is called when a retry, a hedge or a call is refused.
 	OnRefusal func(RefusalEvent)

@@ -97,7 +97,7 @@ func (c *call) decide(ctx context.Context, err error, tr metadata.MD, a *attempt
 // wait a backoff for a retry that is refused anyway.
 func (c *call) fundable(ctx context.Context, now time.Time) (Reason, bool) {
 	reason := Reason("")
-	if b := c.route.breaker; b != nil && b.RetryAfter() > 0 {
+	if b := c.route.breaker; b != nil && (b.RetryAfter() > 0 || c.deadForSure(now)) {
 		reason = ReasonBreaker
 	} else if b := c.route.budget; b != nil && !c.failover && b.Stats().Balance < 1 {
 		reason = ReasonBudget
@@ -129,6 +129,21 @@ func (c *call) failOver(a *attempt, now time.Time) {
 		c.avoid = c.route.endpoints.judge(now) // this failure may make it one
 	}
 	c.failover = p != nil && contains(c.avoid, p)
+}
+
+// minDeadForSure is the evidence fundable wants to refuse a retry at once
+// because the target serves nothing: more than begin wants when the retry
+// is due (minServedNothing), because a fresh client's first callers may see
+// a few failures before any success has come back, and their retries must
+// then wait for the successes, not be refused.
+const minDeadForSure = 10
+
+// deadForSure reports whether the target's endpoints have served nothing
+// lately, with at least minDeadForSure failures: a retry would be refused
+// when due, so the caller need not wait a backoff for it.
+func (c *call) deadForSure(now time.Time) bool {
+	ok, fail, known := c.route.endpoints.totals(now)
+	return known && ok == 0 && fail >= minDeadForSure
 }
 
 // conclude ends the call with the verdict's error: it records the refusal

@@ -116,12 +116,18 @@ func (s *clientStream) open(kind attemptKind, old *streamAttempt) error {
 		}
 		a := &sa.attempt
 		creds, credsOpt := newAttemptCreds(k, &s.cs)
-		creds.prepare(k)
+		creds.prepare(k, a)
 		sa.creds = creds
 		opts := append(s.opts[:len(s.opts):len(s.opts)], credsOpt)
 		sa.inner, err = s.streamer(a.ctx, s.desc, s.cc, s.method, opts...)
-		for creds.collect() && err != nil { // a fail-over retry picked an endpoint it avoids
+		for creds.collect() && err != nil { // it picked an endpoint it avoids: pick again
 			sa.inner, err = s.streamer(a.ctx, s.desc, s.cc, s.method, opts...)
+		}
+		if a.guarded != nil {
+			if creds.refused {
+				return k.refusedAtPick(s.ctx, a)
+			}
+			k.sentGuarded(s.ctx, a)
 		}
 		if err == nil {
 			if err = s.install(sa, old); err == nil {

@@ -63,6 +63,9 @@ const (
 	// AttrFailover is true on a retry scheduled as a fail-over: the failed
 	// attempt's endpoint fails while the target's other endpoints serve.
 	AttrFailover = attribute.Key("stormguard.failover")
+	// AttrSent is false on the span of an attempt that an open breaker
+	// refused at its pick (it picked an endpoint that served nothing).
+	AttrSent = attribute.Key("stormguard.sent")
 	// AttrPeer is the endpoint an attempt was sent to, when known.
 	AttrPeer = attribute.Key("stormguard.peer")
 	// AttrGRPCRetryPolicy is true on call spans of methods that grpc-go's

@@ -105,13 +105,19 @@ func (c *call) sequential(ctx context.Context, method string, req, reply any, cc
 			return c.notSent(ctx, reason, err)
 		}
 		a.creds = creds
-		creds.prepare(c)
+		creds.prepare(c, &a)
 		if trp != nil {
 			*trp = nil
 		}
 		err = invoker(a.ctx, method, req, reply, cc, opts...)
-		for creds.collect() { // a fail-over retry picked an endpoint it avoids
+		for creds.collect() { // it picked an endpoint it avoids: pick again
 			err = invoker(a.ctx, method, req, reply, cc, opts...)
+		}
+		if a.guarded != nil {
+			if creds.refused {
+				return c.refusedAtPick(ctx, &a)
+			}
+			c.sentGuarded(ctx, &a)
 		}
 		var tr metadata.MD
 		if trp != nil {
