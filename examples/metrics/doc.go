@@ -1,34 +1,49 @@
 // Command metrics shows stormguard's metrics in Prometheus.
 //
 // It starts two demo echo services on 127.0.0.1 ("orders" and "search",
-// each behind interceptor.NewServer), calls them through
-// interceptor.NewClient with an OpenTelemetry MeterProvider whose reader is
-// the OpenTelemetry Prometheus exporter, and serves the exposition on
-// /metrics (127.0.0.1:9464 by default) for a Prometheus to scrape.
+// each behind interceptor.NewServer), calls them through one
+// interceptor.NewClient with its defaults (dialed with Client.DialOptions)
+// and an OpenTelemetry MeterProvider whose reader is the OpenTelemetry
+// Prometheus exporter, and serves the exposition on /metrics
+// (127.0.0.1:9464 by default) for a Prometheus to scrape.
 //
-// The traffic is 1,400 ticks of 10 ms, one call to each service per tick:
+// The traffic is 2,400 ticks of 10 ms, one call to each service per tick:
 //
 //  1. flaky (ticks 0-299): orders fails the first attempt of every 20th
 //     Put, which the suite retries, and every 5th Notify, which it may not
-//     retry (unmarked in the proto).
-//  2. outage (ticks 300-799): orders fails every attempt. The budget grants
-//     about one retry per ten calls; when half the attempts of the last 10 s
-//     have failed the breaker opens and calls are refused without being
-//     sent.
-//  3. recovery (ticks 800-1399): orders answers again; the breaker lets a
-//     probe through after its open period, and closes.
+//     retry (unmarked in the proto: not_idempotent).
+//  2. outage (ticks 300-1699, 14 s): orders fails every attempt. For
+//     3 s the target's recent window (the last 3 to 4 s) still holds the
+//     flaky phase's successes, so every call is sent and the budget pays
+//     for the retries: the floor's burst first (two retries each for five
+//     Puts, then max_attempts), then 10 retries/s, refusing the rest
+//     (budget). Then the target has served nothing lately: retries are
+//     refused (breaker), first attempts still sent. Once the breaker's own
+//     10 s window holds failures only (tick 1200) it opens, and calls are
+//     refused without being sent (breaker); its probes after 1 s and 2 s
+//     (plus jitter) fail, and it opens for 4 s, the longest.
+//  3. recovery (ticks 1700-2399): orders answers again; the breaker, still
+//     open, refuses calls until its probe finds orders back (tick 2007),
+//     and closes.
 //
 // search answers every Get, but stalls the first attempt of every 25th for
 // 500 ms: adaptive hedging sends a second attempt, which wins.
 //
-// The budgets and breakers run on a simulated clock that advances 10 ms per
-// tick (budget.Config.Now and breaker.Config.Now), so every run makes the
-// same decisions however fast the machine is; -realtime runs them on the
-// wall clock and paces the ticks instead. Call durations are always measured
-// on the wall clock.
+// The Client runs on a simulated clock (interceptor.WithClock and
+// WithTimer) that advances 10 ms per tick and stands still while orders is
+// called, so every run makes the same decisions on orders however fast the
+// machine is (the breakers' jitter is seeded, breaker.Config.Rand); orders'
+// calls then take no time, backoffs included. While search is called it
+// runs with the wall clock (never into the next tick), so that search's
+// latencies, and the hedging delay learned from them, are real. On that
+// clock calls carry no deadline: a context's deadline is a wall-clock
+// instant. -realtime runs the Client on the wall clock, paces the ticks
+// 10 ms apart, and gives each call a 5 s deadline.
 //
-// When the traffic is done, it prints what each phase did and keeps serving
-// /metrics until interrupted (-exit: exit at once).
+// When the traffic is done, it prints what each phase did (calls, attempts,
+// refusals by reason with their first and last ticks, as Hooks.OnRefusal
+// reports them) and the breakers' changes (Hooks.OnBreakerChange), and
+// keeps serving /metrics until interrupted (-exit: exit at once).
 //
 // Try it (with scripts/prometheus.sh, which runs Prometheus on loopback):
 //

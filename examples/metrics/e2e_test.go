@@ -35,7 +35,8 @@ import (
 )
 
 // e2eTimeout bounds the whole test: Prometheus picks up a new target
-// within about 5 s, the traffic takes a few seconds, scrapes are 1 s apart.
+// within about 5 s, the traffic takes about 5 s (Config.Pace), scrapes are
+// 1 s apart.
 const e2eTimeout = 3 * time.Minute
 
 func TestPrometheusE2E(t *testing.T) {
@@ -50,9 +51,10 @@ func TestPrometheusE2E(t *testing.T) {
 	t0 := time.Now()
 
 	// The example, serving /metrics on a free port; Prometheus is told to
-	// scrape it, and the traffic starts once it has, so that Prometheus sees
-	// the counters grow.
-	d := startDemo(t)
+	// scrape it, and the traffic starts once it has, at 2 ms a tick (about
+	// 5 s), so that several scrapes see the counters grow and the rate form
+	// of the recipes has samples to use.
+	d := startDemo(t, Config{Pace: 2 * time.Millisecond})
 	instance := d.MetricsAddr()
 	writeTargets(t, targets, instance)
 	sel := fmt.Sprintf(`job="stormguard-example",instance=%q`, instance)
@@ -87,6 +89,20 @@ func TestPrometheusE2E(t *testing.T) {
 	searchKinds := prom.vector(`sum by (stormguard_attempt_kind) (stormguard_client_attempts_total{` + searchSel + `})`).by("stormguard_attempt_kind")
 	assert.Equal(t, float64(Ticks), searchKinds["first"])
 	assert.Positive(t, searchKinds["hedge"])
+
+	// The per-call histograms (gRFC A66 and A96), with their own labels:
+	// one duration per call and target; orders' calls take no simulated
+	// time, search's take real time; the retries of orders' calls.
+	a66 := fmt.Sprintf(`%s,grpc_target=~%q`, sel, ordersAddr+"|"+searchAddr)
+	assert.Equal(t, map[string]float64{ordersAddr: Ticks, searchAddr: Ticks},
+		prom.vector(`sum by (grpc_target) (grpc_client_call_duration_seconds_count{`+a66+`})`).by("grpc_target"))
+	assert.Equal(t, ordersWant.callsByStatus,
+		prom.vector(fmt.Sprintf(`sum by (grpc_status) (grpc_client_call_duration_seconds_count{%s,grpc_target=%q})`, sel, ordersAddr)).by("grpc_status"))
+	durations := prom.vector(`sum by (grpc_target) (grpc_client_call_duration_seconds_sum{` + a66 + `})`).by("grpc_target")
+	assert.Zero(t, durations[ordersAddr], "orders: no simulated time passes during a call")
+	assert.Positive(t, durations[searchAddr], "search: calls take real time")
+	assert.Equal(t, float64(wantRetries),
+		prom.vector(fmt.Sprintf(`sum(grpc_client_call_retries_sum{%s,grpc_target=%q})`, sel, ordersAddr)).get(nil))
 
 	// Gauges, observed at the last scrape: both breakers closed, and the
 	// orders budget as it stands at the last tick of the simulated clock.

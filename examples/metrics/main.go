@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/signal"
@@ -34,7 +36,7 @@ func realMain(ctx context.Context, out io.Writer, args []string) error {
 	fs := flag.NewFlagSet("metrics", flag.ContinueOnError)
 	fs.SetOutput(out)
 	listen := fs.String("listen", DefaultListen, "where to serve /metrics (host:port; port 0 picks a free one)")
-	realtime := fs.Bool("realtime", false, "run budgets and breakers on the wall clock, one tick every 10ms (about 14 s), instead of the simulated clock")
+	realtime := fs.Bool("realtime", false, "run the client on the wall clock, one tick every 10ms (about 24 s), instead of the simulated clock")
 	exit := fs.Bool("exit", false, "exit when the traffic is done instead of serving /metrics until interrupted")
 	seed := fs.Uint64("seed", 1, "seed of the breakers' jitter on the simulated clock")
 	if err := fs.Parse(args); err != nil {
@@ -78,10 +80,11 @@ func realMain(ctx context.Context, out io.Writer, args []string) error {
 
 // PrintReports prints one line per phase and service: calls, how many
 // succeeded and failed, the attempts that reached the service, attempts per
-// call, and the refusals the callers saw (interceptor.RefusedBy).
+// call, and the refusals by reason (interceptor.Hooks.OnRefusal) with the
+// ticks of the first and the last; then the changes of the breakers' states.
 func PrintReports(out io.Writer, reports []PhaseReport) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "phase\tticks\tservice\tcalls\tok\tfailed\tattempts\tper call\trefused (RefusedBy)")
+	fmt.Fprintln(tw, "phase\tticks\tservice\tcalls\tok\tfailed\tattempts\tper call\trefusals by reason (ticks)")
 	for _, r := range reports {
 		for i, s := range []struct {
 			name string
@@ -92,18 +95,37 @@ func PrintReports(out io.Writer, reports []PhaseReport) {
 				phase, ticks = r.Phase.Name, fmt.Sprintf("%d-%d", r.Phase.From, r.Phase.To-1)
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%.2f\t%s\n", phase, ticks, s.name,
-				s.t.Calls, s.t.OK, s.t.Failed, s.t.Attempts, float64(s.t.Attempts)/float64(max(s.t.Calls, 1)), refusedString(s.t.RefusedBy))
+				s.t.Calls, s.t.OK, s.t.Failed, s.t.Attempts, float64(s.t.Attempts)/float64(max(s.t.Calls, 1)), refusalsString(s.t.Refusals))
 		}
 	}
 	_ = tw.Flush()
+	for _, service := range []string{"orders", "search"} {
+		var parts []string
+		for _, r := range reports {
+			for _, c := range r.Breakers {
+				if c.Service == service {
+					parts = append(parts, fmt.Sprintf("%d %s", c.Tick, c.To))
+				}
+			}
+		}
+		if len(parts) == 0 {
+			parts = []string{"closed throughout"}
+		}
+		fmt.Fprintf(out, "%s breaker (tick state): %s\n", service, strings.Join(parts, ", "))
+	}
 }
 
-func refusedString(m map[interceptor.Reason]int) string {
+// refusalsString lists refusals by reason, in the order they began.
+func refusalsString(m map[interceptor.Reason]Seen) string {
+	reasons := slices.Collect(maps.Keys(m))
+	slices.SortFunc(reasons, func(a, b interceptor.Reason) int {
+		return cmp.Or(cmp.Compare(m[a].First, m[b].First), cmp.Compare(a, b))
+	})
 	var parts []string
-	for r, n := range m {
-		parts = append(parts, fmt.Sprintf("%s %d", r, n))
+	for _, r := range reasons {
+		s := m[r]
+		parts = append(parts, fmt.Sprintf("%s %d (%d-%d)", r, s.N, s.First, s.Last))
 	}
-	slices.Sort(parts)
 	if len(parts) == 0 {
 		return "-"
 	}

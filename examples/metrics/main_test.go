@@ -20,16 +20,18 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// runTimeout bounds one run of the traffic (about 3 s on an idle 2-core
-// machine; the search stalls are 56 × up to 500 ms when hedges are refused).
+// runTimeout bounds one run of the traffic (about 1 s on an idle 2-core
+// machine; the search stalls are 96 × up to 500 ms when hedges are refused).
 const runTimeout = 2 * time.Minute
 
-// startDemo starts the example with /metrics on a free loopback port.
-func startDemo(t *testing.T) *Demo {
+// startDemo starts the example as cfg says, with seed 1 and /metrics on a
+// free loopback port.
+func startDemo(t *testing.T, cfg Config) *Demo {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	d, err := Start(Config{Listener: ln, Seed: 1})
+	cfg.Listener, cfg.Seed = ln, 1
+	d, err := Start(cfg)
 	require.NoError(t, err)
 	t.Cleanup(d.Close)
 	return d
@@ -40,7 +42,7 @@ func startDemo(t *testing.T) *Demo {
 // the suite's metrics say against the same expectations and against the
 // attempts the services counted.
 func TestTraffic(t *testing.T) {
-	d := startDemo(t)
+	d := startDemo(t, Config{})
 	ctx, cancel := context.WithTimeout(t.Context(), runTimeout)
 	defer cancel()
 	start := time.Now()
@@ -52,13 +54,16 @@ func TestTraffic(t *testing.T) {
 	t.Logf("\n%s", table.String())
 
 	require.Len(t, reports, len(wantPhases))
+	var breakers []BreakerChange
 	for i, w := range wantPhases {
 		got := reports[i].Orders
-		assert.Equal(t, w, phaseWant{calls: got.Calls, ok: got.OK, failed: got.Failed, attempts: got.Attempts, refusedBy: got.RefusedBy},
+		assert.Equal(t, w, phaseWant{calls: got.Calls, ok: got.OK, failed: got.Failed, attempts: got.Attempts, refusedBy: got.RefusedBy, refusals: got.Refusals},
 			"orders in phase %s", reports[i].Phase.Name)
 		s := reports[i].Search
 		assert.Equal(t, s.Calls, s.OK, "search in phase %s: every Get succeeds", reports[i].Phase.Name)
+		breakers = append(breakers, reports[i].Breakers...)
 	}
+	assert.Equal(t, wantBreaker, breakers, "the breakers' changes")
 
 	fams := scrape(t, ctx, "http://"+d.MetricsAddr()+"/metrics")
 	ordersAddr, searchAddr := d.Targets()
@@ -75,15 +80,43 @@ func TestTraffic(t *testing.T) {
 	assert.InDelta(t, ordersAmplification, attempts/sumBy(fams, "stormguard_client_calls_total", orders, "")[""], 1e-12)
 	// Every failed call records one refusal.
 	assert.Equal(t, ordersWant.callsByStatus["UNAVAILABLE"], sumBy(fams, "stormguard_client_refusals_total", orders, "")[""])
+	// gRFC A96: one retries observation per call that retried.
+	ordersA66 := map[string]string{"grpc_target": ordersAddr}
+	assert.Equal(t, float64(wantRetries), histSum(fams, "grpc_client_call_retries", ordersA66))
+	// gRFC A66: one duration per call, by status; orders' calls take no
+	// simulated time (the clock stands still while they are made).
+	assert.Equal(t, ordersWant.callsByStatus, histCountBy(fams, "grpc_client_call_duration_seconds", ordersA66, "grpc_status"))
+	assert.Zero(t, histSum(fams, "grpc_client_call_duration_seconds", ordersA66))
+	assert.Empty(t, sumBy(fams, "stormguard_client_would_refuse_total", nil, ""), "no shadow mode here")
 
 	assert.Equal(t, map[string]float64{"OK": Ticks}, sumBy(fams, "stormguard_client_calls_total", search, "rpc_response_status_code"))
 	kinds := sumBy(fams, "stormguard_client_attempts_total", search, "stormguard_attempt_kind")
 	assert.Equal(t, float64(Ticks), kinds["first"], "search: one first attempt per call")
-	assert.Positive(t, kinds["hedge"], "search: the stalled attempts were hedged")
 	assert.Zero(t, kinds["retry"], "search: nothing failed, nothing retried")
 	// A hedge cancelled before it arrived is counted but never reaches search.
 	assert.GreaterOrEqual(t, kinds["first"]+kinds["hedge"], float64(d.search.Total()))
 	assert.Equal(t, map[string]float64{"": 0}, sumBy(fams, "stormguard_breaker_state", search, ""))
+	// The stalled Gets were hedged: every 25th stalls its first attempt for
+	// 500 ms; once the adaptive delay is known (after 20 calls), a hedge
+	// should be sent for each, budget permitting.
+	stalled, hedged := 0, 0
+	for tick := 20; tick < Ticks; tick++ {
+		if tick%25 == 3 {
+			stalled++
+			if d.search.CountID("/echo.v1.EchoService/Get", requestID("get", tick)) > 1 {
+				hedged++
+			}
+		}
+	}
+	t.Logf("search: %v hedges; %d of %d stalled Gets hedged", kinds["hedge"], hedged, stalled)
+	assert.GreaterOrEqual(t, hedged, stalled/2, "most stalled Gets are hedged")
+	assert.GreaterOrEqual(t, kinds["hedge"], float64(hedged))
+	// Search's calls take real time: the simulated clock runs while they are
+	// made (less than a tick each).
+	searchA66 := map[string]string{"grpc_target": searchAddr}
+	assert.Equal(t, map[string]float64{"OK": Ticks}, histCountBy(fams, "grpc_client_call_duration_seconds", searchA66, "grpc_status"))
+	assert.Positive(t, histSum(fams, "grpc_client_call_duration_seconds", searchA66))
+	assert.Less(t, histSum(fams, "grpc_client_call_duration_seconds", searchA66), float64(Ticks)*Step.Seconds())
 
 	// The resource, as Prometheus's target_info.
 	ti := sumBy(fams, "target_info", map[string]string{"service_name": ServiceName}, "")
@@ -100,10 +133,13 @@ func TestRealMain(t *testing.T) {
 	s := out.String()
 	for _, want := range []string{
 		"metrics: serving http://127.0.0.1:",
-		"phase     ticks     service  calls  ok   failed  attempts  per call  refused (RefusedBy)",
-		"flaky     0-299     orders   300    294  6       315       1.05      -",
-		"outage    300-799   orders   500    0    500     273       0.55      breaker 255, budget 214",
-		"recovery  800-1399  orders   600    331  269     331       0.55      breaker 269",
+		"metrics: 2400 ticks on a simulated clock, 10ms per tick; orders at 127.0.0.1:",
+		"phase     ticks      service  calls  ok    failed  attempts  per call  refusals by reason (ticks)",
+		"flaky     0-299      orders   300    294   6       315       1.05      not_idempotent 6 (0-250)",
+		"outage    300-1699   orders   1400   0     1400    942       0.67      not_idempotent 91 (300-1200), max_attempts 5 (301-305), budget 265 (306-599), breaker 1039 (601-1699)",
+		"recovery  1700-2399  orders   700    393   307     393       0.56      breaker 307 (1700-2006)",
+		"orders breaker (tick state): 1200 open, 1305 half-open, 1305 open, 1544 half-open, 1544 open, 2007 half-open, 2007 closed",
+		"search breaker (tick state): closed throughout",
 		"metrics: traffic done in ",
 	} {
 		assert.Contains(t, s, want)
@@ -196,6 +232,57 @@ next:
 			key = labels[by]
 		}
 		out[key] += v
+	}
+	return out
+}
+
+// histSum returns the _sum of histogram family name over the samples whose
+// labels include match.
+func histSum(fams map[string]*dto.MetricFamily, name string, match map[string]string) float64 {
+	var s float64
+	for _, m := range histograms(fams, name, match) {
+		s += m.GetHistogram().GetSampleSum()
+	}
+	return s
+}
+
+// histCountBy returns the _count of histogram family name over the samples
+// whose labels include match, by the value of label by.
+func histCountBy(fams map[string]*dto.MetricFamily, name string, match map[string]string, by string) map[string]float64 {
+	out := map[string]float64{}
+	for _, m := range histograms(fams, name, match) {
+		key := ""
+		for _, l := range m.GetLabel() {
+			if l.GetName() == by {
+				key = l.GetValue()
+			}
+		}
+		out[key] += float64(m.GetHistogram().GetSampleCount())
+	}
+	return out
+}
+
+func histograms(fams map[string]*dto.MetricFamily, name string, match map[string]string) []*dto.Metric {
+	var out []*dto.Metric
+	f := fams[name]
+	if f == nil {
+		return nil
+	}
+next:
+	for _, m := range f.GetMetric() {
+		if m.Histogram == nil {
+			continue
+		}
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		for k, v := range match {
+			if labels[k] != v {
+				continue next
+			}
+		}
+		out = append(out, m)
 	}
 	return out
 }
