@@ -3,16 +3,16 @@ package outlier_test
 import (
 	"context"
 	"fmt"
-	"strconv"
+	"net"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 
-	"github.com/stormguard/stormguard/internal/origin"
-	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 	"github.com/stormguard/stormguard/outlier"
 )
 
@@ -35,21 +35,34 @@ func ExampleAvoidContext() {
 	// [10.0.0.7:8080 10.0.0.8:8080]
 }
 
+// counter is a health service that counts the Checks it answers.
+type counter struct {
+	healthpb.UnimplementedHealthServer
+	n atomic.Int32
+}
+
+func (c *counter) Check(context.Context, *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	c.n.Add(1)
+	return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
+}
+
 // A client of three backends through the policy (round_robin inside), whose
 // calls avoid the first backend.
 func ExampleDialOption() {
 	var eps []resolver.Endpoint
-	var origins []*origin.Origin
+	var backends []*counter
 	for range 3 {
-		o := origin.New(nil)
-		l, err := origin.TCP()
+		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			panic(err)
 		}
-		srv := origin.Serve(l, o)
-		defer srv.Stop()
-		origins = append(origins, o)
-		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: l.Target}}})
+		s := grpc.NewServer()
+		c := &counter{}
+		healthpb.RegisterHealthServer(s, c)
+		go func() { _ = s.Serve(l) }()
+		defer s.Stop()
+		backends = append(backends, c)
+		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: l.Addr().String()}}})
 	}
 	r := manual.NewBuilderWithScheme("example")
 	r.InitialState(resolver.State{Endpoints: eps})
@@ -62,23 +75,23 @@ func ExampleDialOption() {
 		panic(err)
 	}
 	defer conn.Close()
-	client := echov1.NewEchoServiceClient(conn)
+	client := healthpb.NewHealthClient(conn)
 	// Call until all three backends have answered: connected to each.
-	for i := 0; origins[0].Total() == 0 || origins[1].Total() == 0 || origins[2].Total() == 0; i++ {
-		if _, err := client.Put(context.Background(), &echov1.PutRequest{RequestId: "warm-up-" + strconv.Itoa(i)}); err != nil {
+	for backends[0].n.Load() == 0 || backends[1].n.Load() == 0 || backends[2].n.Load() == 0 {
+		if _, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
 			panic(err)
 		}
 	}
-	origins[0].Reset()
+	backends[0].n.Store(0)
 
 	ctx := outlier.AvoidContext(context.Background(), eps[0].Addresses[0].Addr)
 	ok := 0
-	for i := range 30 {
-		if _, err := client.Put(ctx, &echov1.PutRequest{RequestId: strconv.Itoa(i)}); err == nil {
+	for range 30 {
+		if _, err := client.Check(ctx, &healthpb.HealthCheckRequest{}); err == nil {
 			ok++
 		}
 	}
-	fmt.Printf("%d of 30 calls ok, %d sent to the avoided backend\n", ok, origins[0].Total())
+	fmt.Printf("%d of 30 calls ok, %d sent to the avoided backend\n", ok, backends[0].n.Load())
 	// Output:
 	// 30 of 30 calls ok, 0 sent to the avoided backend
 }

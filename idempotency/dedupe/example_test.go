@@ -3,57 +3,83 @@ package dedupe_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/stormguard/stormguard/idempotency"
 	"github.com/stormguard/stormguard/idempotency/dedupe"
-	"github.com/stormguard/stormguard/internal/origin"
-	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
-// A payment server that deduplicates retried charges, and a client that
-// retries one with the same key. Keys are scoped by the caller's
-// authorization metadata (or TLS client certificate).
-func ExampleServer() {
-	dd := dedupe.NewServer(dedupe.Config{})
-	payments := origin.New(nil) // the demo EchoService: Charge moves money
-	l := origin.Bufconn()
-	srv := origin.Serve(l, payments,
-		grpc.ChainUnaryInterceptor(dd.Unary()),
-		grpc.ChainStreamInterceptor(dd.Stream()))
-	defer srv.Stop()
-	cc, err := l.Dial()
+// These examples use only public packages, so that they can be copied. The
+// service is grpc's own health service; its Check stands in for a write,
+// and is listed in Config.Methods, as a method of a proto one cannot
+// annotate with retry_with_key would be.
+
+// runs is a health service that counts how often its handler ran.
+type runs struct {
+	healthpb.UnimplementedHealthServer
+	n atomic.Int32
+}
+
+func (r *runs) Check(context.Context, *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	r.n.Add(1)
+	return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
+}
+
+// serve serves h behind the dedupe server dd over an in-memory connection,
+// and returns a client connection and a stop function.
+func serve(h healthpb.HealthServer, dd *dedupe.Server) (*grpc.ClientConn, func()) {
+	l := bufconn.Listen(1 << 20)
+	s := grpc.NewServer(grpc.ChainUnaryInterceptor(dd.Unary()), grpc.ChainStreamInterceptor(dd.Stream()))
+	healthpb.RegisterHealthServer(s, h)
+	go func() { _ = s.Serve(l) }()
+	cc, err := grpc.NewClient("passthrough:///dedupe",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return l.DialContext(ctx) }))
 	if err != nil {
 		panic(err)
 	}
-	defer cc.Close()
-	client := echov1.NewEchoServiceClient(cc)
+	return cc, func() { cc.Close(); s.Stop() }
+}
+
+// A server that runs each keyed write once: a retry with the same key and
+// request gets the stored outcome; the same key with another request is
+// refused. Keys are scoped by the caller's authorization metadata (or TLS
+// client certificate).
+func ExampleServer() {
+	h := &runs{}
+	dd := dedupe.NewServer(dedupe.Config{Methods: []string{"/grpc.health.v1.Health/Check"}})
+	cc, stop := serve(h, dd)
+	defer stop()
+	client := healthpb.NewHealthClient(cc)
 
 	// One logical call, one key, however many attempts.
 	ctx := metadata.AppendToOutgoingContext(context.Background(),
 		"authorization", "Bearer shop-7-token", idempotency.MetadataKey, "order-42")
-	req := &echov1.ChargeRequest{RequestId: "order-42", Account: "alice", AmountCents: 1999}
+	req := &healthpb.HealthCheckRequest{Service: "charge alice 19.99"}
 	for attempt := 1; attempt <= 2; attempt++ {
-		resp, err := client.Charge(ctx, req)
-		fmt.Println("attempt", attempt, resp.GetChargeId(), status.Code(err))
+		resp, err := client.Check(ctx, req)
+		fmt.Println("attempt", attempt, resp.GetStatus(), status.Code(err))
 	}
-	// The same key with another amount is refused, not answered.
-	req.AmountCents = 2999
-	_, err = client.Charge(ctx, req)
+	// The same key with another request is refused, not answered.
+	_, err := client.Check(ctx, &healthpb.HealthCheckRequest{Service: "charge alice 29.99"})
 	fmt.Println("reused key:", status.Code(err))
 
-	cents, charges := payments.Balance("alice")
-	fmt.Println("charges:", charges, "cents:", cents)
+	fmt.Println("handler runs:", h.n.Load())
 	st := dd.Stats()
 	fmt.Println("hits:", st.Hits, "misses:", st.Misses, "conflicts:", st.Conflicts)
 	// Output:
-	// attempt 1 ch_1 OK
-	// attempt 2 ch_1 OK
+	// attempt 1 SERVING OK
+	// attempt 2 SERVING OK
 	// reused key: InvalidArgument
-	// charges: 1 cents: 1999
+	// handler runs: 1
 	// hits: 1 misses: 1 conflicts: 1
 }
 
@@ -62,18 +88,12 @@ func ExampleServer() {
 // space.
 func ExampleConfig_allowAnonymous() {
 	for _, allow := range []bool{false, true} {
-		dd := dedupe.NewServer(dedupe.Config{AllowAnonymous: allow})
-		l := origin.Bufconn()
-		srv := origin.Serve(l, origin.New(nil), grpc.ChainUnaryInterceptor(dd.Unary()))
-		cc, err := l.Dial()
-		if err != nil {
-			panic(err)
-		}
+		dd := dedupe.NewServer(dedupe.Config{AllowAnonymous: allow, Methods: []string{"/grpc.health.v1.Health/Check"}})
+		cc, stop := serve(&runs{}, dd)
 		ctx := metadata.AppendToOutgoingContext(context.Background(), idempotency.MetadataKey, "order-42")
-		_, err = echov1.NewEchoServiceClient(cc).Charge(ctx, &echov1.ChargeRequest{RequestId: "order-42", Account: "bob", AmountCents: 500})
+		_, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: "charge bob 5.00"})
 		fmt.Println("AllowAnonymous:", allow, "->", status.Code(err))
-		cc.Close()
-		srv.Stop()
+		stop()
 	}
 	// Output:
 	// AllowAnonymous: false -> FailedPrecondition
