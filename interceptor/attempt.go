@@ -18,6 +18,7 @@ import (
 
 	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/deadline"
+	"github.com/stormguard/stormguard/outlier"
 )
 
 // attemptMode says what context an attempt needs.
@@ -94,6 +95,12 @@ func (c *call) begin(ctx context.Context, a *attempt, kind attemptKind, mode att
 	actx := ctx
 	if c.sent > 0 {
 		actx = metadata.AppendToOutgoingContext(actx, PreviousAttemptsKey, strconv.Itoa(c.sent))
+		for _, p := range c.failedOn {
+			// With the outlier LB policy on the channel, its picker
+			// avoids the endpoints this call failed on (Envoy's
+			// previous_hosts); without it, this does nothing.
+			actx = outlier.AvoidContext(actx, p.String())
+		}
 	}
 	actx, a.cancel, a.timeout = c.attemptContext(actx, now, mode)
 	rt := c.route.tel

@@ -73,6 +73,7 @@ type call struct {
 	timed        bool       // an attempt's end time is needed even on success (duration metric, latency)
 	failover     bool       // the next retry fails over from an outlier endpoint
 	avoid        []net.Addr // the target's outlier endpoints, which attempts avoid
+	failedOn     []net.Addr // the endpoints the call's attempts failed on
 }
 
 // setup resolves the call's settings: the idempotency key (added to ctx),

@@ -129,6 +129,9 @@ func (c *call) failOver(a *attempt, now time.Time) {
 		c.avoid = c.route.endpoints.judge(now) // this failure may make it one
 	}
 	c.failover = p != nil && contains(c.avoid, p)
+	if p != nil {
+		c.failedOn = append(c.failedOn, p)
+	}
 }
 
 // minDeadForSure is the evidence fundable wants to refuse a retry at once
