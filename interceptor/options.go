@@ -299,6 +299,7 @@ type serverOptions struct {
 	dedupe      *idempotency.Server
 	noDedupe    bool
 	noPushback  bool
+	overload    overloadOptions // server_overload.go
 }
 
 // WithServerDeadline configures how the server applies propagated deadlines.

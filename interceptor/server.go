@@ -21,6 +21,7 @@ type Server struct {
 	o      serverOptions
 	dl     *deadline.Server
 	dedupe *idempotency.Server // nil: off
+	ov     serverOverload      // overload protection (server_overload.go)
 }
 
 // NewServer returns a Server configured by opts. Nil options are ignored.
@@ -32,6 +33,7 @@ func NewServer(opts ...ServerOption) *Server {
 		}
 	}
 	s := &Server{o: o, dl: deadline.NewServer(o.deadlineCfg), dedupe: o.dedupe}
+	s.ov.guard = o.overload.newGuard()
 	if s.dedupe == nil && !o.noDedupe {
 		s.dedupe = idempotency.NewServer(idempotency.ServerConfig{})
 	}
@@ -81,6 +83,11 @@ func (s *Server) Unary() grpc.UnaryServerInterceptor {
 			return nil, err
 		}
 		defer cancel()
+		t, err := s.admit(ctx, info.FullMethod)
+		if err != nil {
+			return nil, err
+		}
+		defer t.Done()
 		m := &refusalMarker{}
 		ctx = context.WithValue(ctx, markerKey{}, m)
 		var resp any
