@@ -4,9 +4,10 @@
 // grpc-go's own retryPolicy (with and without retryThrottling), the suite
 // with its budget only, and the suite with its defaults.
 //
-//	go run ./examples/stormlab              # every scenario, well under 90 s
+//	go run ./examples/stormlab              # every scenario, about a minute
 //	go run ./examples/stormlab -quick       # scenarios 1, 2, 3, 4, 7 in a few seconds (CI)
 //	go run ./examples/stormlab -scenario chain,tail -svg chart.svg -json
+//	go run ./examples/stormlab -scenario metastable -goodput-svg goodput.svg
 //
 // Every server and client is real gRPC on 127.0.0.1 inside this process;
 // each row gets a fresh origin (internal/origin) and fresh clients, so
@@ -22,7 +23,13 @@
 //  6. independent failures: 2,000 sequential calls at p = 0.05, 0.5, 0.9;
 //  7. the seed-004 capacity drop, a model run with the real budget and
 //     breaker on an injected clock;
-//  8. a long tail: 5% of attempts slow, with and without hedging.
+//  8. a long tail: 5% of attempts slow, with and without hedging;
+//  9. a metastable failure: an origin of fixed capacity (workers behind a
+//     FIFO queue, a handler that does not watch its context) at 70% load
+//     loses two thirds of its capacity for 2 s; naive retries of timed-out
+//     attempts keep it down afterwards. Rows add the suite without its
+//     server's admission, shedding or both, and a run without the trigger
+//     counts false refusals. About 40 s; not in -quick.
 //
 // Scenarios 1-4 hold every first attempt at the origin until all callers'
 // first attempts have arrived (a wave), and 6 and 8 choose failing or slow

@@ -42,8 +42,19 @@ type Row struct {
 	Served int `json:"served,omitempty"`
 	// PeakAmplification is Peak / the requests per tick.
 	PeakAmplification float64 `json:"peak_amplification,omitempty"`
+	// Goodput is, for the metastable scenario, the share of the calls sent
+	// in each step (Result.StepS) that succeeded.
+	Goodput []float64 `json:"goodput,omitempty"`
+	// Recovery is, for the metastable scenario, the seconds from the
+	// trigger's end until Goodput stays at or above 90% (null: never).
+	Recovery *recoveryS `json:"recovery_s,omitempty"`
+	// ServerRefused counts, for the suite's rows, what its servers'
+	// overload protection refused, by overload.Reason.
+	ServerRefused map[string]int `json:"server_refused,omitempty"`
 	// Chart is the value drawn in the SVG chart for this row, if any.
 	Chart float64 `json:"-"`
+	// marks are the Goodput steps where the trigger starts and ends.
+	marks []int
 }
 
 // col is a column of a text table.
@@ -64,17 +75,21 @@ const (
 	colPeak
 	colPeakAmpl
 	colServed
+	colRecovery
+	colGoodput
+	colServerRefused
 )
 
 func (c col) head() string {
 	return [...]string{"", "policy", "origin", "ampl.", "ok", "errors by code", "retries refused",
-		"p50", "p99", "slowest", "wasted", "peak/tick", "peak ampl.", "served"}[c]
+		"p50", "p99", "slowest", "wasted", "peak/tick", "peak ampl.", "served",
+		"recovery", "goodput per step", "server refused"}[c]
 }
 
 // left reports whether the column is left-aligned (text) rather than
 // right-aligned (numbers).
 func (c col) left() bool {
-	return c == colVariant || c == colPolicy || c == colErrors || c == colRefused
+	return c == colVariant || c == colPolicy || c == colErrors || c == colRefused || c == colGoodput || c == colServerRefused
 }
 
 func (r Row) cell(c col) string {
@@ -110,6 +125,12 @@ func (r Row) cell(c col) string {
 		return fmt.Sprintf("%.2f×", r.PeakAmplification)
 	case colServed:
 		return strconv.Itoa(r.Served)
+	case colRecovery:
+		return r.Recovery.String()
+	case colGoodput:
+		return sparkline(r.Goodput, r.marks...)
+	case colServerRefused:
+		return counts(r.ServerRefused)
 	}
 	return ""
 }
@@ -148,6 +169,10 @@ type Result struct {
 	Notes   []string `json:"notes,omitempty"`
 	Rows    []Row    `json:"rows"`
 	Seconds float64  `json:"seconds"`
+	// StepS and Trigger describe the metastable scenario's time line:
+	// the goodput step and the trigger, in seconds from the start.
+	StepS   float64 `json:"step_s,omitempty"`
+	Trigger *window `json:"trigger,omitempty"`
 	cols    []col
 	chart   string // the chart's group label ("" = not charted); "%s" is replaced by the variant
 }
@@ -206,6 +231,12 @@ func printTable(w io.Writer, r *Result) {
 	for _, note := range r.Notes {
 		fmt.Fprintf(w, "   %s\n", note)
 	}
+}
+
+// window is a stretch of a run, in seconds from its start.
+type window struct {
+	From float64 `json:"from_s"`
+	To   float64 `json:"to_s"`
 }
 
 // Report is the whole run, as written by -json.

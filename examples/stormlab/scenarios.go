@@ -35,6 +35,7 @@ func scenarios() []scenario {
 		{6, "independent", false, independentFailures},
 		{7, "capacity", true, capacityDrop},
 		{8, "tail", false, longTail},
+		{9, "metastable", false, metastable},
 	}
 }
 
