@@ -557,3 +557,64 @@ func FuzzIsRetry(f *testing.F) {
 		}
 	})
 }
+
+// TestLimiterIgnoresAPause: the whole server pauses (a long GC
+// or CPU throttling) for 2s: requests keep arriving, none ends, then the backlog
+// ends in order, 2ms apart. The requests that waited through the pause are
+// slow, but those that arrived at its end are not: that is no standing
+// queue, and no limit engages, so nothing is shed after the pause.
+func TestLimiterIgnoresAPause(t *testing.T) {
+	c := newClock()
+	g := New(Config{Now: c.Now, NoAdmission: true})
+	m := g.Method("/svc/M")
+	// Steady: one request every 7ms (140/s), 20ms each, 400ms deadlines.
+	type req struct {
+		t   Ticket
+		end time.Time
+	}
+	var open []req
+	step := func(d time.Duration) {
+		now := c.Add(d)
+		for len(open) > 0 && !open[0].end.After(now) {
+			open[0].t.DoneAt(open[0].end)
+			open = open[1:]
+		}
+	}
+	arrive := func(lat time.Duration) {
+		now := c.Now()
+		tk, d := m.AdmitAt(now, now.Add(400*time.Millisecond), true, false)
+		if d.Reason != Admitted {
+			t.Fatalf("at %v: %+v (limit %d, %d in flight)", now, d, m.Limit(), m.Inflight())
+		}
+		open = append(open, req{tk, now.Add(lat)})
+	}
+	for range 300 {
+		arrive(20 * time.Millisecond)
+		step(7 * time.Millisecond)
+	}
+	// The pause: 500ms of arrivals, nothing ends.
+	pauseEnd := c.Now().Add(2 * time.Second)
+	for c.Now().Before(pauseEnd) {
+		now := c.Now()
+		tk, d := m.AdmitAt(now, now.Add(400*time.Millisecond), true, false)
+		if d.Reason != Admitted {
+			t.Fatalf("during the pause: %+v", d)
+		}
+		open = append(open, req{tk, time.Time{}})
+		c.Add(7 * time.Millisecond)
+	}
+	// After it, the backlog ends in order, 2ms apart, while new requests
+	// keep arriving (and are served in 20ms).
+	for i := range open {
+		if open[i].end.IsZero() || open[i].end.Before(pauseEnd) {
+			open[i].end = pauseEnd.Add(time.Duration(i+1) * 2 * time.Millisecond)
+		}
+	}
+	for range 300 {
+		arrive(20 * time.Millisecond)
+		step(7 * time.Millisecond)
+	}
+	if st := g.Stats(); st.ShedFirst+st.ShedRetry != 0 {
+		t.Errorf("shed after a pause: %+v", st)
+	}
+}

@@ -42,7 +42,9 @@ const (
 //     window: while requests finish well within their callers' deadlines,
 //     shedding one only loses it;
 //   - it starts unlimited, engages only after engageAfter overloaded
-//     windows in a row, at the concurrency that would have the tolerated
+//     windows in a row in which the requests in flight did not fall (a
+//     server catching up after a pause has a backlog, not a standing
+//     queue), at the concurrency that would have the tolerated
 //     latency at the window's throughput (Little's law) or the window's
 //     peak in flight if lower, and lets go again once the latency is
 //     tolerable and fewer than half the limit are in flight.
@@ -51,6 +53,7 @@ type limiter struct {
 
 	// The current window, added to without a lock.
 	start  atomic.Int64 // ns; when the window began
+	from   atomic.Int64 // requests in flight when the window began
 	n      atomic.Int64 // latencies
 	minLat atomic.Int64 // ns; math.MaxInt64 when none
 	peak   atomic.Int64 // most requests in flight seen at an admission
@@ -102,6 +105,7 @@ func (l *limiter) observe(now, d int64, s *settings, inflight int64) {
 		return // another goroutine just closed it
 	}
 	start := l.start.Swap(now)
+	from := l.from.Swap(inflight)
 	n = l.n.Swap(0)
 	minLat := l.minLat.Swap(math.MaxInt64)
 	peak := max(l.peak.Swap(inflight), inflight)
@@ -117,13 +121,14 @@ func (l *limiter) observe(now, d int64, s *settings, inflight int64) {
 	if nLeft > 0 {
 		tolerable = s.deadlineShare * float64(quantileOf(&left, nLeft, deadlineQuantile))
 	}
-	l.update(float64(minLat), tolerable, float64(n)/float64(now-start), peak, s)
+	l.update(float64(minLat), tolerable, float64(n)/float64(now-start), peak, inflight < from, s)
 }
 
 // update applies one window: its minimum latency, the latency its
 // arrivals' deadlines tolerate (0: none had one), its throughput (ends per
-// ns) and its peak concurrency. Called with mu held.
-func (l *limiter) update(minLat, tolerable, rate float64, peak int64, s *settings) {
+// ns), its peak concurrency, and whether fewer requests are in flight at
+// its end than at its start. Called with mu held.
+func (l *limiter) update(minLat, tolerable, rate float64, peak int64, draining bool, s *settings) {
 	if l.baseline == 0 {
 		l.baseline = minLat
 		return
@@ -132,9 +137,14 @@ func (l *limiter) update(minLat, tolerable, rate float64, peak int64, s *setting
 	limit := l.limit.Load()
 	if minLat > target {
 		l.baseline += (minLat - l.baseline) * alphaOver
-		l.over++
 		if limit == unlimited {
-			if l.over < engageAfter {
+			if draining {
+				// Slow, but catching up: the backlog of a pause, not a
+				// standing queue.
+				l.over = 0
+				return
+			}
+			if l.over++; l.over < engageAfter {
 				return
 			}
 			// Engage at the concurrency that, at the throughput of the

@@ -365,8 +365,10 @@ func (s shape) setup() string {
 }
 
 // Scenario 9 (issue 18): a metastable failure.
-func metastable(ctx context.Context) (*Result, error) {
-	s := metastableShape
+func metastable(ctx context.Context) (*Result, error) { return metastableWith(ctx, metastableShape) }
+
+// metastableWith runs scenario 9 on shape s.
+func metastableWith(ctx context.Context, s shape) (*Result, error) {
 	res := &Result{
 		ID: 9, Key: "metastable", Title: "Metastable failure: a capacity drop that retries keep going",
 		Setup:   s.setup(),
