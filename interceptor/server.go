@@ -87,7 +87,7 @@ func (s *Server) Unary() grpc.UnaryServerInterceptor {
 		if err != nil {
 			return nil, err
 		}
-		defer t.Done()
+		defer func() { s.release(ctx, t, err) }()
 		m := &refusalMarker{}
 		ctx = context.WithValue(ctx, markerKey{}, m)
 		var resp any

@@ -138,6 +138,18 @@ func (s *Server) admit(ctx context.Context, method string) (overload.Ticket, err
 	return t, errShedFirst
 }
 
+// release reports the end of a call admitted with t: its latency is
+// learned when the handler succeeded or ran out of its context (a lower
+// bound of what it needed), not when it failed on its own (often at once:
+// a full pool answering "busy" is no measure of the method's latency).
+func (s *Server) release(ctx context.Context, t overload.Ticket, err error) {
+	if err == nil || ctx.Err() != nil {
+		t.Done()
+		return
+	}
+	t.Discard()
+}
+
 // retryAfter returns the pushback trailer for ms milliseconds.
 func (s *Server) retryAfter(ms int64) metadata.MD {
 	if c := s.ov.trailer.Load(); c != nil && c.ms == ms {

@@ -275,3 +275,43 @@ func TestWithoutOverload(t *testing.T) {
 	_, _, s = guarded(t, origin.New(nil), interceptor.WithOverloadGuard(nil))
 	assert.NotNil(t, s.Overload(), "nil is ignored: the default stays")
 }
+
+// TestServerLearnsFromWhatTheMethodNeeds: calls that fail on their own
+// (at once, like a full pool's "busy") teach the overload protection
+// nothing; calls that succeed, or run out of their deadline, do.
+func TestServerLearnsFromWhatTheMethodNeeds(t *testing.T) {
+	fail := true
+	var mu sync.Mutex
+	o := origin.New(func(origin.Call) origin.Reply {
+		mu.Lock()
+		defer mu.Unlock()
+		if fail {
+			return origin.Reply{Code: codes.Unavailable, Message: "busy"}
+		}
+		return origin.Reply{}
+	})
+	var cmu sync.Mutex
+	clock := time.Now()
+	now := func() time.Time { cmu.Lock(); defer cmu.Unlock(); return clock }
+	tick := func() { cmu.Lock(); clock = clock.Add(100 * time.Millisecond); cmu.Unlock() }
+	echo, _, s := guarded(t, o, interceptor.WithOverload(overload.Config{Now: now}))
+	m := s.Overload().Method(echov1.EchoService_Put_FullMethodName)
+	for i := range 30 {
+		_, err := echo.Put(t.Context(), &echov1.PutRequest{RequestId: strconv.Itoa(i)})
+		require.Equal(t, codes.Unavailable, status.Code(err))
+	}
+	tick()
+	_, learned := m.Need()
+	assert.False(t, learned, "30 fast failures were learned")
+	mu.Lock()
+	fail = false
+	mu.Unlock()
+	for i := range 30 {
+		_, err := echo.Put(t.Context(), &echov1.PutRequest{RequestId: strconv.Itoa(100 + i)})
+		require.NoError(t, err)
+	}
+	tick()
+	_, learned = m.Need()
+	assert.True(t, learned, "30 successes were not learned")
+	assert.Zero(t, m.Inflight())
+}

@@ -143,8 +143,11 @@ func (g *Guard) Method(name string) *Method {
 	return g.methods.LoadOrCreate(name, func(string) *Method { return g.newMethod() })
 }
 
-// Ticket is an admitted request. Report its end once with Done or DoneAt;
-// the zero Ticket (a refusal's) ignores reports. A Ticket is a small value;
+// Ticket is an admitted request. Report its end once, with Done (or
+// DoneAt) when it tells how long the method needs (it succeeded, or its
+// deadline passed or its caller left while it ran) and with Discard when it
+// does not (it failed on its own, often fast: a full pool, a bad argument).
+// The zero Ticket (a refusal's) ignores reports. A Ticket is a small value;
 // reporting twice through copies of it counts the request's end twice.
 type Ticket struct {
 	m      *Method
@@ -246,7 +249,8 @@ func (m *Method) recompute(t int64) {
 	m.need.Store(int64(sum.q))
 }
 
-// Done reports the end of the admitted request, now (Config.Now).
+// Done reports the end of the admitted request, now (Config.Now): see
+// DoneAt.
 func (t Ticket) Done() {
 	if t.m != nil {
 		t.DoneAt(t.m.g.s.now())
@@ -254,7 +258,7 @@ func (t Ticket) Done() {
 }
 
 // DoneAt reports the end of the admitted request at now, from the Guard's
-// clock: its latency is learned and its place in flight is freed.
+// clock: its place in flight is freed and its latency is learned.
 func (t Ticket) DoneAt(now time.Time) {
 	m := t.m
 	if m == nil {
@@ -263,10 +267,7 @@ func (t Ticket) DoneAt(now time.Time) {
 	g := m.g
 	end := g.at(now)
 	d := max(end-t.start, 0)
-	inflight := m.inflight.Add(-1)
-	if t.global {
-		g.inflight.Add(-1)
-	}
+	inflight := t.release()
 	if g.s.shedding && g.s.adaptive {
 		m.lim.observe(end, d, &g.s, inflight)
 	}
@@ -277,6 +278,25 @@ func (t Ticket) DoneAt(now time.Time) {
 	if next := m.next.Load(); end >= next && m.next.CompareAndSwap(next, end+int64(g.s.window/16)) {
 		m.recompute(end)
 	}
+}
+
+// Discard reports the end of the admitted request without learning from
+// it: its place in flight is freed. A request that failed fast on its own
+// says nothing of what the method needs; learning its latency would make
+// an overloaded method that answers "busy" at once look fast.
+func (t Ticket) Discard() {
+	if t.m != nil {
+		t.release()
+	}
+}
+
+// release frees the request's place in flight and returns how many of its
+// method are left.
+func (t Ticket) release() int64 {
+	if t.global {
+		t.m.g.inflight.Add(-1)
+	}
+	return t.m.inflight.Add(-1)
 }
 
 // Limit returns m's adaptive concurrency limit, or -1 when none is

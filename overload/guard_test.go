@@ -154,15 +154,25 @@ type fifo struct {
 	c    *clock
 	m    *Method
 	open []Ticket
+	left time.Duration // deadline of the requests; 0: an hour
+	shed int           // refills refused; nil t: counted, not fatal
 }
 
-// fill admits n requests at once (deadlines far away).
+// fill admits n requests at once.
 func (f *fifo) fill(n int) {
 	now := f.c.Now()
+	left := f.left
+	if left == 0 {
+		left = time.Hour
+	}
 	for range n {
-		tk, d := f.m.AdmitAt(now, now.Add(time.Hour), true, false)
+		tk, d := f.m.AdmitAt(now, now.Add(left), true, false)
 		if d.Reason != Admitted {
-			f.t.Fatalf("refused while filling: %+v", d)
+			if f.t != nil {
+				f.t.Fatalf("refused while filling: %+v", d)
+			}
+			f.shed++
+			continue
 		}
 		f.open = append(f.open, tk)
 	}
@@ -617,4 +627,40 @@ func TestLimiterIgnoresAPause(t *testing.T) {
 	if st := g.Stats(); st.ShedFirst+st.ShedRetry != 0 {
 		t.Errorf("shed after a pause: %+v", st)
 	}
+}
+
+// TestDiscardTeachesNothing: an overloaded method that also answers many
+// requests "busy" at once (Discard) still shows its standing queue, to
+// admission and to the limiter alike.
+func TestDiscardTeachesNothing(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		cfg  Config
+	}{{"admission", Config{NoShedding: true}}, {"shedding", Config{NoAdmission: true}}} {
+		t.Run(c.name, func(t *testing.T) {
+			clk := newClock()
+			c.cfg.Now = clk.Now
+			m := New(c.cfg).Method("/svc/M")
+			q := &fifo{c: clk, m: m, left: 600 * time.Millisecond}
+			q.fill(100)
+			for range 400 { // 2s of a standing queue of 100 at 200/s...
+				q.run(5*time.Millisecond, 5*time.Millisecond, true)
+				now := clk.Now()
+				for range 3 { // ...with three fast failures per request served
+					if tk, d := m.AdmitAt(now, now.Add(time.Hour), true, false); d.Reason == Admitted {
+						tk.Discard()
+					}
+				}
+			}
+			if c.cfg.NoShedding {
+				if need, ok := m.Need(); !ok || need < 450*time.Millisecond {
+					t.Errorf("need = %v, %v; want ≈ 500ms: the fast failures were learned", need, ok)
+				}
+			} else if q.shed == 0 {
+				t.Error("nothing shed: the fast failures hid the standing queue")
+			}
+		})
+	}
+	var zero Ticket
+	zero.Discard()
 }

@@ -42,8 +42,9 @@ const (
 	suiteNoShedding  policyKey = "suite-noshedding"
 	// The suite's client with a plain server, and with its server without
 	// the overload protection (the overload blip of issue 14).
-	suiteClientOnly policyKey = "suite-clientonly"
-	suiteNoOverload policyKey = "suite-nooverload"
+	suiteClientOnly       policyKey = "suite-clientonly"
+	suiteNoOverload       policyKey = "suite-nooverload"
+	suiteBudgetNoOverload policyKey = "budget-nooverload"
 )
 
 // policy is one client setup, and the server side that goes with it.
@@ -95,7 +96,7 @@ func (p policy) clientOptions(extra ...interceptor.ClientOption) []interceptor.C
 	switch p.key {
 	case naive:
 		opts = append(opts, interceptor.WithoutBudget(), interceptor.WithoutBreaker())
-	case suiteBudget:
+	case suiteBudget, suiteBudgetNoOverload:
 		opts = append(opts, interceptor.WithoutBreaker())
 	case suiteDefaults, suiteNoAdmission, suiteNoShedding, suiteClientOnly, suiteNoOverload:
 	default:
@@ -118,7 +119,7 @@ func (p policy) server() *interceptor.Server {
 		return interceptor.NewServer(interceptor.WithOverload(overload.Config{NoAdmission: true}))
 	case suiteNoShedding:
 		return interceptor.NewServer(interceptor.WithOverload(overload.Config{NoShedding: true}))
-	case suiteNoOverload:
+	case suiteNoOverload, suiteBudgetNoOverload:
 		return interceptor.NewServer(interceptor.WithoutOverload())
 	}
 	return nil
