@@ -44,8 +44,9 @@ type Config struct {
 	NoShedding bool
 	// MaxConcurrency, when > 0, is a fixed limit on the requests in flight
 	// over all methods: at it, first attempts are shed; at RetryShare of
-	// it, retries and hedges are. It applies besides the adaptive
-	// per-method limits (which NoAdaptive turns off).
+	// it, retries and hedges are. It is exact; the adaptive per-method
+	// limits (which NoAdaptive turns off), which apply besides, may be
+	// passed by the few requests that arrive at the same instant.
 	MaxConcurrency int
 	// NoAdaptive turns the adaptive per-method concurrency limits off
 	// (MaxConcurrency, if set, still applies).

@@ -10,8 +10,12 @@
 //	if d.Reason != overload.Admitted {
 //		return refusal(d) // d.RetryAfter < 0: tell the caller not to retry
 //	}
-//	defer t.Done()
-//	return handle()
+//	err := handle()
+//	if err == nil || ctx.Err() != nil {
+//		t.Done() // a success, or out of time: what the method needs
+//	} else {
+//		t.Discard() // failed on its own, often at once: teaches nothing
+//	}
 //
 // # Deadline-aware admission
 //
@@ -29,7 +33,9 @@
 // The history alone would go on refusing after a backlog has drained:
 // refused requests teach it nothing, and it is not fooled by them (a
 // refusal is no latency). The backlog alone would refuse during a burst
-// that parallel handlers absorb. Nothing is refused before MinSamples (20)
+// that parallel handlers absorb. Only requests reported with Done are
+// learned: a method that answers "busy" at once when overloaded (Discard)
+// must not look fast. Nothing is refused before MinSamples (20)
 // latencies, or for a request without a deadline. A low Quantile keeps
 // refusals to requests that only the fastest tenth of recent requests
 // would have served in time.
@@ -43,7 +49,8 @@
 // baseline latency and DeadlineShare (half) of what its callers had left
 // (their 10th percentile), shows a standing queue; two in a row engage a
 // limit at the concurrency that, at the window's throughput, has that
-// latency. While engaged, the limit shrinks by the ratio of the tolerated
+// latency, unless the requests in flight fell during the window (a server
+// catching up after a pause has a backlog, not a standing queue). While engaged, the limit shrinks by the ratio of the tolerated
 // to the seen latency (at most by half per window), grows by its square root
 // while the latency is tolerable, and is let go once fewer than half of it
 // are in flight. A burst or a pause does not engage it (some requests of
@@ -59,8 +66,8 @@
 //
 // A decision and its Done are a handful of atomic operations and no
 // allocation; no lock is taken but one TryLock per limit window. A method
-// keeps about 2.6 KB (four histograms of 128 counters for its history, one
-// for its callers' deadlines); MaxMethods (1024) bound the methods kept,
-// and further ones share one state. Every Guard is safe for concurrent use;
+// keeps 2.7 KB (four histograms of 128 counters for its history, one
+// for its callers' deadlines: 2.7 MiB for MaxMethods, 1024, beyond which
+// further methods share one state). Every Guard is safe for concurrent use;
 // its clock is Config.Now, and the At forms take the time from the caller.
 package overload

@@ -185,10 +185,16 @@ func (m *Method) AdmitAt(now, deadline time.Time, hasDeadline, retry bool) (Tick
 			}
 		}
 		if s.maxConc > 0 {
-			if d, shed := g.shed(g.inflight.Load(), s.maxConc, retry); shed {
-				return Ticket{}, d
+			// Exact: a place is taken only if it is free.
+			for {
+				n := g.inflight.Load()
+				if d, shed := g.shed(n, s.maxConc, retry); shed {
+					return Ticket{}, d
+				}
+				if g.inflight.CompareAndSwap(n, n+1) {
+					break
+				}
 			}
-			g.inflight.Add(1)
 			global = true
 		}
 	}

@@ -3,9 +3,12 @@ package overload
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"go.uber.org/goleak"
 )
@@ -663,4 +666,49 @@ func TestDiscardTeachesNothing(t *testing.T) {
 	}
 	var zero Ticket
 	zero.Discard()
+}
+
+// TestMemoryBound: a method's state is a fixed-size value (no slice or map
+// grows with traffic), about 2.7 KB.
+func TestMemoryBound(t *testing.T) {
+	if size := unsafe.Sizeof(Method{}); size > 3<<10 {
+		t.Errorf("a method takes %d bytes", size)
+	} else {
+		t.Logf("a method takes %d bytes; %d methods at most %d KiB", size, DefaultMaxMethods, int(size)*DefaultMaxMethods>>10)
+	}
+}
+
+// TestMaxConcurrencyIsExact: many goroutines racing for 8 places never
+// hold more than 8.
+func TestMaxConcurrencyIsExact(t *testing.T) {
+	g := New(Config{NoAdmission: true, NoAdaptive: true, MaxConcurrency: 8})
+	m := g.Method("/svc/M")
+	var held, most atomic.Int64
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 2000 {
+				tk, d := m.Admit(time.Time{}, false, false)
+				if d.Reason != Admitted {
+					continue
+				}
+				n := held.Add(1)
+				for {
+					p := most.Load()
+					if n <= p || most.CompareAndSwap(p, n) {
+						break
+					}
+				}
+				runtime.Gosched() // hold it a little
+				held.Add(-1)
+				tk.Done()
+			}
+		}()
+	}
+	wg.Wait()
+	if most.Load() > 8 {
+		t.Errorf("%d held at once, limit 8", most.Load())
+	}
 }
