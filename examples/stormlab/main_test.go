@@ -399,7 +399,7 @@ func TestGoodputSVG(t *testing.T) {
 	}
 	texts := svgTexts(t, svg.Bytes())
 	for _, s := range []string{"no retries — recovery 0.00s", "3 attempts, no budget — recovery never",
-		"stormguard defaults — recovery 0.25s", "stormguard defaults shed_first=2", "10s"} {
+		"stormguard defaults — recovery 0.25s", "stormguard defaults 2", "10s"} {
 		if !strings.Contains(texts, s) {
 			t.Errorf("chart lacks %q: %s", s, texts)
 		}

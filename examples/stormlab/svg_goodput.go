@@ -65,7 +65,11 @@ func writeGoodputSVG(w io.Writer, rep *Report) error {
 	var quiet []string
 	for _, row := range res.Rows {
 		if row.Variant == noTrigger && row.Policy != noRetries {
-			quiet = append(quiet, fmt.Sprintf("%s %s", row.Label, counts(row.ServerRefused)))
+			n := 0
+			for _, v := range row.ServerRefused {
+				n += v
+			}
+			quiet = append(quiet, fmt.Sprintf("%s %d", row.Label, n))
 		}
 	}
 	head := []string{
@@ -77,7 +81,7 @@ func writeGoodputSVG(w io.Writer, rep *Report) error {
 	}
 	var headLines []string
 	for _, h := range head {
-		headLines = append(headLines, wrap(h, 128)...)
+		headLines = append(headLines, wrap(h, 136)...)
 	}
 	setup := res.Setup
 	if i := strings.Index(setup, " goodput:"); i > 0 {
