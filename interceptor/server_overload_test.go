@@ -67,7 +67,10 @@ func TestServerShedsRetriesBeforeFirstAttempts(t *testing.T) {
 	echo, _, s := guarded(t, o, interceptor.WithOverload(overload.Config{
 		NoAdmission: true, NoAdaptive: true, MaxConcurrency: 4, RetryAfter: 250 * time.Millisecond,
 	}))
-	ctx := t.Context()
+	// Calls that should be refused at once get a deadline, so that a
+	// regression fails the test instead of hanging it.
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
 	var wg sync.WaitGroup
 	hold := func(c context.Context, id string) {
 		wg.Add(1)
@@ -226,7 +229,9 @@ func TestSuiteClientObeysTheServersPushback(t *testing.T) {
 		assert.NoError(t, err)
 	}()
 	<-arrived
-	_, err = echo.Put(t.Context(), &echov1.PutRequest{RequestId: "late"})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // fail, not hang, on a regression
+	defer cancel()
+	_, err = echo.Put(ctx, &echov1.PutRequest{RequestId: "late"})
 	require.Equal(t, codes.Unavailable, status.Code(err))
 	assert.Equal(t, interceptor.ReasonPushback, interceptor.RefusedBy(err))
 	close(release)
