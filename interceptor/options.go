@@ -391,6 +391,7 @@ type serverOptions struct {
 	dedupe      *dedupe.Server
 	noDedupe    bool
 	noPushback  bool
+	overload    overloadOptions // server_overload.go
 }
 
 // WithServerDeadline configures how the server applies propagated deadlines.

@@ -21,6 +21,7 @@ type Server struct {
 	o      serverOptions
 	dl     *deadline.Server
 	dedupe *dedupe.Server // nil: off
+	ov     serverOverload // overload protection (server_overload.go)
 }
 
 // NewServer returns a Server configured by opts. Nil options are ignored.
@@ -42,6 +43,7 @@ func NewServer(opts ...ServerOption) *Server {
 		}
 	}
 	s := &Server{o: o, dl: deadline.NewServer(o.deadlineCfg), dedupe: o.dedupe}
+	s.ov.guard = o.overload.newGuard()
 	if s.dedupe == nil && !o.noDedupe {
 		s.dedupe = dedupe.NewServer(dedupe.Config{})
 	}
@@ -91,6 +93,11 @@ func (s *Server) Unary() grpc.UnaryServerInterceptor {
 			return nil, err
 		}
 		defer cancel()
+		t, err := s.admit(ctx, info.FullMethod)
+		if err != nil {
+			return nil, err
+		}
+		defer func() { s.release(ctx, t, err) }()
 		m := &refusalMarker{}
 		ctx = context.WithValue(ctx, markerKey{}, m)
 		var resp any

@@ -34,6 +34,14 @@ const (
 	maxDeadRatio       = 1.10 // requests at the dead backend ÷ no retries'
 	minOutlierOKPct    = 99.0 // the suite with the outlier policy
 	maxOutlierLoad     = 1.10
+	// The metastable scenario (issue 18): the suite's defaults are back to
+	// full goodput within 2 s of the trigger's end, the naive row takes
+	// at least five times as long (at least 5 steps when the suite takes
+	// none) or never recovers, and the suite's server refuses nothing
+	// when there is no trigger.
+	maxRecovery      = 2.0
+	naiveRecoveryX   = 5.0
+	maxFalseRefusals = 0
 )
 
 // independentChecked are the rates of scenario 6 at which issue 14 bounds
@@ -128,6 +136,24 @@ func checkBounds(results []*Result, tailP99 time.Duration) []Check {
 					add(r, suiteOutlier, fmt.Sprintf("backend dead, %s: load", row.Variant), fmt.Sprintf("≤ %.2f×", maxOutlierLoad),
 						fmt.Sprintf("%.2f×", row.Amplification), row.Amplification <= maxOutlierLoad+1e-9)
 				}
+			}
+		case "metastable":
+			if suite != nil && suite.Recovery != nil {
+				add(r, suiteDefaults, "metastable: recovery after the trigger", fmt.Sprintf("≤ %.1fs", maxRecovery),
+					suite.Recovery.String(), !suite.Recovery.never && suite.Recovery.s <= maxRecovery+1e-9)
+				if naiveRow != nil && naiveRow.Recovery != nil {
+					floor := naiveRecoveryX * max(suite.Recovery.s, msStep.Seconds())
+					add(r, naive, "metastable: recovery, ≥ 5× the suite's or never", fmt.Sprintf("≥ %.2fs", floor),
+						naiveRow.Recovery.String(), naiveRow.Recovery.never || naiveRow.Recovery.s >= floor-1e-9)
+				}
+			}
+			if quiet := r.row(suiteDefaults, noTrigger); quiet != nil {
+				n := 0
+				for _, v := range quiet.ServerRefused {
+					n += v
+				}
+				add(r, suiteDefaults, "metastable: refusals without the trigger", fmt.Sprint(maxFalseRefusals),
+					fmt.Sprint(n), n <= maxFalseRefusals)
 			}
 		case "tail":
 			if suite != nil {

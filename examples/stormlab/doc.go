@@ -5,9 +5,10 @@
 // with its budget only, and the suite with its defaults (and, in scenario
 // 9, the suite with the outlier load-balancing policy).
 //
-//	go run ./examples/stormlab              # every scenario, well under 90 s
+//	go run ./examples/stormlab              # every scenario, about 80 s
 //	go run ./examples/stormlab -quick       # scenarios 1, 2, 3, 4, 7, 9 in a few seconds (CI)
 //	go run ./examples/stormlab -scenario chain,tail -svg chart.svg -json
+//	go run ./examples/stormlab -scenario metastable -goodput-svg goodput.svg
 //
 // Every server and client is real gRPC on 127.0.0.1 inside this process;
 // each row gets a fresh origin (internal/origin) and fresh clients, so
@@ -27,6 +28,12 @@
 //  8. a long tail: 5% of attempts slow, with and without hedging;
 //  9. one backend of N dead: 2,000 calls from 8 workers through grpc-go's
 //     round_robin over 2 and over 3 origins, one answering UNAVAILABLE.
+//  10. a metastable failure: an origin of fixed capacity (workers behind a
+//     FIFO queue, a handler that does not watch its context) at 70% load
+//     loses two thirds of its capacity for 2 s; naive retries of timed-out
+//     attempts keep it down afterwards. Rows add the suite without its
+//     server's admission, shedding or both, and a run without the trigger
+//     counts false refusals. About 40 s; not in -quick.
 //
 // Scenarios 1-4 hold every first attempt at the origin until all callers'
 // first attempts have arrived (a wave), and 6 and 8 choose failing or slow

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 )
@@ -20,6 +21,7 @@ type config struct {
 	scenarios string // -scenario
 	quick     bool
 	svg       string
+	goodput   string // -goodput-svg
 	json      bool
 	// tailP99 is the long-tail bound (loosened by the tests under -race).
 	tailP99 time.Duration
@@ -30,6 +32,7 @@ func main() {
 	flag.StringVar(&cfg.scenarios, "scenario", "", "run only these scenarios, by number or name, comma-separated (e.g. 1,4 or outage,chain)")
 	flag.BoolVar(&cfg.quick, "quick", false, "run the quick subset (scenarios 1, 2, 3, 4, 7 and 9) in a few seconds, as CI does")
 	flag.StringVar(&cfg.svg, "svg", "", "also write a bar chart of the amplification per policy and scenario to this SVG `file`")
+	flag.StringVar(&cfg.goodput, "goodput-svg", "", "also write the goodput over time of the metastable scenario's rows to this SVG `file`")
 	flag.BoolVar(&cfg.json, "json", false, "print the results as JSON instead of tables")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "Usage: go run ./examples/stormlab [flags]\n\n"+
@@ -63,6 +66,9 @@ func run(ctx context.Context, cfg config, w io.Writer) (*Report, error) {
 	selected, err := selectScenarios(cfg.scenarios, cfg.quick)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.goodput != "" && !slices.ContainsFunc(selected, func(s scenario) bool { return s.key == "metastable" }) {
+		return nil, fmt.Errorf("-goodput-svg draws the metastable scenario, which is not selected")
 	}
 	ctx, cancel := context.WithTimeout(ctx, labTimeout)
 	defer cancel()
@@ -102,6 +108,12 @@ func run(ctx context.Context, cfg config, w io.Writer) (*Report, error) {
 			return nil, err
 		}
 		fmt.Fprintf(text, "chart written to %s\n", cfg.svg)
+	}
+	if cfg.goodput != "" {
+		if err := writeGoodputSVGFile(cfg.goodput, rep); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(text, "goodput chart written to %s\n", cfg.goodput)
 	}
 	if cfg.json {
 		if err := writeJSON(w, rep); err != nil {

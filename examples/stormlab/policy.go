@@ -1,14 +1,17 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
+	"github.com/stormguard/stormguard/overload"
 )
 
 // The backoff of every retrying row. It is small so that the lab is fast,
@@ -33,6 +36,15 @@ const (
 	grpcThrottled policyKey = "grpc-throttle" // ... plus retryThrottling
 	suiteBudget   policyKey = "budget"        // the suite, budget on, breaker off
 	suiteDefaults policyKey = "suite"         // the suite as NewClient() and NewServer() come
+	// The suite's defaults with one of the server's overload mechanisms
+	// off (the metastable scenario's extra rows).
+	suiteNoAdmission policyKey = "suite-noadmission"
+	suiteNoShedding  policyKey = "suite-noshedding"
+	// The suite's client with a plain server, and with its server without
+	// the overload protection (the overload blip of issue 14).
+	suiteClientOnly       policyKey = "suite-clientonly"
+	suiteNoOverload       policyKey = "suite-nooverload"
+	suiteBudgetNoOverload policyKey = "budget-nooverload"
 )
 
 // policy is one client setup, and the server side that goes with it.
@@ -84,29 +96,33 @@ func (p policy) clientOptions(extra ...interceptor.ClientOption) []interceptor.C
 	switch p.key {
 	case naive:
 		opts = append(opts, interceptor.WithoutBudget(), interceptor.WithoutBreaker())
-	case suiteBudget:
+	case suiteBudget, suiteBudgetNoOverload:
 		opts = append(opts, interceptor.WithoutBreaker())
-	case suiteDefaults, suiteOutlier:
+	case suiteDefaults, suiteOutlier, suiteNoAdmission, suiteNoShedding, suiteClientOnly, suiteNoOverload:
 	default:
 		return nil
 	}
 	return append(opts, extra...)
 }
 
-// serverOptions are the grpc.ServerOptions of every server in p's setup:
-// the suite's server interceptors for the suite's rows (without the
-// don't-retry pushback for the naive row), nothing for the others.
-func (p policy) serverOptions() []grpc.ServerOption {
-	var s *interceptor.Server
+// server returns the suite's server side of p's setup: as it comes for
+// the suite's rows (with one overload mechanism off for the extra rows),
+// without the don't-retry pushback and the overload protection for the
+// naive row, and nil (plain grpc-go servers) for the others.
+func (p policy) server() *interceptor.Server {
 	switch p.key {
 	case naive:
-		s = interceptor.NewServer(interceptor.WithoutPushback())
+		return interceptor.NewServer(interceptor.WithoutPushback(), interceptor.WithoutOverload())
 	case suiteBudget, suiteDefaults, suiteOutlier:
-		s = interceptor.NewServer()
-	default:
-		return nil
+		return interceptor.NewServer()
+	case suiteNoAdmission:
+		return interceptor.NewServer(interceptor.WithOverload(overload.Config{NoAdmission: true}))
+	case suiteNoShedding:
+		return interceptor.NewServer(interceptor.WithOverload(overload.Config{NoShedding: true}))
+	case suiteNoOverload, suiteBudgetNoOverload:
+		return interceptor.NewServer(interceptor.WithoutOverload())
 	}
-	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(s.Unary()), grpc.ChainStreamInterceptor(s.Stream())}
+	return nil
 }
 
 // env is the servers and connections of one row, on 127.0.0.1, stopped
@@ -115,6 +131,7 @@ type env struct {
 	p       policy
 	extra   []interceptor.ClientOption // more options for the suite's clients
 	servers []*origin.Server
+	guards  []*interceptor.Server // the suite's server sides, if any
 	conns   []*grpc.ClientConn
 }
 
@@ -127,7 +144,12 @@ func (e *env) serve(svc origin.Registerer, opts ...grpc.ServerOption) (*origin.L
 	if err != nil {
 		return nil, err
 	}
-	e.servers = append(e.servers, origin.Serve(l, svc, append(e.p.serverOptions(), opts...)...))
+	var sopts []grpc.ServerOption
+	if s := e.p.server(); s != nil {
+		e.guards = append(e.guards, s)
+		sopts = append(sopts, grpc.ChainUnaryInterceptor(s.Unary()), grpc.ChainStreamInterceptor(s.Stream()))
+	}
+	e.servers = append(e.servers, origin.Serve(l, svc, append(sopts, opts...)...))
 	return l, nil
 }
 
@@ -179,6 +201,20 @@ func (e *env) chain(o *origin.Origin, hops int) (echov1.EchoServiceClient, error
 		}
 	}
 	return e.dial(l)
+}
+
+// ready connects every connection and waits until each is ready, so that
+// the first calls do not queue behind the connection set-up.
+func (e *env) ready(ctx context.Context) error {
+	for _, cc := range e.conns {
+		cc.Connect()
+		for s := cc.GetState(); s != connectivity.Ready; s = cc.GetState() {
+			if !cc.WaitForStateChange(ctx, s) {
+				return ctx.Err()
+			}
+		}
+	}
+	return nil
 }
 
 // close closes the connections, then stops the servers (waiting for their

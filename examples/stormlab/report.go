@@ -46,8 +46,19 @@ type Row struct {
 	// DeadRatio that ÷ the no-retries row's.
 	Dead      int     `json:"dead_backend_requests,omitempty"`
 	DeadRatio float64 `json:"dead_vs_no_retries,omitempty"`
+	// Goodput is, for the metastable scenario, the share of the calls sent
+	// in each step (Result.StepS) that succeeded.
+	Goodput []float64 `json:"goodput,omitempty"`
+	// Recovery is, for the metastable scenario, the seconds from the
+	// trigger's end until Goodput stays at or above 90% (null: never).
+	Recovery *recoveryS `json:"recovery_s,omitempty"`
+	// ServerRefused counts, for the suite's rows, what its servers'
+	// overload protection refused, by overload.Reason.
+	ServerRefused map[string]int `json:"server_refused,omitempty"`
 	// Chart is the value drawn in the SVG chart for this row, if any.
 	Chart float64 `json:"-"`
+	// marks are the Goodput steps where the trigger starts and ends.
+	marks []int
 }
 
 // col is a column of a text table.
@@ -72,18 +83,22 @@ const (
 	colOKPct
 	colDead
 	colDeadRel
+	colRecovery
+	colGoodput
+	colServerRefused
 )
 
 func (c col) head() string {
 	return [...]string{"", "policy", "origin", "ampl.", "ok", "errors by code", "retries refused",
 		"p50", "p99", "slowest", "wasted", "peak/tick", "peak ampl.", "served",
-		"requests", "ok %", "dead", "dead ÷ none"}[c]
+		"requests", "ok %", "dead", "dead ÷ none",
+		"recovery", "goodput per step", "server refused"}[c]
 }
 
 // left reports whether the column is left-aligned (text) rather than
 // right-aligned (numbers).
 func (c col) left() bool {
-	return c == colVariant || c == colPolicy || c == colErrors || c == colRefused
+	return c == colVariant || c == colPolicy || c == colErrors || c == colRefused || c == colGoodput || c == colServerRefused
 }
 
 func (r Row) cell(c col) string {
@@ -130,6 +145,12 @@ func (r Row) cell(c col) string {
 			return "-"
 		}
 		return fmt.Sprintf("%.2f×", r.DeadRatio)
+	case colRecovery:
+		return r.Recovery.String()
+	case colGoodput:
+		return sparkline(r.Goodput, r.marks...)
+	case colServerRefused:
+		return counts(r.ServerRefused)
 	}
 	return ""
 }
@@ -176,6 +197,10 @@ type Result struct {
 	Notes   []string `json:"notes,omitempty"`
 	Rows    []Row    `json:"rows"`
 	Seconds float64  `json:"seconds"`
+	// StepS and Trigger describe the metastable scenario's time line:
+	// the goodput step and the trigger, in seconds from the start.
+	StepS   float64 `json:"step_s,omitempty"`
+	Trigger *window `json:"trigger,omitempty"`
 	cols    []col
 	chart   string // the chart's group label ("" = not charted); "%s" is replaced by the variant
 }
@@ -234,6 +259,12 @@ func printTable(w io.Writer, r *Result) {
 	for _, note := range r.Notes {
 		fmt.Fprintf(w, "   %s\n", note)
 	}
+}
+
+// window is a stretch of a run, in seconds from its start.
+type window struct {
+	From float64 `json:"from_s"`
+	To   float64 `json:"to_s"`
 }
 
 // Report is the whole run, as written by -json.

@@ -37,6 +37,7 @@ func scenarios() []scenario {
 		{7, "capacity", true, capacityDrop},
 		{8, "tail", false, longTail},
 		{9, "backend-dead", true, backendDead},
+		{10, "metastable", false, metastable},
 	}
 }
 

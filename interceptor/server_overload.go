@@ -1,0 +1,161 @@
+package interceptor
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/stormguard/stormguard/overload"
+)
+
+// ErrorInfo reasons of the statuses the Server's overload protection
+// answers with (domain ErrorDomain).
+const (
+	// ErrorReasonDeadlineTooShort: refused on arrival (DeadlineExceeded,
+	// handler not run) because the deadline left was shorter than what the
+	// method needs now; grpc-retry-pushback-ms is -1.
+	ErrorReasonDeadlineTooShort = "DEADLINE_TOO_SHORT"
+	// ErrorReasonOverloaded: shed at a concurrency limit (Unavailable,
+	// handler not run). The metadata key "attempt" says "retry" (a retry or
+	// hedge; grpc-retry-pushback-ms is -1) or "first" (the pushback says
+	// when the caller may retry).
+	ErrorReasonOverloaded = "OVERLOADED"
+)
+
+// defaultOverload is the overload protection of a Server built without
+// WithOverload or WithoutOverload.
+var defaultOverload = overload.Config{}
+
+type overloadOptions struct {
+	set   bool // WithOverload, WithOverloadGuard or WithoutOverload was given
+	off   bool
+	cfg   overload.Config
+	guard *overload.Guard
+}
+
+// WithOverload configures the server's overload protection of unary calls
+// (see the overload package): deadline-aware admission and retry-aware
+// shedding, on by default. Streams are not guarded: a stream's lifetime is
+// not a service time.
+func WithOverload(c overload.Config) ServerOption {
+	return serverOptionFunc(func(o *serverOptions) { o.overload = overloadOptions{set: true, cfg: c} })
+}
+
+// WithOverloadGuard uses g for the overload protection, so that several
+// Servers share it or its Stats can be read. nil is ignored.
+func WithOverloadGuard(g *overload.Guard) ServerOption {
+	return serverOptionFunc(func(o *serverOptions) {
+		if g != nil {
+			o.overload = overloadOptions{set: true, guard: g}
+		}
+	})
+}
+
+// WithoutOverload turns the overload protection off.
+func WithoutOverload() ServerOption {
+	return serverOptionFunc(func(o *serverOptions) { o.overload = overloadOptions{set: true, off: true} })
+}
+
+// newGuard returns the Guard the options ask for, or nil for none.
+func (o *overloadOptions) newGuard() *overload.Guard {
+	switch {
+	case o.off:
+		return nil
+	case o.guard != nil:
+		return o.guard
+	case o.set:
+		return overload.New(o.cfg)
+	}
+	return overload.New(defaultOverload)
+}
+
+// serverOverload is the Server's overload state.
+type serverOverload struct {
+	guard   *overload.Guard // nil: off
+	trailer atomic.Pointer[retryAfterTrailer]
+}
+
+// Overload returns the Server's overload protection (for its Stats and
+// per-method state), or nil when it is off.
+func (s *Server) Overload() *overload.Guard { return s.ov.guard }
+
+// The statuses and trailers of refusals, built once.
+var (
+	errDeadlineTooShort = overloadError(codes.DeadlineExceeded,
+		"stormguard: refused on arrival: less time left than the method needs now (server overloaded)",
+		ErrorReasonDeadlineTooShort, nil)
+	errShedRetry = overloadError(codes.Unavailable,
+		"stormguard: server overloaded: retry shed, do not retry",
+		ErrorReasonOverloaded, map[string]string{"attempt": "retry"})
+	errShedFirst = overloadError(codes.Unavailable,
+		"stormguard: server overloaded: request shed",
+		ErrorReasonOverloaded, map[string]string{"attempt": "first"})
+)
+
+func overloadError(c codes.Code, msg, reason string, md map[string]string) error {
+	st := status.New(c, msg)
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain, Metadata: md}); err == nil {
+		st = d
+	}
+	return st.Err()
+}
+
+// retryAfterTrailer caches the pushback trailer of shed first attempts,
+// which depends on the Guard's configuration only.
+type retryAfterTrailer struct {
+	ms int64
+	md metadata.MD
+}
+
+// admit runs the overload protection on a unary call that arrives with
+// ctx (the deadline already applied). A refused call gets its status and
+// pushback trailer; an admitted one a Ticket to report its end on.
+func (s *Server) admit(ctx context.Context, method string) (overload.Ticket, error) {
+	g := s.ov.guard
+	if g == nil {
+		return overload.Ticket{}, nil
+	}
+	dl, has := ctx.Deadline()
+	retry := overload.IsRetry(metadata.ValueFromIncomingContext(ctx, PreviousAttemptsKey))
+	t, d := g.Method(method).Admit(dl, has, retry)
+	switch d.Reason {
+	case overload.Admitted:
+		return t, nil
+	case overload.RefusedDeadline:
+		_ = grpc.SetTrailer(ctx, dontRetry)
+		return t, errDeadlineTooShort
+	case overload.ShedRetry:
+		_ = grpc.SetTrailer(ctx, dontRetry)
+		return t, errShedRetry
+	}
+	_ = grpc.SetTrailer(ctx, s.retryAfter(d.RetryAfter.Milliseconds()))
+	return t, errShedFirst
+}
+
+// release reports the end of a call admitted with t: its latency is
+// learned when the handler succeeded or ran out of its context (a lower
+// bound of what it needed), not when it failed on its own (often at once:
+// a full pool answering "busy" is no measure of the method's latency).
+func (s *Server) release(ctx context.Context, t overload.Ticket, err error) {
+	if err == nil || ctx.Err() != nil {
+		t.Done()
+		return
+	}
+	t.Discard()
+}
+
+// retryAfter returns the pushback trailer for ms milliseconds.
+func (s *Server) retryAfter(ms int64) metadata.MD {
+	if c := s.ov.trailer.Load(); c != nil && c.ms == ms {
+		return c.md
+	}
+	c := &retryAfterTrailer{ms: ms, md: metadata.Pairs(PushbackKey, strconv.FormatInt(ms, 10))}
+	s.ov.trailer.Store(c)
+	return c.md
+}

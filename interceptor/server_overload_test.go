@@ -1,0 +1,322 @@
+package interceptor_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/stormguard/stormguard/interceptor"
+	"github.com/stormguard/stormguard/internal/origin"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
+	"github.com/stormguard/stormguard/overload"
+)
+
+// guarded serves o over bufconn behind interceptor.NewServer(opts...) and
+// returns a plain grpc client of it (no retries) and its connection.
+func guarded(t *testing.T, o *origin.Origin, opts ...interceptor.ServerOption) (echov1.EchoServiceClient, *grpc.ClientConn, *interceptor.Server) {
+	t.Helper()
+	s := interceptor.NewServer(opts...)
+	l := origin.Bufconn()
+	srv := origin.Serve(l, o, grpc.ChainUnaryInterceptor(s.Unary()), grpc.ChainStreamInterceptor(s.Stream()))
+	cc, err := l.Dial()
+	require.NoError(t, err)
+	t.Cleanup(func() { cc.Close(); srv.Stop() })
+	return echov1.NewEchoServiceClient(cc), cc, s
+}
+
+// blocking is an origin script that holds every attempt until release is
+// closed, and signals each arrival on arrived.
+func blocking(release <-chan struct{}, arrived chan<- struct{}) origin.Script {
+	return func(origin.Call) origin.Reply {
+		arrived <- struct{}{}
+		<-release
+		return origin.Reply{}
+	}
+}
+
+// errorInfo returns the stormguard ErrorInfo of err, if any.
+func errorInfo(err error) *errdetails.ErrorInfo {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == interceptor.ErrorDomain {
+			return info
+		}
+	}
+	return nil
+}
+
+func retryCtx(ctx context.Context, previous int) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, interceptor.PreviousAttemptsKey, strconv.Itoa(previous))
+}
+
+// TestServerShedsRetriesBeforeFirstAttempts: at a limit of 4 in flight,
+// retries are shed from 2 on (RetryShare 0.5) with "do not retry", first
+// attempts only at 4, with a pushback that says when to retry.
+func TestServerShedsRetriesBeforeFirstAttempts(t *testing.T) {
+	release, arrived := make(chan struct{}), make(chan struct{}, 16)
+	o := origin.New(blocking(release, arrived))
+	echo, _, s := guarded(t, o, interceptor.WithOverload(overload.Config{
+		NoAdmission: true, NoAdaptive: true, MaxConcurrency: 4, RetryAfter: 250 * time.Millisecond,
+	}))
+	// Calls that should be refused at once get a deadline, so that a
+	// regression fails the test instead of hanging it.
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	hold := func(c context.Context, id string) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := echo.Put(c, &echov1.PutRequest{RequestId: id})
+			assert.NoError(t, err, id)
+		}()
+		<-arrived
+	}
+	defer wg.Wait()
+	defer close(release)
+
+	// Two in flight, one of them a retry: both admitted.
+	hold(ctx, "a")
+	hold(retryCtx(ctx, 1), "b")
+
+	// A retry and a hedge now are shed, and told not to retry.
+	for _, previous := range []int{1, 2} {
+		var tr metadata.MD
+		_, err := echo.Put(retryCtx(ctx, previous), &echov1.PutRequest{RequestId: "r"}, grpc.Trailer(&tr))
+		require.Equal(t, codes.Unavailable, status.Code(err), "retry with %d previous attempts", previous)
+		info := errorInfo(err)
+		require.NotNil(t, info)
+		assert.Equal(t, interceptor.ErrorReasonOverloaded, info.GetReason())
+		assert.Equal(t, "retry", info.GetMetadata()["attempt"])
+		assert.Equal(t, []string{"-1"}, tr.Get(interceptor.PushbackKey))
+	}
+	// A malformed attempt count is no way to jump the queue.
+	var tr metadata.MD
+	_, err := echo.Put(metadata.AppendToOutgoingContext(ctx, interceptor.PreviousAttemptsKey, "zero"), &echov1.PutRequest{RequestId: "m"}, grpc.Trailer(&tr))
+	require.Equal(t, codes.Unavailable, status.Code(err))
+
+	// First attempts are still admitted, up to 4.
+	hold(ctx, "c")
+	hold(metadata.AppendToOutgoingContext(ctx, interceptor.PreviousAttemptsKey, "0"), "d")
+
+	// At 4, a first attempt is shed too, with a pushback of 250ms.
+	tr = nil
+	_, err = echo.Put(ctx, &echov1.PutRequest{RequestId: "e"}, grpc.Trailer(&tr))
+	require.Equal(t, codes.Unavailable, status.Code(err))
+	info := errorInfo(err)
+	require.NotNil(t, info)
+	assert.Equal(t, interceptor.ErrorReasonOverloaded, info.GetReason())
+	assert.Equal(t, "first", info.GetMetadata()["attempt"])
+	assert.Equal(t, []string{"250"}, tr.Get(interceptor.PushbackKey))
+
+	// The origin saw only what was admitted; the shed ones never reached it.
+	assert.Equal(t, 4, o.Total())
+	st := s.Overload().Stats()
+	assert.Equal(t, overload.Stats{Admitted: 4, ShedRetry: 3, ShedFirst: 1}, st)
+
+	// Streams are not guarded: a stream reaches its handler at the limit.
+	stream, err := echo.List(ctx, &echov1.ListRequest{RequestId: "l", Count: 1})
+	require.NoError(t, err)
+	recvErr := make(chan error, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, err := stream.Recv()
+		recvErr <- err
+	}()
+	select {
+	case <-arrived:
+	case err := <-recvErr:
+		t.Fatalf("the stream ended before reaching its handler: %v", err)
+	}
+}
+
+// trainedGuard returns a Guard whose clock stands still at now, with the
+// history of /echo.v1.EchoService/Put showing a standing queue: 100 in
+// flight, one ending every 50ms, so that a request needs about 5s.
+func trainedGuard(t *testing.T, now time.Time) *overload.Guard {
+	t.Helper()
+	var mu sync.Mutex
+	clock := now.Add(-7 * time.Second) // 5s to fill the queue, 2s of standing queue
+	g := overload.New(overload.Config{NoShedding: true, MinSamples: 5, Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }})
+	m := g.Method(echov1.EchoService_Put_FullMethodName)
+	var open []overload.Ticket
+	admit := func() {
+		tk, d := m.Admit(clock.Add(time.Hour), true, false)
+		require.Equal(t, overload.Admitted, d.Reason)
+		open = append(open, tk)
+	}
+	for range 100 {
+		admit()
+	}
+	for clock.Before(now) {
+		mu.Lock()
+		clock = clock.Add(50 * time.Millisecond)
+		mu.Unlock()
+		open[0].Done()
+		open = open[1:]
+		admit()
+	}
+	need, ok := m.Need()
+	require.True(t, ok)
+	require.InDelta(t, 5*time.Second, need, float64(time.Second), "need %v", need)
+	return g
+}
+
+// TestServerRefusesDoomedWork: with less time left than the method needs
+// now, a call is refused on arrival (DeadlineExceeded, ErrorInfo
+// DEADLINE_TOO_SHORT, grpc-retry-pushback-ms -1) and the handler does not
+// run; with enough time left it runs.
+func TestServerRefusesDoomedWork(t *testing.T) {
+	now := time.Now()
+	g := trainedGuard(t, now)
+	o := origin.New(origin.Succeed())
+	echo, _, s := guarded(t, o, interceptor.WithOverloadGuard(g))
+	require.Same(t, g, s.Overload())
+
+	ctx, cancel := context.WithDeadline(t.Context(), now.Add(2*time.Second))
+	defer cancel()
+	var tr metadata.MD
+	_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: "short"}, grpc.Trailer(&tr))
+	require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+	info := errorInfo(err)
+	require.NotNil(t, info)
+	assert.Equal(t, interceptor.ErrorReasonDeadlineTooShort, info.GetReason())
+	assert.Equal(t, []string{"-1"}, tr.Get(interceptor.PushbackKey))
+	assert.Equal(t, 0, o.Total(), "the handler ran")
+
+	ctx2, cancel2 := context.WithDeadline(t.Context(), now.Add(20*time.Second))
+	defer cancel2()
+	_, err = echo.Put(ctx2, &echov1.PutRequest{RequestId: "long"})
+	require.NoError(t, err)
+	_, err = echo.Put(t.Context(), &echov1.PutRequest{RequestId: "none"})
+	require.NoError(t, err, "a call without a deadline is never refused for it")
+	assert.Equal(t, 2, o.Total())
+	assert.EqualValues(t, 1, g.Stats().RefusedDeadline)
+}
+
+// TestSuiteClientObeysTheServersPushback: the suite's client retries a shed
+// first attempt after the server's pushback, and stops when its retry is
+// shed too ("do not retry"), whatever its attempt limit.
+func TestSuiteClientObeysTheServersPushback(t *testing.T) {
+	release, arrived := make(chan struct{}), make(chan struct{}, 4)
+	o := origin.New(blocking(release, arrived))
+	s := interceptor.NewServer(interceptor.WithOverload(overload.Config{
+		NoAdmission: true, NoAdaptive: true, MaxConcurrency: 1, RetryAfter: time.Millisecond,
+	}))
+	l := origin.Bufconn()
+	srv := origin.Serve(l, o, grpc.ChainUnaryInterceptor(s.Unary()))
+	client := interceptor.NewClient(fast, interceptor.WithMaxAttempts(5), interceptor.WithoutBreaker())
+	cc, err := l.Dial(grpc.WithChainUnaryInterceptor(client.Unary()))
+	require.NoError(t, err)
+	defer func() { cc.Close(); srv.Stop() }()
+	echo := echov1.NewEchoServiceClient(cc)
+
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, err := echo.Put(t.Context(), &echov1.PutRequest{RequestId: "holder"})
+		assert.NoError(t, err)
+	}()
+	<-arrived
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // fail, not hang, on a regression
+	defer cancel()
+	_, err = echo.Put(ctx, &echov1.PutRequest{RequestId: "late"})
+	require.Equal(t, codes.Unavailable, status.Code(err))
+	assert.Equal(t, interceptor.ReasonPushback, interceptor.RefusedBy(err))
+	close(release)
+	wg.Wait()
+	assert.Equal(t, overload.Stats{Admitted: 1, ShedFirst: 1, ShedRetry: 1}, s.Overload().Stats(),
+		"one shed first attempt, one shed retry, then the client stopped")
+	assert.Equal(t, 1, o.Total())
+}
+
+// TestServerRefusesNothingWhenNotOverloaded: a server with the default
+// protection, called far below its capacity (8 callers, 1ms handlers) with
+// deadlines from 20ms to 2s, retries and hedges among the calls, refuses
+// none of them.
+func TestServerRefusesNothingWhenNotOverloaded(t *testing.T) {
+	o := origin.New(origin.Sleep(time.Millisecond))
+	echo, _, s := guarded(t, o)
+	require.NotNil(t, s.Overload(), "on by default")
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 150 {
+				ctx := t.Context()
+				if i%4 == 1 {
+					ctx = retryCtx(ctx, 1+i%3)
+				}
+				ctx, cancel := context.WithTimeout(ctx, []time.Duration{20 * time.Millisecond, 200 * time.Millisecond, 2 * time.Second}[i%3])
+				_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: strconv.Itoa(w*1000 + i)})
+				cancel()
+				if status.Code(err) != codes.DeadlineExceeded { // a 20ms deadline may pass on a busy machine
+					assert.NoError(t, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	st := s.Overload().Stats()
+	assert.Zero(t, st.RefusedDeadline+st.ShedRetry+st.ShedFirst, "refusals: %+v", st)
+	assert.EqualValues(t, 1200, st.Admitted)
+}
+
+func TestWithoutOverload(t *testing.T) {
+	_, _, s := guarded(t, origin.New(nil), interceptor.WithoutOverload())
+	assert.Nil(t, s.Overload())
+	_, _, s = guarded(t, origin.New(nil), interceptor.WithOverloadGuard(nil))
+	assert.NotNil(t, s.Overload(), "nil is ignored: the default stays")
+}
+
+// TestServerLearnsFromWhatTheMethodNeeds: calls that fail on their own
+// (at once, like a full pool's "busy") teach the overload protection
+// nothing; calls that succeed, or run out of their deadline, do.
+func TestServerLearnsFromWhatTheMethodNeeds(t *testing.T) {
+	fail := true
+	var mu sync.Mutex
+	o := origin.New(func(origin.Call) origin.Reply {
+		mu.Lock()
+		defer mu.Unlock()
+		if fail {
+			return origin.Reply{Code: codes.Unavailable, Message: "busy"}
+		}
+		return origin.Reply{}
+	})
+	var cmu sync.Mutex
+	clock := time.Now()
+	now := func() time.Time { cmu.Lock(); defer cmu.Unlock(); return clock }
+	tick := func() { cmu.Lock(); clock = clock.Add(100 * time.Millisecond); cmu.Unlock() }
+	echo, _, s := guarded(t, o, interceptor.WithOverload(overload.Config{Now: now}))
+	m := s.Overload().Method(echov1.EchoService_Put_FullMethodName)
+	for i := range 30 {
+		_, err := echo.Put(t.Context(), &echov1.PutRequest{RequestId: strconv.Itoa(i)})
+		require.Equal(t, codes.Unavailable, status.Code(err))
+	}
+	tick()
+	_, learned := m.Need()
+	assert.False(t, learned, "30 fast failures were learned")
+	mu.Lock()
+	fail = false
+	mu.Unlock()
+	for i := range 30 {
+		_, err := echo.Put(t.Context(), &echov1.PutRequest{RequestId: strconv.Itoa(100 + i)})
+		require.NoError(t, err)
+	}
+	tick()
+	_, learned = m.Need()
+	assert.True(t, learned, "30 successes were not learned")
+	assert.Zero(t, m.Inflight())
+}

@@ -1,0 +1,73 @@
+// Package overload protects a server from overload, and from staying
+// overloaded after its cause has passed (a metastable failure): it decides,
+// per request on arrival, whether to run it, using two mechanisms per
+// method. It knows nothing of gRPC; interceptor.NewServer applies it to
+// unary calls (see interceptor.WithOverload).
+//
+//	g := overload.New(overload.Config{})
+//	m := g.Method("/pkg.Svc/Method") // cache it: a lookup without a lock
+//	t, d := m.Admit(deadline, hasDeadline, isRetry)
+//	if d.Reason != overload.Admitted {
+//		return refusal(d) // d.RetryAfter < 0: tell the caller not to retry
+//	}
+//	err := handle()
+//	if err == nil || ctx.Err() != nil {
+//		t.Done() // a success, or out of time: what the method needs
+//	} else {
+//		t.Discard() // failed on its own, often at once: teaches nothing
+//	}
+//
+// # Deadline-aware admission
+//
+// A request whose remaining deadline is already shorter than what the
+// method needs now is refused on arrival (RefusedDeadline): a queue of
+// requests that will miss their deadlines is not worked through, and the
+// caller is told not to retry with the same deadline. What the method
+// needs now is the smaller of two estimates, so that both must agree:
+//
+//   - its recent history: the Quantile (0.1) of the handler latencies that
+//     ended in the last Window (1 s);
+//   - its backlog: the requests in flight, plus this one, at the rate
+//     requests ended in that window (Little's law).
+//
+// The history alone would go on refusing after a backlog has drained:
+// refused requests teach it nothing, and it is not fooled by them (a
+// refusal is no latency). The backlog alone would refuse during a burst
+// that parallel handlers absorb. Only requests reported with Done are
+// learned: a method that answers "busy" at once when overloaded (Discard)
+// must not look fast. Nothing is refused before MinSamples (20)
+// latencies, or for a request without a deadline. A low Quantile keeps
+// refusals to requests that only the fastest tenth of recent requests
+// would have served in time.
+//
+// # Retry-aware shedding
+//
+// Each method has an adaptive concurrency limit, a gradient limiter after
+// Netflix's concurrency-limits: every LimitWindow (50 ms, at least 5
+// latencies) it looks at the least latency of the window. A window whose
+// every request waited, more than both Tolerance (2) times the method's
+// baseline latency and DeadlineShare (half) of what its callers had left
+// (their 10th percentile), shows a standing queue; two in a row engage a
+// limit at the concurrency that, at the window's throughput, has that
+// latency, unless the requests in flight fell during the window (a server
+// catching up after a pause has a backlog, not a standing queue). While engaged, the limit shrinks by the ratio of the tolerated
+// to the seen latency (at most by half per window), grows by its square root
+// while the latency is tolerable, and is let go once fewer than half of it
+// are in flight. A burst or a pause does not engage it (some requests of
+// the window are fast), nor does a slow method whose callers' deadlines
+// leave room. MaxConcurrency sets a fixed limit over all methods besides.
+//
+// At a limit, retries and hedges (grpc-previous-rpc-attempts > 0, see
+// IsRetry) are shed first: from RetryShare (half) of it, with "do not
+// retry"; first attempts only at the limit itself, with a pushback of
+// RetryAfter (100 ms), after which a retry meets the retries' threshold.
+//
+// # Cost and bounds
+//
+// A decision and its Done are a handful of atomic operations and no
+// allocation; no lock is taken but one TryLock per limit window. A method
+// keeps 2.7 KB (four histograms of 128 counters for its history, one
+// for its callers' deadlines: 2.7 MiB for MaxMethods, 1024, beyond which
+// further methods share one state). Every Guard is safe for concurrent use;
+// its clock is Config.Now, and the At forms take the time from the caller.
+package overload

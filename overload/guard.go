@@ -1,0 +1,324 @@
+package overload
+
+import (
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/stormguard/stormguard/internal/cowmap"
+)
+
+// Reason says why a request was refused; the zero Reason means admitted.
+type Reason uint8
+
+const (
+	// Admitted: the request may run. Report its end on the Ticket.
+	Admitted Reason = iota
+	// RefusedDeadline: the request's remaining deadline is shorter than
+	// what the method needs now. The caller should not retry it with the
+	// same deadline.
+	RefusedDeadline
+	// ShedRetry: a retry or hedge shed because the requests in flight
+	// reached RetryShare of a concurrency limit. The caller should not
+	// retry.
+	ShedRetry
+	// ShedFirst: a first attempt shed at a concurrency limit. The caller
+	// may retry after Decision.RetryAfter.
+	ShedFirst
+)
+
+// String returns "admitted", "deadline", "shed_retry" or "shed_first".
+func (r Reason) String() string {
+	switch r {
+	case Admitted:
+		return "admitted"
+	case RefusedDeadline:
+		return "deadline"
+	case ShedRetry:
+		return "shed_retry"
+	case ShedFirst:
+		return "shed_first"
+	}
+	return "unknown"
+}
+
+// Decision is the outcome of Admit. The zero Decision admits.
+type Decision struct {
+	Reason Reason
+	// Need is, for RefusedDeadline, what the method was expected to need.
+	Need time.Duration
+	// Limit is, for ShedRetry and ShedFirst, the concurrency limit that was
+	// reached (for a retry, RetryShare of it).
+	Limit int64
+	// RetryAfter is the pushback to send: ≥ 0, the caller may retry after
+	// it; DoNotRetry (< 0), it should not retry.
+	RetryAfter time.Duration
+}
+
+// DoNotRetry is the RetryAfter of refusals that the caller should not
+// retry: -1 ms, as grpc-retry-pushback-ms says it (gRFC A6).
+const DoNotRetry = -time.Millisecond
+
+// Stats counts what a Guard decided. The zero value is no activity.
+type Stats struct {
+	Admitted        uint64
+	RefusedDeadline uint64
+	ShedRetry       uint64
+	ShedFirst       uint64
+}
+
+// Guard is a server's overload protection: deadline-aware admission and
+// retry-aware shedding, per method. Create one with New; a Guard is safe
+// for concurrent use and must not be copied.
+type Guard struct {
+	s        settings
+	epoch    time.Time
+	methods  cowmap.Map[string, *Method]
+	other    *Method      // shared by methods beyond MaxMethods
+	inflight atomic.Int64 // over all methods, when MaxConcurrency is set
+
+	admitted, refusedDeadline, shedRetry, shedFirst atomic.Uint64
+}
+
+// New returns a Guard configured by c.
+func New(c Config) *Guard {
+	g := &Guard{s: c.settings()}
+	g.epoch = g.s.now()
+	g.other = g.newMethod()
+	return g
+}
+
+// Stats returns a snapshot of the counters (each read atomically, not all
+// at one instant).
+func (g *Guard) Stats() Stats {
+	return Stats{
+		Admitted:        g.admitted.Load(),
+		RefusedDeadline: g.refusedDeadline.Load(),
+		ShedRetry:       g.shedRetry.Load(),
+		ShedFirst:       g.shedFirst.Load(),
+	}
+}
+
+// at returns t on the Guard's time line, in ns.
+func (g *Guard) at(t time.Time) int64 { return int64(t.Sub(g.epoch)) }
+
+// Now reads the Guard's clock (Config.Now).
+func (g *Guard) Now() time.Time { return g.s.now() }
+
+// Method is the state of one method: its latency history, requests in
+// flight and adaptive limit. Get it with Guard.Method; it is safe for
+// concurrent use.
+type Method struct {
+	g        *Guard
+	born     int64
+	inflight atomic.Int64
+	hist     history
+	lim      limiter
+	// The admission estimate, recomputed at most every window/16.
+	next   atomic.Int64  // ns: when to recompute
+	need   atomic.Int64  // ns: the quantile; -1 when the history is too thin
+	perReq atomic.Uint64 // float64 bits: ns of time line per completion in the window
+}
+
+func (g *Guard) newMethod() *Method {
+	now := g.at(g.s.now())
+	m := &Method{g: g, born: now}
+	m.hist.width = int64(g.s.window / numSlots)
+	m.lim.init(now)
+	m.need.Store(-1)
+	return m
+}
+
+// Method returns the state of the named method (a gRPC full method name,
+// or any key), creating it on first use. Beyond MaxMethods names, every
+// new name gets one shared state. It takes no lock and does not allocate
+// once the method exists.
+func (g *Guard) Method(name string) *Method {
+	if m, ok := g.methods.Load(name); ok {
+		return m
+	}
+	if g.methods.Len() >= g.s.maxMethods {
+		return g.other
+	}
+	return g.methods.LoadOrCreate(name, func(string) *Method { return g.newMethod() })
+}
+
+// Ticket is an admitted request. Report its end once, with Done (or
+// DoneAt) when it tells how long the method needs (it succeeded, or its
+// deadline passed or its caller left while it ran) and with Discard when it
+// does not (it failed on its own, often fast: a full pool, a bad argument).
+// The zero Ticket (a refusal's) ignores reports. A Ticket is a small value;
+// reporting twice through copies of it counts the request's end twice.
+type Ticket struct {
+	m      *Method
+	start  int64
+	global bool
+}
+
+// Admit decides on a request of m that arrives now (Config.Now) with the
+// given deadline (hasDeadline false: none) and, with retry, carries
+// grpc-previous-rpc-attempts > 0 (a retry or a hedge). An admitted request
+// must report its end on the Ticket.
+func (m *Method) Admit(deadline time.Time, hasDeadline, retry bool) (Ticket, Decision) {
+	return m.AdmitAt(m.g.s.now(), deadline, hasDeadline, retry)
+}
+
+// AdmitAt is Admit at the time now, from the Guard's clock.
+func (m *Method) AdmitAt(now, deadline time.Time, hasDeadline, retry bool) (Ticket, Decision) {
+	g := m.g
+	s := &g.s
+	t := g.at(now)
+	inflight := m.inflight.Load()
+	if s.admission && hasDeadline {
+		if need, ok := m.needAt(t, inflight); ok && deadline.Sub(now) < need {
+			g.refusedDeadline.Add(1)
+			return Ticket{}, Decision{Reason: RefusedDeadline, Need: need, RetryAfter: DoNotRetry}
+		}
+	}
+	global := false
+	if s.shedding {
+		if s.adaptive {
+			if limit := m.lim.limit.Load(); limit != unlimited {
+				if d, shed := g.shed(inflight, limit, retry); shed {
+					return Ticket{}, d
+				}
+			}
+		}
+		if s.maxConc > 0 {
+			// Exact: a place is taken only if it is free.
+			for {
+				n := g.inflight.Load()
+				if d, shed := g.shed(n, s.maxConc, retry); shed {
+					return Ticket{}, d
+				}
+				if g.inflight.CompareAndSwap(n, n+1) {
+					break
+				}
+			}
+			global = true
+		}
+	}
+	n := m.inflight.Add(1)
+	if s.shedding && s.adaptive {
+		m.lim.arrived(n, int64(deadline.Sub(now)), hasDeadline)
+	}
+	g.admitted.Add(1)
+	return Ticket{m: m, start: t, global: global}, Decision{}
+}
+
+// shed decides whether a request is shed at limit with inflight requests
+// in flight.
+func (g *Guard) shed(inflight, limit int64, retry bool) (Decision, bool) {
+	if retry {
+		if at := max(int64(float64(limit)*g.s.retryShare), 1); inflight >= at {
+			g.shedRetry.Add(1)
+			return Decision{Reason: ShedRetry, Limit: at, RetryAfter: DoNotRetry}, true
+		}
+		return Decision{}, false
+	}
+	if inflight >= limit {
+		g.shedFirst.Add(1)
+		return Decision{Reason: ShedFirst, Limit: limit, RetryAfter: g.s.retryAfter}, true
+	}
+	return Decision{}, false
+}
+
+// needAt returns what a request of m arriving at t (ns) is expected to
+// need, the smaller of two estimates: the Quantile of the latencies that
+// ended in the window, and the time the inflight requests ahead of it and
+// itself need to end at the rate requests ended in the window (Little's
+// law). The
+// first alone would keep refusing once the backlog has drained (refused
+// requests teach it nothing); the second alone would refuse during a
+// burst that the method absorbs. false: not enough history.
+func (m *Method) needAt(t, inflight int64) (time.Duration, bool) {
+	if next := m.next.Load(); t >= next && m.next.CompareAndSwap(next, t+int64(m.g.s.window/16)) {
+		m.recompute(t)
+	}
+	need := m.need.Load()
+	if need < 0 {
+		return 0, false
+	}
+	drain := float64(inflight+1) * math.Float64frombits(m.perReq.Load())
+	return time.Duration(min(float64(need), drain)), true
+}
+
+// recompute refreshes the admission estimate from the history at t.
+func (m *Method) recompute(t int64) {
+	s := &m.g.s
+	sum := m.hist.summarize(t, s.quantile, m.born)
+	if sum.n < s.minSamples {
+		m.need.Store(-1)
+		return
+	}
+	m.perReq.Store(math.Float64bits(float64(sum.span) / float64(sum.n)))
+	m.need.Store(int64(sum.q))
+}
+
+// Done reports the end of the admitted request, now (Config.Now): see
+// DoneAt.
+func (t Ticket) Done() {
+	if t.m != nil {
+		t.DoneAt(t.m.g.s.now())
+	}
+}
+
+// DoneAt reports the end of the admitted request at now, from the Guard's
+// clock: its place in flight is freed and its latency is learned.
+func (t Ticket) DoneAt(now time.Time) {
+	m := t.m
+	if m == nil {
+		return
+	}
+	g := m.g
+	end := g.at(now)
+	d := max(end-t.start, 0)
+	inflight := t.release()
+	if g.s.shedding && g.s.adaptive {
+		m.lim.observe(end, d, &g.s, inflight)
+	}
+	if !g.s.admission {
+		return
+	}
+	m.hist.observe(end, time.Duration(d))
+	if next := m.next.Load(); end >= next && m.next.CompareAndSwap(next, end+int64(g.s.window/16)) {
+		m.recompute(end)
+	}
+}
+
+// Discard reports the end of the admitted request without learning from
+// it: its place in flight is freed. A request that failed fast on its own
+// says nothing of what the method needs; learning its latency would make
+// an overloaded method that answers "busy" at once look fast.
+func (t Ticket) Discard() {
+	if t.m != nil {
+		t.release()
+	}
+}
+
+// release frees the request's place in flight and returns how many of its
+// method are left.
+func (t Ticket) release() int64 {
+	if t.global {
+		t.m.g.inflight.Add(-1)
+	}
+	return t.m.inflight.Add(-1)
+}
+
+// Limit returns m's adaptive concurrency limit, or -1 when none is
+// engaged.
+func (m *Method) Limit() int64 {
+	if l := m.lim.limit.Load(); l != unlimited {
+		return l
+	}
+	return -1
+}
+
+// Inflight returns the admitted requests of m that have not ended.
+func (m *Method) Inflight() int64 { return m.inflight.Load() }
+
+// Need returns what admission expects a request of m arriving now to need,
+// and false when m's history is too thin to refuse anything.
+func (m *Method) Need() (time.Duration, bool) {
+	return m.needAt(m.g.at(m.g.s.now()), m.inflight.Load())
+}

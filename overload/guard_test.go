@@ -1,0 +1,714 @@
+package overload
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// clock is a test clock that moves only when told.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock() *clock { return &clock{t: time.Unix(1_700_000_000, 0)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Add(d time.Duration) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+	return c.t
+}
+
+// serve admits n first attempts at the clock's time, each with deadline
+// left (0: none), and ends them all after lat; it returns how many were
+// admitted. The clock ends lat later.
+func serve(t *testing.T, c *clock, m *Method, n int, lat, left time.Duration) int {
+	t.Helper()
+	now := c.Now()
+	var tickets []Ticket
+	for range n {
+		tk, d := m.AdmitAt(now, now.Add(left), left > 0, false)
+		if d.Reason == Admitted {
+			tickets = append(tickets, tk)
+		}
+	}
+	end := c.Add(lat)
+	for _, tk := range tickets {
+		tk.DoneAt(end)
+	}
+	return len(tickets)
+}
+
+func TestBuckets(t *testing.T) {
+	prev := time.Duration(0)
+	for i := range numBuckets {
+		ub := upperBound(i)
+		if ub <= prev {
+			t.Fatalf("bucket %d: upper bound %v not above %v", i, ub, prev)
+		}
+		// The bucket's own bound falls in it (it is inclusive), the next
+		// nanosecond-step above the previous bound too.
+		if i < numBuckets-1 {
+			if got := bucketOf(ub - time.Nanosecond); got != i {
+				t.Fatalf("bucketOf(%v) = %d, want %d", ub-time.Nanosecond, got, i)
+			}
+		}
+		if got := bucketOf(prev); i > 0 && got != i {
+			t.Fatalf("bucketOf(%v) = %d, want %d", prev, got, i)
+		}
+		prev = ub
+	}
+	if got := bucketOf(-time.Second); got != 0 {
+		t.Errorf("bucketOf(-1s) = %d", got)
+	}
+	if got := bucketOf(math.MaxInt64); got != numBuckets-1 {
+		t.Errorf("bucketOf(max) = %d", got)
+	}
+	// About 19% wide above the linear range.
+	if ub, lb := upperBound(60), upperBound(59); float64(ub)/float64(lb) > 1.26 {
+		t.Errorf("buckets too wide: %v / %v", ub, lb)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	for _, c := range []Config{{}, {Quantile: math.NaN(), Window: -1, MinSamples: -3, MinLimit: -1, Tolerance: math.Inf(1),
+		DeadlineShare: 7, RetryShare: math.NaN(), LimitWindow: -1, RetryAfter: -1, MaxMethods: -1, MaxConcurrency: -5}} {
+		s := c.settings()
+		if s.quantile != DefaultQuantile || s.window != DefaultWindow || s.minSamples != DefaultMinSamples ||
+			s.minLimit != DefaultMinLimit || s.tolerance != DefaultTolerance || s.deadlineShare != DefaultDeadlineShare ||
+			s.retryShare != DefaultRetryShare || s.limitWindow != DefaultLimitWindow || s.retryAfter != DefaultRetryAfter ||
+			s.maxMethods != DefaultMaxMethods || s.maxConc != 0 || !s.admission || !s.shedding || !s.adaptive || s.now == nil {
+			t.Errorf("settings of %+v: %+v", c, s)
+		}
+	}
+	if s := (Config{DeadlineShare: -1}).settings(); s.deadlineShare != 0 {
+		t.Errorf("negative DeadlineShare: %v", s.deadlineShare)
+	}
+}
+
+func TestHistoryQuantileAndExpiry(t *testing.T) {
+	c := newClock()
+	g := New(Config{Now: c.Now, NoShedding: true})
+	m := g.Method("/svc/M")
+	if _, ok := m.Need(); ok {
+		t.Fatal("a need before any history")
+	}
+	// 19 latencies are too few; the 20th makes the history usable.
+	serve(t, c, m, 19, 100*time.Millisecond, 0)
+	if _, ok := m.Need(); ok {
+		t.Fatal("a need from 19 latencies")
+	}
+	c.Add(100 * time.Millisecond) // past the recomputation interval
+	serve(t, c, m, 1, 100*time.Millisecond, 0)
+	c.Add(100 * time.Millisecond)
+	// Nothing in flight: the drain term is one request's share of the
+	// window, far below 100ms, so the need is small.
+	need, ok := m.Need()
+	if !ok || need >= 100*time.Millisecond {
+		t.Fatalf("need with nothing in flight = %v, %v", need, ok)
+	}
+	// The quantile: 90 fast latencies and 10 slow; the 10th percentile is
+	// fast.
+	c2 := newClock()
+	g2 := New(Config{Now: c2.Now, NoShedding: true})
+	m2 := g2.Method("/svc/M")
+	serve(t, c2, m2, 10, 500*time.Millisecond, 0)
+	serve(t, c2, m2, 90, 10*time.Millisecond, 0)
+	c2.Add(100 * time.Millisecond)
+	sum := m2.hist.summarize(g2.at(c2.Now()), 0.1, m2.born)
+	if sum.n != 100 || sum.q < 10*time.Millisecond || sum.q > 12*time.Millisecond {
+		t.Fatalf("summary %+v: want 100 latencies, p10 ≈ 10ms", sum)
+	}
+	if sum := m2.hist.summarize(g2.at(c2.Now()), 0.95, m2.born); sum.q < 500*time.Millisecond || sum.q > 600*time.Millisecond {
+		t.Fatalf("p95 = %v, want ≈ 500ms", sum.q)
+	}
+	// After a whole window without new latencies the history is empty.
+	c2.Add(DefaultWindow)
+	if sum := m2.hist.summarize(g2.at(c2.Now()), 0.1, m2.born); sum.n != 0 {
+		t.Fatalf("%d latencies a window later", sum.n)
+	}
+	if _, ok := m2.Need(); ok {
+		t.Fatal("a need from an expired history")
+	}
+}
+
+// fifo is a method at its capacity with a standing queue: open requests
+// admitted in order, the oldest ending every gap (a throughput of
+// 1/gap), each latency being the queue's length × gap.
+type fifo struct {
+	t    *testing.T
+	c    *clock
+	m    *Method
+	open []Ticket
+	left time.Duration // deadline of the requests; 0: an hour
+	shed int           // refills refused; nil t: counted, not fatal
+}
+
+// fill admits n requests at once.
+func (f *fifo) fill(n int) {
+	now := f.c.Now()
+	left := f.left
+	if left == 0 {
+		left = time.Hour
+	}
+	for range n {
+		tk, d := f.m.AdmitAt(now, now.Add(left), true, false)
+		if d.Reason != Admitted {
+			if f.t != nil {
+				f.t.Fatalf("refused while filling: %+v", d)
+			}
+			f.shed++
+			continue
+		}
+		f.open = append(f.open, tk)
+	}
+}
+
+// run keeps the queue's length for d: every gap the oldest request ends
+// and, if refill, a new one is admitted.
+func (f *fifo) run(d, gap time.Duration, refill bool) {
+	for end := f.c.Now().Add(d); f.c.Now().Before(end) && len(f.open) > 0; {
+		now := f.c.Add(gap)
+		f.open[0].DoneAt(now)
+		f.open = f.open[1:]
+		if refill {
+			f.fill(1)
+		}
+	}
+}
+
+func TestAdmissionRefusesDoomedWorkAndRecovers(t *testing.T) {
+	c := newClock()
+	g := New(Config{Now: c.Now, NoShedding: true})
+	m := g.Method("/svc/M")
+	// A standing queue of 100 at 200/s: every request waits 500ms.
+	q := &fifo{t: t, c: c, m: m}
+	q.fill(100)
+	q.run(1500*time.Millisecond, 5*time.Millisecond, true)
+	need, ok := m.Need()
+	if !ok || need < 450*time.Millisecond || need > 600*time.Millisecond {
+		t.Fatalf("need = %v, %v; want ≈ 505ms", need, ok)
+	}
+	now := c.Now()
+	if _, d := m.AdmitAt(now, now.Add(100*time.Millisecond), true, false); d.Reason != RefusedDeadline || d.RetryAfter >= 0 || d.Need < 450*time.Millisecond {
+		t.Fatalf("100ms left: %+v, want RefusedDeadline, do not retry", d)
+	}
+	if tk, d := m.AdmitAt(now, now.Add(2*time.Second), true, false); d.Reason != Admitted {
+		t.Fatalf("2s left: %+v, want admitted", d)
+	} else {
+		tk.DoneAt(now)
+	}
+	if tk, d := m.AdmitAt(now, time.Time{}, false, false); d.Reason != Admitted {
+		t.Fatalf("no deadline: %+v, want admitted", d)
+	} else {
+		tk.DoneAt(now)
+	}
+	// Not fooled by its own refusals: they teach it nothing, so refusing
+	// many does not lower the need...
+	for range 50 {
+		if _, d := m.AdmitAt(now, now.Add(50*time.Millisecond), true, false); d.Reason != RefusedDeadline {
+			t.Fatalf("50ms left: %+v", d)
+		}
+	}
+	if n2, _ := m.Need(); n2 < need-10*time.Millisecond {
+		t.Fatalf("need fell from %v to %v after refusals", need, n2)
+	}
+	// ...and once the backlog has drained (nothing admitted meanwhile),
+	// requests are admitted again at once, although the recent latencies
+	// (500ms) are all still in the window.
+	q.run(time.Second, 5*time.Millisecond, false)
+	now = c.Now()
+	if n2, ok := m.Need(); !ok || n2 > 10*time.Millisecond {
+		t.Fatalf("need after the drain = %v, %v", n2, ok)
+	}
+	if tk, d := m.AdmitAt(now, now.Add(100*time.Millisecond), true, false); d.Reason != Admitted {
+		t.Fatalf("after the drain, 100ms left: %+v, want admitted", d)
+	} else {
+		tk.DoneAt(now)
+	}
+	if st := g.Stats(); st.RefusedDeadline != 51 || st.ShedFirst+st.ShedRetry != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestAdmissionIgnoresBurstsItAbsorbs(t *testing.T) {
+	c := newClock()
+	g := New(Config{Now: c.Now, NoShedding: true})
+	m := g.Method("/svc/M")
+	// A method that answers in 2ms whatever the load: 100 per 100ms.
+	for range 10 {
+		serve(t, c, m, 10, 2*time.Millisecond, time.Second)
+		c.Add(8 * time.Millisecond)
+	}
+	// A burst of 500 in flight at once: the drain estimate is large, but
+	// the method's recent latencies say 2ms; a 50ms deadline is admitted.
+	now := c.Now()
+	var open []Ticket
+	for range 500 {
+		tk, d := m.AdmitAt(now, now.Add(50*time.Millisecond), true, false)
+		if d.Reason != Admitted {
+			t.Fatalf("burst refused: %+v", d)
+		}
+		open = append(open, tk)
+	}
+	for _, tk := range open {
+		tk.DoneAt(now.Add(2 * time.Millisecond))
+	}
+}
+
+// window runs one limiter window of m: n first attempts arriving at the
+// clock's time with deadline left (0: none), all ending after lat, then
+// the clock moves to the end of the window (100ms after its start).
+func window(t *testing.T, c *clock, m *Method, n int, lat, left time.Duration) int {
+	t.Helper()
+	admitted := serve(t, c, m, n, lat, left)
+	if lat < DefaultLimitWindow {
+		c.Add(DefaultLimitWindow - lat)
+	}
+	return admitted
+}
+
+func TestLimiterEngagesOnAStandingQueueOnly(t *testing.T) {
+	c := newClock()
+	g := New(Config{Now: c.Now, NoAdmission: true})
+	m := g.Method("/svc/M")
+	for range 10 {
+		window(t, c, m, 20, 10*time.Millisecond, 0)
+	}
+	if l := m.Limit(); l != -1 {
+		t.Fatalf("limit %d at steady latency", l)
+	}
+	// One slow window (a pause): no limit.
+	window(t, c, m, 20, 80*time.Millisecond, 0)
+	window(t, c, m, 20, 10*time.Millisecond, 0)
+	window(t, c, m, 20, 10*time.Millisecond, 0)
+	if l := m.Limit(); l != -1 {
+		t.Fatalf("limit %d after one slow window", l)
+	}
+	// A window in which a few requests still answer fast: its minimum is
+	// low, so it is no standing queue.
+	for range 3 {
+		now := c.Now()
+		var tk []Ticket
+		for range 20 {
+			k, _ := m.AdmitAt(now, time.Time{}, false, false)
+			tk = append(tk, k)
+		}
+		tk[0].DoneAt(now.Add(10 * time.Millisecond))
+		for _, k := range tk[1:] {
+			k.DoneAt(now.Add(90 * time.Millisecond))
+		}
+		c.Add(100 * time.Millisecond)
+	}
+	if l := m.Limit(); l != -1 {
+		t.Fatalf("limit %d for windows with fast requests", l)
+	}
+	// Two windows in which every request waited (60 in flight, 80ms each):
+	// engaged at the concurrency that has 2 × 10ms at the throughput of the
+	// window (60 per 100ms = 0.6/ms × 20ms = 12), below the peak of 60.
+	window(t, c, m, 60, 80*time.Millisecond, 0)
+	window(t, c, m, 60, 80*time.Millisecond, 0)
+	l := m.Limit()
+	if l < 8 || l > 16 {
+		t.Fatalf("limit %d after two overloaded windows, want ≈ 12", l)
+	}
+	// Engaged: beyond the limit, first attempts are shed.
+	now := c.Now()
+	var open []Ticket
+	shed := 0
+	for range 60 {
+		tk, d := m.AdmitAt(now, time.Time{}, false, false)
+		switch d.Reason {
+		case Admitted:
+			open = append(open, tk)
+		case ShedFirst:
+			shed++
+			if d.RetryAfter != DefaultRetryAfter || d.Limit != l {
+				t.Errorf("shed first: %+v", d)
+			}
+		default:
+			t.Fatalf("unexpected %+v", d)
+		}
+	}
+	if int64(len(open)) != l || shed != 60-int(l) {
+		t.Fatalf("admitted %d, shed %d at limit %d", len(open), shed, l)
+	}
+	// Latency back to normal and few in flight: the limit lets go.
+	end := c.Add(10 * time.Millisecond)
+	for _, tk := range open {
+		tk.DoneAt(end)
+	}
+	c.Add(90 * time.Millisecond)
+	for range 3 {
+		window(t, c, m, 4, 10*time.Millisecond, 0)
+		window(t, c, m, 4, 10*time.Millisecond, 0)
+		window(t, c, m, 4, 10*time.Millisecond, 0)
+	}
+	if l := m.Limit(); l != -1 {
+		t.Fatalf("limit %d after the overload", l)
+	}
+}
+
+func TestLimiterLetsDeadlinesTolerateSlowness(t *testing.T) {
+	c := newClock()
+	g := New(Config{Now: c.Now, NoAdmission: true})
+	m := g.Method("/svc/M")
+	for range 10 {
+		window(t, c, m, 20, 10*time.Millisecond, time.Second)
+	}
+	// 4× slower, every request alike, but the callers have a second: half
+	// of it (500ms) is tolerated, so no limit...
+	for range 10 {
+		window(t, c, m, 20, 40*time.Millisecond, time.Second)
+	}
+	if l := m.Limit(); l != -1 {
+		t.Fatalf("limit %d although 40ms is far within 1s deadlines", l)
+	}
+	// ...while with deadlines of 60ms it is not.
+	for range 3 {
+		window(t, c, m, 20, 40*time.Millisecond, 60*time.Millisecond)
+	}
+	if l := m.Limit(); l == -1 {
+		t.Fatal("no limit although 40ms takes most of 60ms deadlines")
+	}
+	// Negative DeadlineShare: deadlines do not count.
+	c2 := newClock()
+	m2 := New(Config{Now: c2.Now, NoAdmission: true, DeadlineShare: -1}).Method("/svc/M")
+	for range 10 {
+		window(t, c2, m2, 20, 10*time.Millisecond, time.Second)
+	}
+	for range 3 {
+		window(t, c2, m2, 20, 40*time.Millisecond, time.Second)
+	}
+	if l := m2.Limit(); l == -1 {
+		t.Fatal("DeadlineShare -1: no limit at 4× the baseline")
+	}
+}
+
+func TestLimiterShrinksToTheFloor(t *testing.T) {
+	c := newClock()
+	m := New(Config{Now: c.Now, NoAdmission: true, MinLimit: 3}).Method("/svc/M")
+	for range 5 {
+		window(t, c, m, 20, 10*time.Millisecond, 0)
+	}
+	// Every admitted request keeps taking 200ms: the limit halves each
+	// window (the gradient is clamped at 0.5) down to the floor.
+	var limits []int64
+	for range 12 {
+		serve(t, c, m, 100, 200*time.Millisecond, 0)
+		limits = append(limits, m.Limit())
+	}
+	for i := 1; i < len(limits); i++ {
+		if limits[i-1] != -1 && limits[i] > limits[i-1] {
+			t.Fatalf("limit grew while overloaded: %v", limits)
+		}
+	}
+	if last := limits[len(limits)-1]; last != 3 {
+		t.Fatalf("limits %v, want the floor 3 at the end", limits)
+	}
+}
+
+func TestRetriesShedFirst(t *testing.T) {
+	c := newClock()
+	g := New(Config{Now: c.Now, NoAdmission: true, NoAdaptive: true, MaxConcurrency: 10})
+	m := g.Method("/svc/M")
+	now := c.Now()
+	var open []Ticket
+	admit := func(retry bool) Decision {
+		tk, d := m.AdmitAt(now, time.Time{}, false, retry)
+		if d.Reason == Admitted {
+			open = append(open, tk)
+		}
+		return d
+	}
+	// Up to 5 in flight (half of 10) retries are admitted like anything.
+	for i := range 5 {
+		if d := admit(i%2 == 0); d.Reason != Admitted {
+			t.Fatalf("request %d: %+v", i, d)
+		}
+	}
+	// From 5 on, retries are shed (do not retry), first attempts admitted.
+	for range 3 {
+		if d := admit(true); d.Reason != ShedRetry || d.RetryAfter >= 0 || d.Limit != 5 {
+			t.Fatalf("retry at 5+: %+v", d)
+		}
+	}
+	for i := 5; i < 10; i++ {
+		if d := admit(false); d.Reason != Admitted {
+			t.Fatalf("first attempt %d: %+v", i, d)
+		}
+	}
+	// At 10, first attempts too, with a pushback to retry after.
+	if d := admit(false); d.Reason != ShedFirst || d.RetryAfter != DefaultRetryAfter {
+		t.Fatalf("first attempt at 10: %+v", d)
+	}
+	// Ending requests makes room, in the same order.
+	for _, tk := range open[:6] {
+		tk.DoneAt(now)
+	}
+	open = open[6:]
+	if d := admit(true); d.Reason != Admitted {
+		t.Fatalf("retry at 4 in flight: %+v", d)
+	}
+	if st := g.Stats(); st.ShedRetry != 3 || st.ShedFirst != 1 || st.Admitted != 11 {
+		t.Errorf("stats %+v", st)
+	}
+	for _, tk := range open {
+		tk.DoneAt(now)
+	}
+	if n := m.Inflight(); n != 0 {
+		t.Errorf("%d in flight after all ended", n)
+	}
+}
+
+func TestOffSwitches(t *testing.T) {
+	c := newClock()
+	g := New(Config{Now: c.Now, NoAdmission: true, NoShedding: true, MaxConcurrency: 1})
+	m := g.Method("/svc/M")
+	now := c.Now()
+	for range 100 {
+		if _, d := m.AdmitAt(now, now.Add(time.Nanosecond), true, true); d.Reason != Admitted {
+			t.Fatalf("refused with both off: %+v", d)
+		}
+	}
+	var zero Ticket
+	zero.Done()
+	zero.DoneAt(now)
+}
+
+func TestMaxMethods(t *testing.T) {
+	g := New(Config{MaxMethods: 3})
+	a, b, c := g.Method("a"), g.Method("b"), g.Method("c")
+	if a == b || b == c || a == c || g.Method("a") != a {
+		t.Fatal("methods not kept apart")
+	}
+	d, e := g.Method("d"), g.Method("e")
+	if d != e || d != g.other || d == a {
+		t.Fatal("methods beyond MaxMethods do not share one state")
+	}
+	if n := g.methods.Len(); n != 3 {
+		t.Fatalf("%d methods kept", n)
+	}
+}
+
+func TestConcurrentUse(t *testing.T) {
+	g := New(Config{MaxMethods: 4})
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 2000 {
+				m := g.Method(fmt.Sprint("/svc/M", (w+i)%6))
+				tk, _ := m.Admit(time.Now().Add(time.Second), i%3 != 0, i%5 == 0)
+				tk.Done()
+				_, _ = m.Need()
+				_ = m.Limit()
+			}
+		}()
+	}
+	wg.Wait()
+	for _, name := range []string{"/svc/M0", "/svc/M1", "/svc/M5"} {
+		if n := g.Method(name).Inflight(); n != 0 {
+			t.Errorf("%s: %d in flight", name, n)
+		}
+	}
+}
+
+func TestIsRetry(t *testing.T) {
+	for _, c := range []struct {
+		v    []string
+		want bool
+	}{
+		{nil, false},
+		{[]string{"0"}, false},
+		{[]string{"000"}, false},
+		{[]string{"1"}, true},
+		{[]string{"2"}, true},
+		{[]string{""}, true},
+		{[]string{"-1"}, true},
+		{[]string{"x"}, true},
+		{[]string{"0", "0"}, true},
+		{[]string{"00000000000"}, true}, // 11 digits
+		{[]string{"99999999999999999999"}, true},
+	} {
+		if got := IsRetry(c.v); got != c.want {
+			t.Errorf("IsRetry(%q) = %v, want %v", c.v, got, c.want)
+		}
+	}
+}
+
+func FuzzIsRetry(f *testing.F) {
+	for _, s := range []string{"", "0", "1", "00", "-0", " 1", "１"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got := IsRetry([]string{s})
+		zeros := len(s) > 0 && len(s) <= 10
+		for i := 0; i < len(s); i++ {
+			zeros = zeros && s[i] == '0'
+		}
+		if got == zeros {
+			t.Errorf("IsRetry(%q) = %v", s, got)
+		}
+	})
+}
+
+// TestLimiterIgnoresAPause: the whole server pauses (a long GC
+// or CPU throttling) for 2s: requests keep arriving, none ends, then the backlog
+// ends in order, 2ms apart. The requests that waited through the pause are
+// slow, but those that arrived at its end are not: that is no standing
+// queue, and no limit engages, so nothing is shed after the pause.
+func TestLimiterIgnoresAPause(t *testing.T) {
+	c := newClock()
+	g := New(Config{Now: c.Now, NoAdmission: true})
+	m := g.Method("/svc/M")
+	// Steady: one request every 7ms (140/s), 20ms each, 400ms deadlines.
+	type req struct {
+		t   Ticket
+		end time.Time
+	}
+	var open []req
+	step := func(d time.Duration) {
+		now := c.Add(d)
+		for len(open) > 0 && !open[0].end.After(now) {
+			open[0].t.DoneAt(open[0].end)
+			open = open[1:]
+		}
+	}
+	arrive := func(lat time.Duration) {
+		now := c.Now()
+		tk, d := m.AdmitAt(now, now.Add(400*time.Millisecond), true, false)
+		if d.Reason != Admitted {
+			t.Fatalf("at %v: %+v (limit %d, %d in flight)", now, d, m.Limit(), m.Inflight())
+		}
+		open = append(open, req{tk, now.Add(lat)})
+	}
+	for range 300 {
+		arrive(20 * time.Millisecond)
+		step(7 * time.Millisecond)
+	}
+	// The pause: 500ms of arrivals, nothing ends.
+	pauseEnd := c.Now().Add(2 * time.Second)
+	for c.Now().Before(pauseEnd) {
+		now := c.Now()
+		tk, d := m.AdmitAt(now, now.Add(400*time.Millisecond), true, false)
+		if d.Reason != Admitted {
+			t.Fatalf("during the pause: %+v", d)
+		}
+		open = append(open, req{tk, time.Time{}})
+		c.Add(7 * time.Millisecond)
+	}
+	// After it, the backlog ends in order, 2ms apart, while new requests
+	// keep arriving (and are served in 20ms).
+	for i := range open {
+		if open[i].end.IsZero() || open[i].end.Before(pauseEnd) {
+			open[i].end = pauseEnd.Add(time.Duration(i+1) * 2 * time.Millisecond)
+		}
+	}
+	for range 300 {
+		arrive(20 * time.Millisecond)
+		step(7 * time.Millisecond)
+	}
+	if st := g.Stats(); st.ShedFirst+st.ShedRetry != 0 {
+		t.Errorf("shed after a pause: %+v", st)
+	}
+}
+
+// TestDiscardTeachesNothing: an overloaded method that also answers many
+// requests "busy" at once (Discard) still shows its standing queue, to
+// admission and to the limiter alike.
+func TestDiscardTeachesNothing(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		cfg  Config
+	}{{"admission", Config{NoShedding: true}}, {"shedding", Config{NoAdmission: true}}} {
+		t.Run(c.name, func(t *testing.T) {
+			clk := newClock()
+			c.cfg.Now = clk.Now
+			m := New(c.cfg).Method("/svc/M")
+			q := &fifo{c: clk, m: m, left: 600 * time.Millisecond}
+			q.fill(100)
+			for range 400 { // 2s of a standing queue of 100 at 200/s...
+				q.run(5*time.Millisecond, 5*time.Millisecond, true)
+				now := clk.Now()
+				for range 3 { // ...with three fast failures per request served
+					if tk, d := m.AdmitAt(now, now.Add(time.Hour), true, false); d.Reason == Admitted {
+						tk.Discard()
+					}
+				}
+			}
+			if c.cfg.NoShedding {
+				if need, ok := m.Need(); !ok || need < 450*time.Millisecond {
+					t.Errorf("need = %v, %v; want ≈ 500ms: the fast failures were learned", need, ok)
+				}
+			} else if q.shed == 0 {
+				t.Error("nothing shed: the fast failures hid the standing queue")
+			}
+		})
+	}
+	var zero Ticket
+	zero.Discard()
+}
+
+// TestMemoryBound: a method's state is a fixed-size value (no slice or map
+// grows with traffic), about 2.7 KB.
+func TestMemoryBound(t *testing.T) {
+	if size := unsafe.Sizeof(Method{}); size > 3<<10 {
+		t.Errorf("a method takes %d bytes", size)
+	} else {
+		t.Logf("a method takes %d bytes; %d methods at most %d KiB", size, DefaultMaxMethods, int(size)*DefaultMaxMethods>>10)
+	}
+}
+
+// TestMaxConcurrencyIsExact: many goroutines racing for 8 places never
+// hold more than 8.
+func TestMaxConcurrencyIsExact(t *testing.T) {
+	g := New(Config{NoAdmission: true, NoAdaptive: true, MaxConcurrency: 8})
+	m := g.Method("/svc/M")
+	var held, most atomic.Int64
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 2000 {
+				tk, d := m.Admit(time.Time{}, false, false)
+				if d.Reason != Admitted {
+					continue
+				}
+				n := held.Add(1)
+				for {
+					p := most.Load()
+					if n <= p || most.CompareAndSwap(p, n) {
+						break
+					}
+				}
+				runtime.Gosched() // hold it a little
+				held.Add(-1)
+				tk.Done()
+			}
+		}()
+	}
+	wg.Wait()
+	if most.Load() > 8 {
+		t.Errorf("%d held at once, limit 8", most.Load())
+	}
+}
