@@ -137,6 +137,13 @@ func checkBounds(results []*Result, tailP99 time.Duration) []Check {
 						fmt.Sprintf("%.2f×", row.Amplification), row.Amplification <= maxOutlierLoad+1e-9)
 				}
 			}
+		case "blip":
+			for _, p := range []policyKey{suiteDefaults, suiteClientOnly} {
+				if row := r.row(p, ""); row != nil && row.Recovery != nil {
+					add(r, p, "blip: recovery after the overload", fmt.Sprintf("≤ %.1fs", maxBlipRecovery),
+						row.Recovery.String(), !row.Recovery.never && row.Recovery.s <= maxBlipRecovery+1e-9)
+				}
+			}
 		case "metastable":
 			if suite != nil && suite.Recovery != nil {
 				add(r, suiteDefaults, "metastable: recovery after the trigger", fmt.Sprintf("≤ %.1fs", maxRecovery),

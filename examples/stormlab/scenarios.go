@@ -38,6 +38,7 @@ func scenarios() []scenario {
 		{8, "tail", false, longTail},
 		{9, "backend-dead", true, backendDead},
 		{10, "metastable", false, metastable},
+		{11, "blip", false, overloadBlip},
 	}
 }
 
