@@ -1,0 +1,2 @@
+// Package redisstore is a dedupe.Store on Redis.
+package redisstore
