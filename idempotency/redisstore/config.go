@@ -31,6 +31,9 @@ const (
 	// DefaultPollInterval is how often a waiter checks its execution when
 	// no notification came.
 	DefaultPollInterval = 200 * time.Millisecond
+	// DefaultBreakerConsecutiveFailures is Breaker.ConsecutiveFailures by
+	// default: the breaker also opens after 10 failed operations in a row.
+	DefaultBreakerConsecutiveFailures = 10
 	// DefaultOpTimeout bounds each Redis operation.
 	DefaultOpTimeout = 500 * time.Millisecond
 )
@@ -97,8 +100,10 @@ type Config struct {
 	// Breaker configures the circuit breaker in front of Claim and Wait:
 	// once Redis has failed every operation of a window, those calls are
 	// refused at once, without a Redis round trip, until a probe succeeds.
-	// The zero value takes the breaker package's defaults. Complete and
-	// Release are never refused by it: their handler already ran.
+	// The zero value takes the breaker package's defaults, except
+	// ConsecutiveFailures: 0 means DefaultBreakerConsecutiveFailures
+	// (negative: off). Complete and Release are never refused by it: their
+	// handler already ran.
 	Breaker breaker.Config
 
 	// Now is the clock every TTL, horizon, lease and fence is measured

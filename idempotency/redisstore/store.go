@@ -47,6 +47,7 @@ type Store struct {
 
 	mu      sync.Mutex
 	owned   map[string]*ownedClaim // by token: this process's claims in flight
+	orphans map[string]*token      // by token: claims whose reply was lost; Redis may hold them
 	waiters map[string][]chan struct{}
 	epoch   string // the last epoch Redis answered with
 
@@ -93,6 +94,7 @@ func New(c Config) (*Store, error) {
 		fence: c.Fence, heartbeat: c.Heartbeat, poll: c.PollInterval, op: c.OpTimeout,
 		now:     c.Now,
 		owned:   map[string]*ownedClaim{},
+		orphans: map[string]*token{},
 		waiters: map[string][]chan struct{}{},
 		kick:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
@@ -143,6 +145,9 @@ func New(c Config) (*Store, error) {
 		s.now = time.Now
 	}
 	bc := c.Breaker
+	if bc.ConsecutiveFailures == 0 {
+		bc.ConsecutiveFailures = DefaultBreakerConsecutiveFailures
+	}
 	if bc.Target == "" {
 		bc.Target = "redisstore:" + s.prefix
 	}
@@ -362,6 +367,11 @@ func (s *Store) Claim(ctx context.Context, scope dedupe.Scope, fp dedupe.Fingerp
 	args := append(s.header(ms(now), tok, 7), scope.Identity, scope.Key, fp.Method, fp.RequestHash[:], tok, leaseMs, size)
 	v, err := s.run(ctx, &tk, "claim", claimScript, ek, args)
 	if err != nil {
+		if status.Code(err) != codes.ResourceExhausted { // not refused for want of memory: it may have been applied
+			s.mu.Lock()
+			s.orphans[tok] = &token{store: s, tok: tok, key: ek, leaseEnd: leaseMs}
+			s.mu.Unlock()
+		}
 		return dedupe.Claim{}, err
 	}
 	epoch, _ := v[1].(string)
@@ -689,6 +699,36 @@ func (s *Store) watch() {
 		case <-s.kick:
 		}
 		s.retake()
+		s.releaseOrphans()
+	}
+}
+
+// releaseOrphans releases the claims whose reply was lost (a timeout, a
+// broken connection): Redis may have applied them, and would then hold
+// their scopes, for nobody, until their leases end.
+func (s *Store) releaseOrphans() {
+	now := ms(s.now())
+	s.mu.Lock()
+	var orphans []*token
+	for tok, t := range s.orphans {
+		if t.leaseEnd <= now {
+			delete(s.orphans, tok) // its lease ended: Redis drops it
+			continue
+		}
+		orphans = append(orphans, t)
+	}
+	s.mu.Unlock()
+	for _, t := range orphans {
+		ctx, cancel := context.WithTimeout(context.Background(), s.op)
+		args := append(s.header(ms(s.now()), s.newToken(), 3), t.tok, "", s.channel)
+		_, err := s.run(ctx, nil, "release", releaseScript, t.key, args)
+		cancel()
+		if err != nil {
+			return // Redis is away: the next beat tries again
+		}
+		s.mu.Lock()
+		delete(s.orphans, t.tok)
+		s.mu.Unlock()
 	}
 }
 
@@ -787,5 +827,8 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 		Breaker: s.br.State(),
 	}, nil
 }
+
+// BreakerStats returns a snapshot of the breaker in front of Redis.
+func (s *Store) BreakerStats() breaker.Stats { return s.br.Stats() }
 
 var _ dedupe.Store = (*Store)(nil)
