@@ -13,6 +13,9 @@ import (
 // shared is the redis-server most tests use, each under its own prefix.
 var shared *redistest.Server
 
+// redisAddr is shared's address, for the examples.
+var redisAddr string
+
 func TestMain(m *testing.M) {
 	if why := redistest.Missing(); why != "" {
 		if os.Getenv("CI") != "" {
@@ -32,6 +35,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	redisAddr = shared.Addr
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
 		shared.Stop()
 		_ = os.RemoveAll(dir)
