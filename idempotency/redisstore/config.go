@@ -50,7 +50,9 @@ type Config struct {
 	// close it.
 	Client redis.UniversalClient
 	// Prefix starts the name of every key the store uses; "":
-	// DefaultPrefix. Stores with different prefixes share nothing.
+	// DefaultPrefix. Stores with different prefixes share nothing. On a
+	// Redis Cluster it must hold a hash tag ("{...}"), as the default
+	// does, so that all the store's keys live in one slot.
 	Prefix string
 
 	// MaxEntries bounds the entries held, in flight and completed;
