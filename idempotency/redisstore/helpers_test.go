@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -24,9 +25,14 @@ func client(t testing.TB, addr string) *redis.Client {
 	return c
 }
 
+// prefixes numbers the prefixes, so that a test run again (-count)
+// starts on an empty store.
+var prefixes atomic.Int64
+
 // prefix returns a prefix of t's own on a shared Redis.
 func prefix(t testing.TB) string {
-	return "{test:" + strings.NewReplacer(" ", "_", "/", ".").Replace(t.Name()) + "}:"
+	return "{test:" + strings.NewReplacer(" ", "_", "/", ".").Replace(t.Name()) + ":" +
+		strconv.FormatInt(prefixes.Add(1), 10) + "}:"
 }
 
 // newStore returns a Store of c, closed when t ends.

@@ -45,11 +45,13 @@ type Store struct {
 	tokPrefix string
 	tokSeq    atomic.Uint64
 
+	owned   sync.Map               // token -> *ownedClaim: this process's claims in flight
+	nOwned  atomic.Int64           // entries of owned
+	orphans sync.Map               // token -> *token: claims whose reply was lost; Redis may hold them
+	epoch   atomic.Pointer[string] // the last epoch Redis answered with
+
 	mu      sync.Mutex
-	owned   map[string]*ownedClaim // by token: this process's claims in flight
-	orphans map[string]*token      // by token: claims whose reply was lost; Redis may hold them
 	waiters map[string][]chan struct{}
-	epoch   string // the last epoch Redis answered with
 
 	kick      chan struct{}
 	stop      chan struct{}
@@ -58,7 +60,9 @@ type Store struct {
 	closeOnce sync.Once
 }
 
-// ownedClaim is a claim this process holds in flight.
+// ownedClaim is a claim this process holds in flight. Claim sets its
+// fields before storing it in Store.owned; then only the heartbeat
+// goroutine reads and writes epoch.
 type ownedClaim struct {
 	t     *token
 	scope dedupe.Scope
@@ -93,8 +97,6 @@ func New(c Config) (*Store, error) {
 		ttl: c.TTL, horizon: c.RetryHorizon, lease: c.Lease, margin: c.LeaseMargin,
 		fence: c.Fence, heartbeat: c.Heartbeat, poll: c.PollInterval, op: c.OpTimeout,
 		now:     c.Now,
-		owned:   map[string]*ownedClaim{},
-		orphans: map[string]*token{},
 		waiters: map[string][]chan struct{}{},
 		kick:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
@@ -368,9 +370,7 @@ func (s *Store) Claim(ctx context.Context, scope dedupe.Scope, fp dedupe.Fingerp
 	v, err := s.run(ctx, &tk, "claim", claimScript, ek, args)
 	if err != nil {
 		if status.Code(err) != codes.ResourceExhausted { // not refused for want of memory: it may have been applied
-			s.mu.Lock()
-			s.orphans[tok] = &token{store: s, tok: tok, key: ek, leaseEnd: leaseMs}
-			s.mu.Unlock()
+			s.orphans.Store(tok, &token{store: s, tok: tok, key: ek, leaseEnd: leaseMs})
 		}
 		return dedupe.Claim{}, err
 	}
@@ -379,9 +379,8 @@ func (s *Store) Claim(ctx context.Context, scope dedupe.Scope, fp dedupe.Fingerp
 	switch v[0] {
 	case "O":
 		t := &token{store: s, tok: tok, epoch: epoch, key: ek, leaseEnd: leaseMs, size: size}
-		s.mu.Lock()
-		s.owned[tok] = &ownedClaim{t: t, scope: scope, fp: fp, epoch: epoch}
-		s.mu.Unlock()
+		s.owned.Store(tok, &ownedClaim{t: t, scope: scope, fp: fp, epoch: epoch})
+		s.nOwned.Add(1)
 		c.State, c.Holder, c.Token = dedupe.Owned, fp, t
 		return c, nil
 	case "F":
@@ -664,20 +663,19 @@ func (s *Store) wake(tok string) {
 
 // forget drops tok from this process's claims in flight.
 func (s *Store) forget(tok string) {
-	s.mu.Lock()
-	delete(s.owned, tok)
-	s.mu.Unlock()
+	if _, ok := s.owned.LoadAndDelete(tok); ok {
+		s.nOwned.Add(-1)
+	}
 }
 
 // observe notes the epoch Redis answered with; a new one while this
 // process holds claims sends the heartbeat to take them back.
 func (s *Store) observe(epoch string) {
-	s.mu.Lock()
-	changed := epoch != s.epoch
-	s.epoch = epoch
-	n := len(s.owned)
-	s.mu.Unlock()
-	if changed && n > 0 {
+	if cur := s.epoch.Load(); cur != nil && *cur == epoch {
+		return
+	}
+	s.epoch.Store(&epoch)
+	if s.nOwned.Load() > 0 {
 		select {
 		case s.kick <- struct{}{}:
 		default:
@@ -708,16 +706,15 @@ func (s *Store) watch() {
 // their scopes, for nobody, until their leases end.
 func (s *Store) releaseOrphans() {
 	now := ms(s.now())
-	s.mu.Lock()
 	var orphans []*token
-	for tok, t := range s.orphans {
-		if t.leaseEnd <= now {
-			delete(s.orphans, tok) // its lease ended: Redis drops it
-			continue
+	s.orphans.Range(func(k, v any) bool {
+		if t := v.(*token); t.leaseEnd > now {
+			orphans = append(orphans, t)
+		} else {
+			s.orphans.Delete(k) // its lease ended: Redis drops it
 		}
-		orphans = append(orphans, t)
-	}
-	s.mu.Unlock()
+		return true
+	})
 	for _, t := range orphans {
 		ctx, cancel := context.WithTimeout(context.Background(), s.op)
 		args := append(s.header(ms(s.now()), s.newToken(), 3), t.tok, "", s.channel)
@@ -726,25 +723,22 @@ func (s *Store) releaseOrphans() {
 		if err != nil {
 			return // Redis is away: the next beat tries again
 		}
-		s.mu.Lock()
-		delete(s.orphans, t.tok)
-		s.mu.Unlock()
+		s.orphans.Delete(t.tok)
 	}
 }
 
 // retake takes back the claims of this process that Redis lost.
 func (s *Store) retake() {
 	now := ms(s.now())
-	s.mu.Lock()
 	var claims []*ownedClaim
-	for tok, o := range s.owned {
-		if o.t.leaseEnd <= now {
-			delete(s.owned, tok) // its lease ended: it is not ours any more
-			continue
+	s.owned.Range(func(k, v any) bool {
+		if o := v.(*ownedClaim); o.t.leaseEnd > now {
+			claims = append(claims, o)
+		} else {
+			s.forget(k.(string)) // its lease ended: it is not ours any more
 		}
-		claims = append(claims, o)
-	}
-	s.mu.Unlock()
+		return true
+	})
 	if len(claims) == 0 {
 		return
 	}
@@ -755,10 +749,7 @@ func (s *Store) retake() {
 		return // Redis is away: the next beat tries again
 	}
 	for _, o := range claims {
-		s.mu.Lock()
-		held := o.epoch == cur
-		s.mu.Unlock()
-		if held {
+		if o.epoch == cur { // only this goroutine reads and writes o.epoch after Claim
 			continue
 		}
 		args := append(s.header(ms(s.now()), s.newToken(), 7), o.t.tok, o.scope.Identity, o.scope.Key,
@@ -770,10 +761,7 @@ func (s *Store) retake() {
 			return
 		}
 		if v[0] == "C" {
-			e, _ := v[1].(string)
-			s.mu.Lock()
-			o.epoch = e
-			s.mu.Unlock()
+			o.epoch, _ = v[1].(string)
 		}
 	}
 }
