@@ -145,3 +145,15 @@ func BenchmarkStore(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPing is one Redis round trip on loopback, for scale.
+func BenchmarkPing(b *testing.B) {
+	rc := client(b, shared.Addr)
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := rc.Ping(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,10 +1,12 @@
 package redisstore_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
 	"github.com/stormguard/stormguard/idempotency/redisstore/internal/redistest"
@@ -36,9 +38,16 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	redisAddr = shared.Addr
+	// go-redis logs every failed dial; the tests that stop Redis make
+	// many on purpose.
+	redis.SetLogger(quiet{})
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
 		shared.Stop()
 		_ = os.RemoveAll(dir)
 		os.Exit(code)
 	}))
 }
+
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
