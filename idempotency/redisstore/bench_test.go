@@ -30,7 +30,7 @@ func benchStores(b *testing.B) []struct {
 				MaxBytes: 1 << 30, MaxBytesPerIdentity: 1 << 30})
 		}},
 		{"redis", func(b *testing.B) dedupe.Store {
-			rc := client(b, shared.Addr)
+			rc := client(b, sharedAddr(b))
 			b.Cleanup(func() { rc.FlushDB(context.Background()) })
 			return primed(b, redisstore.Config{Client: rc, Prefix: prefix(b), MaxEntries: 1 << 22,
 				MaxEntriesPerIdentity: 1 << 22, MaxBytes: 200 << 20, MaxBytesPerIdentity: 200 << 20})
@@ -148,7 +148,7 @@ func BenchmarkStore(b *testing.B) {
 
 // BenchmarkPing is one Redis round trip on loopback, for scale.
 func BenchmarkPing(b *testing.B) {
-	rc := client(b, shared.Addr)
+	rc := client(b, sharedAddr(b))
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {

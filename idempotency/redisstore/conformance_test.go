@@ -13,7 +13,7 @@ import (
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, c storetest.Config) dedupe.Store {
 		return primed(t, redisstore.Config{
-			Client: client(t, shared.Addr), Prefix: prefix(t),
+			Client: client(t, sharedAddr(t)), Prefix: prefix(t),
 			MaxEntries: c.MaxEntries, MaxEntriesPerIdentity: c.MaxEntriesPerIdentity,
 			MaxBytes: c.MaxBytes, MaxBytesPerIdentity: c.MaxBytesPerIdentity,
 			TTL: c.TTL, RetryHorizon: c.RetryHorizon, Now: c.Now,

@@ -21,7 +21,7 @@ func TestLeaseEndsWhenTheOwnerDies(t *testing.T) {
 	p := prefix(t)
 	t0 := time.Now()
 	clock := &skewClock{base: func() time.Time { return t0 }} // moves only when the test moves it
-	cfg := redisstore.Config{Client: client(t, shared.Addr), Prefix: p, Now: clock.Now, PollInterval: 10 * time.Millisecond}
+	cfg := redisstore.Config{Client: client(t, sharedAddr(t)), Prefix: p, Now: clock.Now, PollInterval: 10 * time.Millisecond}
 	a, b := primed(t, cfg), primed(t, cfg)
 	sc := dedupe.Scope{Identity: "alice", Key: "order-1"}
 	deadline := clock.Now().Add(30 * time.Second)
@@ -70,8 +70,8 @@ func (c *fixedDeadline) Deadline() (time.Time, bool) { return c.d, true }
 // for an hour, is woken by Redis's notification when replica A completes.
 func TestWaitIsWokenAcrossStores(t *testing.T) {
 	p := prefix(t)
-	a := primed(t, redisstore.Config{Client: client(t, shared.Addr), Prefix: p})
-	b := primed(t, redisstore.Config{Client: client(t, shared.Addr), Prefix: p, PollInterval: time.Hour})
+	a := primed(t, redisstore.Config{Client: client(t, sharedAddr(t)), Prefix: p})
+	b := primed(t, redisstore.Config{Client: client(t, sharedAddr(t)), Prefix: p, PollInterval: time.Hour})
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	sc := dedupe.Scope{Identity: "alice", Key: "order-1"}
@@ -88,7 +88,7 @@ func TestWaitIsWokenAcrossStores(t *testing.T) {
 	}()
 	// Complete once B has flagged the entry (the notification goes only
 	// to entries with waiters); B's first check does that.
-	rc := client(t, shared.Addr)
+	rc := client(t, sharedAddr(t))
 	eventually(t, "B waits", func() bool {
 		v, err := rc.HGet(ctx, entryKey(p, sc), "w").Result()
 		return err == nil && v == "1"

@@ -120,7 +120,7 @@ func TestMemoryBoundedUnderAFlood(t *testing.T) {
 // to expire; an entry Redis dropped on its own is accounted for at its
 // TTL.
 func TestRecordsExpire(t *testing.T) {
-	rc := client(t, shared.Addr)
+	rc := client(t, sharedAddr(t))
 	p := prefix(t)
 	clock := &skewClock{base: time.Now}
 	const ttl = time.Hour

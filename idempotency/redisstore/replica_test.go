@@ -157,7 +157,7 @@ func (l *loseFirstCharge) intercept(ctx context.Context, req any, info *grpc.Una
 func sharedConfig(t *testing.T) func(int) redisstore.Config {
 	p := prefix(t)
 	return func(int) redisstore.Config {
-		return redisstore.Config{Client: client(t, shared.Addr), Prefix: p}
+		return redisstore.Config{Client: client(t, sharedAddr(t)), Prefix: p}
 	}
 }
 

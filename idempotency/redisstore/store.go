@@ -464,7 +464,7 @@ func record(data, tomb any, fp dedupe.Fingerprint) (*dedupe.Record, error) {
 	return rec, nil
 }
 
-// owned returns the token of the owned claim c of this store.
+// ownedToken returns the token of the owned claim c of this store.
 func (s *Store) ownedToken(c dedupe.Claim) (*token, error) {
 	t, ok := c.Token.(*token)
 	if !ok || t == nil || t.store != s || c.State != dedupe.Owned {
