@@ -16,7 +16,7 @@ import "github.com/redis/go-redis/v9"
 //	              scopes share a name): t token, s state ("f" in flight,
 //	              "d" done), m method, h request hash, l lease end,
 //	              c completion time, z size, r record, k tombstone, w a
-//	              waiter waits
+//	              waiter waits, n the nonce of the Complete that completed it
 //
 // Every script starts with the prelude: it reads the epoch, and creates it
 // (with a fence) when the store's state is gone.
@@ -212,7 +212,9 @@ return {'O', epoch}
 // completeScript: ARGV after the header: token, the claim's epoch,
 // identity, key, method, hash, lease end, entry size, record, record
 // size, channel. Replies {"C", epoch, tombstoned 0|1} or {"E", epoch,
-// why}. A claim lost with the store's data (its epoch is not the
+// why}. The header's new-epoch argument is the call's nonce, kept in the
+// entry ("n"): the same call run again (a client retry after a lost reply)
+// succeeds, another Complete of the claim fails. A claim lost with the store's data (its epoch is not the
 // current one) and whose lease has not ended is taken back first.
 var completeScript = redis.NewScript("#!lua flags=allow-oom\n" + prelude + `
 local tok, cepoch = ARGV[A+1], ARGV[A+2]
@@ -220,8 +222,9 @@ local id, key, method, hash = ARGV[A+3], ARGV[A+4], ARGV[A+5], ARGV[A+6]
 local leaseEnd, size = tonumber(ARGV[A+7]), tonumber(ARGV[A+8])
 local rec, recSize, chan = ARGV[A+9], tonumber(ARGV[A+10]), ARGV[A+11]
 expire()
-local e = redis.call('HMGET', E, 't', 's', 'w', 'z')
+local e = redis.call('HMGET', E, 't', 's', 'w', 'z', 'n')
 if e[1] then
+  if e[1] == tok and e[2] == 'd' and e[5] == ARGV[3] then return {'C', epoch, 0} end
   if e[1] ~= tok or e[2] ~= 'f' then return {'E', epoch, 'finished'} end
 elseif cepoch == epoch or now >= leaseEnd then
   return {'E', epoch, 'released, or its lease ended'}
@@ -236,7 +239,7 @@ if cur + grow > maxBID or room(id, 0, grow, grow) then
   grow, tomb = 0, 1
   redis.call('HINCRBY', G, 'ov', 1)
 end
-redis.call('HSET', E, 's', 'd', 'c', now, 'z', cur + grow)
+redis.call('HSET', E, 's', 'd', 'c', now, 'z', cur + grow, 'n', ARGV[3])
 redis.call('HDEL', E, 'l', 'w')
 if tomb == 1 then redis.call('HSET', E, 'k', 1) else redis.call('HSET', E, 'r', rec) end
 redis.call('PEXPIRE', E, ttl + grace)

@@ -498,17 +498,12 @@ func (s *Store) Complete(ctx context.Context, c dedupe.Claim, rec *dedupe.Record
 	if t.size+size > s.maxBytesPerID {
 		data = nil // a tombstone: do not send what cannot be kept
 	}
+	nonce := s.newToken() // the same for every attempt: see completeScript
 	for attempt := 1; ; attempt++ {
-		now := ms(s.now())
-		args := append(s.header(now, s.newToken(), 11), t.tok, t.epoch, c.Scope.Identity, c.Scope.Key,
-			c.Holder.Method, c.Holder.RequestHash[:], t.leaseEnd, t.size, data, size, s.channel)
-		v, err := s.run(ctx, nil, "complete", completeScript, t.key, args)
+		v, err := s.completeOnce(ctx, t, c, data, size, nonce)
 		if err == nil {
 			if v[0] == "C" {
 				return nil
-			}
-			if attempt > 1 && s.completedBy(ctx, t) {
-				return nil // an earlier attempt did it; its reply was lost
 			}
 			return status.Errorf(codes.Internal, "redisstore: Complete: the claim is %v", v[2:])
 		}
@@ -521,12 +516,11 @@ func (s *Store) Complete(ctx context.Context, c dedupe.Claim, rec *dedupe.Record
 	}
 }
 
-// completedBy says whether t's entry is completed under t's token.
-func (s *Store) completedBy(ctx context.Context, t *token) bool {
-	octx, cancel := context.WithTimeout(ctx, s.op)
-	defer cancel()
-	v, err := s.rdb.HMGet(octx, t.key, "t", "s").Result()
-	return err == nil && len(v) == 2 && v[0] == t.tok && v[1] == "d"
+// completeOnce runs completeScript once for the call nonce.
+func (s *Store) completeOnce(ctx context.Context, t *token, c dedupe.Claim, data []byte, size int64, nonce string) ([]any, error) {
+	args := append(s.header(ms(s.now()), nonce, 11), t.tok, t.epoch, c.Scope.Identity, c.Scope.Key,
+		c.Holder.Method, c.Holder.RequestHash[:], t.leaseEnd, t.size, data, size, s.channel)
+	return s.run(ctx, nil, "complete", completeScript, t.key, args)
 }
 
 // Release implements [dedupe.Store]. It is not refused by the breaker,
