@@ -72,11 +72,11 @@ func TestOTLPExport(t *testing.T) {
 	for _, sc := range scenarios {
 		assert.Equal(t, 1, c.names[RootPrefix+sc.name], "root span of %s", sc.name)
 	}
-	// 1+1+1+2+1 calls; 3+1+2+3+0+1 attempts.
+	// 1+1+1+2+1 calls; 3+1+2+3+1+1 attempts (the call an open breaker refused at its pick has one, not sent).
 	assert.Equal(t, 5, c.names["echo.v1.EchoService/Put"])
 	assert.Equal(t, 1, c.names["echo.v1.EchoService/Notify"])
-	assert.Equal(t, 9, c.names["Attempt.echo.v1.EchoService/Put"])
+	assert.Equal(t, 10, c.names["Attempt.echo.v1.EchoService/Put"])
 	assert.Equal(t, 1, c.names["Attempt.echo.v1.EchoService/Notify"])
-	assert.Contains(t, out.String(), "exported 21 spans over OTLP/gRPC to http://"+l.Addr().String()+` as service "stormguard-example"`)
+	assert.Contains(t, out.String(), "exported 22 spans over OTLP/gRPC to http://"+l.Addr().String()+` as service "stormguard-example"`)
 	assert.Contains(t, out.String(), interceptor.EventHedgeSent)
 }

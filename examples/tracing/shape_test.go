@@ -75,9 +75,10 @@ type wantCall struct {
 }
 
 type wantAttempt struct {
-	kind   string // first, retry, hedge
-	hedge  bool
-	status string
+	kind    string // first, retry, hedge
+	hedge   bool
+	status  string
+	notSent bool // refused at its pick by an open breaker: stormguard.sent=false
 }
 
 type wantEvent struct {
@@ -86,8 +87,8 @@ type wantEvent struct {
 }
 
 var (
-	first       = wantAttempt{"first", false, "UNAVAILABLE"}
-	retryFailed = wantAttempt{"retry", false, "UNAVAILABLE"}
+	first       = wantAttempt{"first", false, "UNAVAILABLE", false}
+	retryFailed = wantAttempt{"retry", false, "UNAVAILABLE", false}
 	scheduled   = wantEvent{name: interceptor.EventRetryScheduled}
 )
 
@@ -98,7 +99,7 @@ func refused(r interceptor.Reason) wantEvent {
 var wantTrees = map[string][]wantCall{
 	"retried-twice": {{
 		method: put, status: "OK",
-		attempts: []wantAttempt{first, retryFailed, {"retry", false, "OK"}},
+		attempts: []wantAttempt{first, retryFailed, {"retry", false, "OK", false}},
 		events:   []wantEvent{scheduled, scheduled},
 	}},
 	"budget-refused": {{
@@ -108,7 +109,7 @@ var wantTrees = map[string][]wantCall{
 	}},
 	"hedged": {{
 		method: put, status: "OK",
-		attempts: []wantAttempt{{"first", false, "CANCELLED"}, {"hedge", true, "OK"}},
+		attempts: []wantAttempt{{"first", false, "CANCELLED", false}, {"hedge", true, "OK", false}},
 		events:   []wantEvent{{name: interceptor.EventHedgeSent}},
 	}},
 	"breaker-open": {{
@@ -117,7 +118,10 @@ var wantTrees = map[string][]wantCall{
 		events:   []wantEvent{scheduled, scheduled, refused(interceptor.ReasonMaxAttempts)},
 	}, {
 		method: put, status: "UNAVAILABLE",
-		attempts: nil, // refused before anything was sent
+		// The open breaker lets the call go to the pick, and refuses it
+		// there, before anything is sent: it picked the endpoint that
+		// served nothing (the only one).
+		attempts: []wantAttempt{{"first", false, "UNAVAILABLE", true}},
 		events:   []wantEvent{{name: interceptor.EventBreakerRejected, reason: interceptor.ReasonBreaker}},
 	}},
 	"unmarked": {{
@@ -204,6 +208,11 @@ func checkCall(t *testing.T, call spanView, attempts []spanView, w wantCall, hos
 			assert.Equal(t, false, a.Attrs[string(interceptor.AttrTransparentRetry)], "attempt %d: transparent-retry", i)
 			assert.Equal(t, wa.status, a.Attrs[string(semconv.RPCResponseStatusCodeKey)], "attempt %d: rpc.response.status_code", i)
 			assert.Empty(t, a.Events, "attempt %d: decisions are events on the call span, not on attempts", i)
+			if wa.notSent {
+				assert.Equal(t, false, a.Attrs[string(interceptor.AttrSent)], "attempt %d: stormguard.sent", i)
+			} else {
+				assert.NotContains(t, a.Attrs, string(interceptor.AttrSent), "attempt %d: sent", i)
+			}
 		}
 	}
 
