@@ -202,16 +202,16 @@ func (w *windows) sum(eps []*endpoint, head int) {
 // add sums ep's buckets, the newest at head, over every window into
 // w.sums[i], and adds them to w.total.
 func (w *windows) add(i int, ep *endpoint, head int) {
-	nb := w.buckets
-	sums := make([]counts, len(w.ladder))
+	nb, ladder, total := w.buckets, w.ladder, w.total
+	sums := make([]counts, len(ladder))
 	var acc counts
 	li := 0
-	for n := 1; n <= nb && li < len(w.ladder); n++ {
+	for n := 1; n <= nb && li < len(ladder); n++ {
 		c := ep.buckets[((head-n+1)%nb+nb)%nb]
 		acc.ok, acc.fail = satAdd(acc.ok, c.ok), satAdd(acc.fail, c.fail)
-		if n == w.ladder[li] {
+		if n == ladder[li] {
 			sums[li] = acc
-			w.total[li].ok, w.total[li].fail = satAdd(w.total[li].ok, acc.ok), satAdd(w.total[li].fail, acc.fail)
+			total[li].ok, total[li].fail = satAdd(total[li].ok, acc.ok), satAdd(total[li].fail, acc.fail)
 			li++
 		}
 	}
