@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/balancer"
@@ -175,4 +176,68 @@ func BenchmarkUnaryRPC(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchDecider is a balancer holding only what decide reads: n endpoints,
+// each with a READY SubConn and a full window of buckets (10 successes
+// each), under the default Config.
+func benchDecider(n int) (*outlierBalancer, Config, []*endpoint) {
+	cfg := Config{}.withDefaults()
+	b := &outlierBalancer{subs: map[*subConn]struct{}{}}
+	eps := make([]*endpoint, n)
+	for i := range eps {
+		ep := &endpoint{buckets: make([]counts, cfg.Window/cfg.Interval)}
+		for j := range ep.buckets {
+			ep.buckets[j] = counts{ok: 10}
+		}
+		sc := &subConn{}
+		sc.ep.Store(ep)
+		sc.ready.Store(true)
+		b.subs[sc] = struct{}{}
+		eps[i] = ep
+	}
+	return b, cfg, eps
+}
+
+// BenchmarkDecide measures one evaluation's decision over 10 endpoints
+// (default Config: 100 buckets): "healthy" when none stands out, "ejected"
+// with one ejected and waiting out its time, "outlier" when one fails
+// every request and is ejected (then restored for the next round).
+func BenchmarkDecide(b *testing.B) {
+	now := time.Unix(1e9, 0)
+	b.Run("healthy", func(b *testing.B) {
+		bal, cfg, eps := benchDecider(10)
+		b.ReportAllocs()
+		for b.Loop() {
+			if changed, _ := bal.decide(now, cfg, eps); len(changed) != 0 {
+				b.Fatalf("changed %d endpoints", len(changed))
+			}
+		}
+	})
+	b.Run("ejected", func(b *testing.B) {
+		bal, cfg, eps := benchDecider(10)
+		bal.eject(eps[0], now)
+		b.ReportAllocs()
+		for b.Loop() {
+			if changed, _ := bal.decide(now, cfg, eps); len(changed) != 0 {
+				b.Fatalf("changed %d endpoints", len(changed))
+			}
+		}
+	})
+	b.Run("outlier", func(b *testing.B) {
+		bal, cfg, eps := benchDecider(10)
+		bad := make([]counts, len(eps[0].buckets))
+		for j := range bad {
+			bad[j] = counts{fail: 10}
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			eps[0].ejected.Store(false)
+			eps[0].times = 0
+			copy(eps[0].buckets, bad)
+			if changed, _ := bal.decide(now, cfg, eps); len(changed) != 1 || changed[0] != eps[0] {
+				b.Fatalf("changed %d endpoints, want the failing one", len(changed))
+			}
+		}
+	})
 }

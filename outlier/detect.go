@@ -86,13 +86,39 @@ func (b *outlierBalancer) rotate(now time.Time, cfg Config, eps []*endpoint) {
 // returns the endpoints that changed, and whether the timer should keep
 // running. b.mu is held.
 func (b *outlierBalancer) decide(now time.Time, cfg Config, eps []*endpoint) (changed []*endpoint, active bool) {
-	ready := make(map[*endpoint]bool, len(eps))
+	ready := b.readyEndpoints(len(eps))
+	changed, ejected := b.release(now, cfg, eps, ready)
+	decayTimes(now, cfg, eps)
+	w := newWindows(eps)
+	w.sum(eps, b.head)
+	active = ejected > 0 || w.busy()
+	maxEjected := maxEjections(len(eps), cfg)
+	if ejected >= maxEjected {
+		return changed, active
+	}
+	var buf [2]candidate // the usual few, without allocating
+	cands := w.appendOutliers(buf[:0], cfg, eps)
+	changed, n := b.ejectOutliers(now, eps, ready, cands, maxEjected-ejected, changed)
+	return changed, active || n > 0
+}
+
+// readyEndpoints returns the endpoints that have a READY SubConn. b.mu is
+// held.
+func (b *outlierBalancer) readyEndpoints(n int) map[*endpoint]bool {
+	ready := make(map[*endpoint]bool, n)
 	for sc := range b.subs {
 		if ep := sc.ep.Load(); ep != nil && sc.ready.Load() {
 			ready[ep] = true
 		}
 	}
-	ejected, readyIn := 0, 0
+	return ready
+}
+
+// release un-ejects the endpoints whose ejection time is up, or every
+// ejected endpoint when none of the others is connected. It returns those
+// it un-ejected and how many stay ejected. b.mu is held.
+func (b *outlierBalancer) release(now time.Time, cfg Config, eps []*endpoint, ready map[*endpoint]bool) (changed []*endpoint, ejected int) {
+	readyIn := 0
 	for _, ep := range eps {
 		if ep.ejected.Load() {
 			if now.Sub(ep.ejectedAt) >= ejectionTime(cfg, ep.times) {
@@ -116,6 +142,12 @@ func (b *outlierBalancer) decide(now time.Time, cfg Config, eps []*endpoint) (ch
 		}
 		ejected = 0
 	}
+	return changed, ejected
+}
+
+// decayTimes lowers the ejection multiplier of each endpoint that is not
+// ejected by one per BaseEjectionTime since it last changed. b.mu is held.
+func decayTimes(now time.Time, cfg Config, eps []*endpoint) {
 	for _, ep := range eps {
 		if !ep.ejected.Load() && ep.times > 0 {
 			if k := int(now.Sub(ep.since) / cfg.BaseEjectionTime); k > 0 {
@@ -124,69 +156,92 @@ func (b *outlierBalancer) decide(now time.Time, cfg Config, eps []*endpoint) (ch
 			}
 		}
 	}
+}
 
-	// The windows to compare over: the last 1, 2, 4, ... buckets, then all.
+// windows holds the outcomes of the endpoints that are not ejected,
+// summed over each window they are compared on.
+type windows struct {
+	buckets int        // the ring's length
+	ladder  []int      // the windows' lengths in buckets, shortest first
+	sums    [][]counts // by endpoint, then window; nil for an ejected one
+	total   []counts   // by window, over every endpoint not ejected
+}
+
+// ladder returns the windows to compare over: the last 1, 2, 4, ...
+// buckets of nb, then all nb.
+func ladder(nb int) []int {
+	var l []int
+	for w := 1; w < nb; w *= 2 {
+		l = append(l, w)
+	}
+	return append(l, nb)
+}
+
+// newWindows returns empty windows for eps, whose endpoints share one
+// ring length. It is small enough to be inlined, so that its slices stay
+// on decide's stack when they are small.
+func newWindows(eps []*endpoint) windows {
 	nb := 0
 	if len(eps) > 0 {
 		nb = len(eps[0].buckets)
 	}
-	var ladder []int
-	for w := 1; w < nb; w *= 2 {
-		ladder = append(ladder, w)
-	}
-	ladder = append(ladder, nb)
-	sums := make([][]counts, len(eps))
-	total := make([]counts, len(ladder))
-	for i, ep := range eps {
-		if ep.ejected.Load() {
-			continue
-		}
-		sums[i] = make([]counts, len(ladder))
-		var acc counts
-		li := 0
-		for w := 1; w <= nb && li < len(ladder); w++ {
-			c := ep.buckets[((b.head-w+1)%nb+nb)%nb]
-			acc.ok, acc.fail = satAdd(acc.ok, c.ok), satAdd(acc.fail, c.fail)
-			if w == ladder[li] {
-				sums[i][li] = acc
-				total[li].ok, total[li].fail = satAdd(total[li].ok, acc.ok), satAdd(total[li].fail, acc.fail)
-				li++
-			}
-		}
-	}
-	active = ejected > 0 || (nb > 0 && total[len(ladder)-1] != counts{})
+	l := ladder(nb)
+	return windows{buckets: nb, ladder: l, sums: make([][]counts, len(eps)), total: make([]counts, len(l))}
+}
 
-	maxEjected := maxEjections(len(eps), cfg)
-	if ejected >= maxEjected {
-		return changed, active
-	}
-	type candidate struct {
-		ep    *endpoint
-		ratio float64
-	}
-	var cands []candidate
-	// Each endpoint is judged on the most recent window with enough
-	// requests; older, longer windows may only add evidence for what the
-	// recent one shows. The significance level is shared among the windows.
-	level := alpha / float64(len(ladder))
+// sum sums the buckets of the endpoints that are not ejected, the newest
+// at head, over every window. b.mu is held.
+func (w *windows) sum(eps []*endpoint, head int) {
 	for i, ep := range eps {
-		if sums[i] == nil {
+		if !ep.ejected.Load() {
+			w.add(i, ep, head)
+		}
+	}
+}
+
+// add sums ep's buckets, the newest at head, over every window into
+// w.sums[i], and adds them to w.total.
+func (w *windows) add(i int, ep *endpoint, head int) {
+	nb, ladder, total := w.buckets, w.ladder, w.total
+	sums := make([]counts, len(ladder))
+	var acc counts
+	li := 0
+	for n := 1; n <= nb && li < len(ladder); n++ {
+		c := ep.buckets[((head-n+1)%nb+nb)%nb]
+		acc.ok, acc.fail = satAdd(acc.ok, c.ok), satAdd(acc.fail, c.fail)
+		if n == ladder[li] {
+			sums[li] = acc
+			total[li].ok, total[li].fail = satAdd(total[li].ok, acc.ok), satAdd(total[li].fail, acc.fail)
+			li++
+		}
+	}
+	w.sums[i] = sums
+}
+
+// busy reports whether the whole window holds any outcome.
+func (w *windows) busy() bool {
+	return w.buckets > 0 && w.total[len(w.total)-1] != counts{}
+}
+
+// candidate is an endpoint that stands out, with its failure ratio over
+// the window that showed it.
+type candidate struct {
+	ep    *endpoint
+	ratio float64
+}
+
+// appendOutliers appends to cands the endpoints whose failures stand out
+// from the others', and sorts cands by failure ratio, highest first (in
+// eps order among equals).
+func (w *windows) appendOutliers(cands []candidate, cfg Config, eps []*endpoint) []candidate {
+	// The significance level is shared among the windows.
+	level := alpha / float64(len(w.ladder))
+	for i, ep := range eps {
+		if w.sums[i] == nil {
 			continue
 		}
-		for li := range ladder {
-			own := sums[i][li]
-			ni := int(own.ok) + int(own.fail)
-			fr, nr := int(total[li].fail)-int(own.fail), int(total[li].ok)+int(total[li].fail)-ni
-			if ni < cfg.MinRequests || nr < cfg.MinRequests {
-				continue
-			}
-			if !standsOut(int(own.fail), ni, fr, nr, cfg.FailureRatio) {
-				break
-			}
-			if fisherTail(int(own.fail), ni, int(total[li].fail), ni+nr, level) <= level {
-				cands = append(cands, candidate{ep, float64(own.fail) / float64(ni)})
-				break
-			}
+		if ratio, ok := w.outlierRatio(i, cfg, level); ok {
+			cands = append(cands, candidate{ep, ratio})
 		}
 	}
 	slices.SortStableFunc(cands, func(a, b candidate) int {
@@ -198,26 +253,59 @@ func (b *outlierBalancer) decide(now time.Time, cfg Config, eps []*endpoint) (ch
 		}
 		return 0
 	})
+	return cands
+}
+
+// outlierRatio reports whether the i-th endpoint stands out, and its
+// failure ratio if so. It is judged on the most recent window with enough
+// requests; older, longer windows may only add evidence for what the
+// recent one shows.
+func (w *windows) outlierRatio(i int, cfg Config, level float64) (ratio float64, out bool) {
+	for li := range w.ladder {
+		own, all := w.sums[i][li], w.total[li]
+		ni := int(own.ok) + int(own.fail)
+		fr, nr := int(all.fail)-int(own.fail), int(all.ok)+int(all.fail)-ni
+		if ni < cfg.MinRequests || nr < cfg.MinRequests {
+			continue
+		}
+		if !standsOut(int(own.fail), ni, fr, nr, cfg.FailureRatio) {
+			return 0, false
+		}
+		if fisherTail(int(own.fail), ni, int(all.fail), ni+nr, level) <= level {
+			return float64(own.fail) / float64(ni), true
+		}
+	}
+	return 0, false
+}
+
+// ejectOutliers ejects the candidates in order, at most room of them, and
+// never the last connected endpoint. It returns changed with those it
+// ejected appended, and how many. b.mu is held.
+func (b *outlierBalancer) ejectOutliers(now time.Time, eps []*endpoint, ready map[*endpoint]bool, cands []candidate, room int, changed []*endpoint) ([]*endpoint, int) {
+	n := 0
 	for _, c := range cands {
-		if ejected >= maxEjected {
+		if n >= room {
 			break
 		}
-		// Never eject the last connected endpoint.
-		others := 0
-		for _, ep := range eps {
-			if ep != c.ep && !ep.ejected.Load() && ready[ep] {
-				others++
-			}
-		}
-		if others == 0 {
+		if !othersConnected(c.ep, eps, ready) {
 			continue
 		}
 		b.eject(c.ep, now)
 		changed = append(changed, c.ep)
-		ejected++
-		active = true
+		n++
 	}
-	return changed, active
+	return changed, n
+}
+
+// othersConnected reports whether an endpoint other than ep is connected
+// and not ejected.
+func othersConnected(ep *endpoint, eps []*endpoint, ready map[*endpoint]bool) bool {
+	for _, o := range eps {
+		if o != ep && !o.ejected.Load() && ready[o] {
+			return true
+		}
+	}
+	return false
 }
 
 // ejectionTime is how long the times-th ejection in a row lasts.

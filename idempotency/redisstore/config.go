@@ -6,6 +6,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stormguard/stormguard/breaker"
+	"github.com/stormguard/stormguard/idempotency/dedupe"
 )
 
 // Defaults of Config.
@@ -112,4 +113,61 @@ type Config struct {
 	// with; nil: time.Now. Replicas sharing a store should have clocks
 	// within LeaseMargin of each other.
 	Now func() time.Time
+}
+
+// withDefaults returns c with every zero (or, where the field says so,
+// negative) field set to its default, and the per-identity bounds capped
+// by the totals.
+func (c Config) withDefaults() Config {
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if c.MaxEntries <= 0 {
+		c.MaxEntries = dedupe.DefaultMaxEntries
+	}
+	if c.MaxBytes <= 0 {
+		c.MaxBytes = dedupe.DefaultMaxBytes
+	}
+	if c.MaxEntriesPerIdentity <= 0 {
+		c.MaxEntriesPerIdentity = max(c.MaxEntries/4, 1)
+	}
+	c.MaxEntriesPerIdentity = min(c.MaxEntriesPerIdentity, c.MaxEntries)
+	if c.MaxBytesPerIdentity <= 0 {
+		c.MaxBytesPerIdentity = c.MaxBytes / 4
+	}
+	c.MaxBytesPerIdentity = min(c.MaxBytesPerIdentity, c.MaxBytes)
+	if c.TTL <= 0 {
+		c.TTL = dedupe.DefaultTTL
+	}
+	if c.RetryHorizon == 0 {
+		c.RetryHorizon = dedupe.DefaultRetryHorizon
+	}
+	if c.Lease <= 0 {
+		c.Lease = DefaultLease
+	}
+	if c.LeaseMargin <= 0 {
+		c.LeaseMargin = DefaultLeaseMargin
+	}
+	if c.Fence == 0 {
+		c.Fence = DefaultFence
+	}
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = DefaultHeartbeat
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.OpTimeout <= 0 {
+		c.OpTimeout = DefaultOpTimeout
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Breaker.ConsecutiveFailures == 0 {
+		c.Breaker.ConsecutiveFailures = DefaultBreakerConsecutiveFailures
+	}
+	if c.Breaker.Target == "" {
+		c.Breaker.Target = "redisstore:" + c.Prefix
+	}
+	return c
 }

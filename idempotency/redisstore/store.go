@@ -89,75 +89,36 @@ func New(c Config) (*Store, error) {
 	if err := checkClient(c.Client); err != nil {
 		return nil, err
 	}
+	c = c.withDefaults()
 	s := &Store{
-		rdb:        c.Client,
-		prefix:     c.Prefix,
+		rdb:    c.Client,
+		prefix: c.Prefix, gKey: c.Prefix + "g", channel: c.Prefix + "done",
 		maxEntries: c.MaxEntries, maxPerID: c.MaxEntriesPerIdentity,
 		maxBytes: c.MaxBytes, maxBytesPerID: c.MaxBytesPerIdentity,
 		ttl: c.TTL, horizon: c.RetryHorizon, lease: c.Lease, margin: c.LeaseMargin,
 		fence: c.Fence, heartbeat: c.Heartbeat, poll: c.PollInterval, op: c.OpTimeout,
-		now:     c.Now,
-		waiters: map[string][]chan struct{}{},
-		kick:    make(chan struct{}, 1),
-		stop:    make(chan struct{}),
+		now:       c.Now,
+		br:        breaker.New(c.Breaker),
+		tokPrefix: newTokenPrefix(),
+		waiters:   map[string][]chan struct{}{},
+		kick:      make(chan struct{}, 1),
+		stop:      make(chan struct{}),
 	}
-	if s.prefix == "" {
-		s.prefix = DefaultPrefix
-	}
-	s.gKey, s.channel = s.prefix+"g", s.prefix+"done"
-	if s.maxEntries <= 0 {
-		s.maxEntries = dedupe.DefaultMaxEntries
-	}
-	if s.maxBytes <= 0 {
-		s.maxBytes = dedupe.DefaultMaxBytes
-	}
-	if s.maxPerID <= 0 {
-		s.maxPerID = max(s.maxEntries/4, 1)
-	}
-	s.maxPerID = min(s.maxPerID, s.maxEntries)
-	if s.maxBytesPerID <= 0 {
-		s.maxBytesPerID = s.maxBytes / 4
-	}
-	s.maxBytesPerID = min(s.maxBytesPerID, s.maxBytes)
-	if s.ttl <= 0 {
-		s.ttl = dedupe.DefaultTTL
-	}
-	if s.horizon == 0 {
-		s.horizon = dedupe.DefaultRetryHorizon
-	}
-	if s.lease <= 0 {
-		s.lease = DefaultLease
-	}
-	if s.margin <= 0 {
-		s.margin = DefaultLeaseMargin
-	}
-	if s.fence == 0 {
-		s.fence = DefaultFence
-	}
-	if s.heartbeat <= 0 {
-		s.heartbeat = DefaultHeartbeat
-	}
-	if s.poll <= 0 {
-		s.poll = DefaultPollInterval
-	}
-	if s.op <= 0 {
-		s.op = DefaultOpTimeout
-	}
-	if s.now == nil {
-		s.now = time.Now
-	}
-	bc := c.Breaker
-	if bc.ConsecutiveFailures == 0 {
-		bc.ConsecutiveFailures = DefaultBreakerConsecutiveFailures
-	}
-	if bc.Target == "" {
-		bc.Target = "redisstore:" + s.prefix
-	}
-	s.br = breaker.New(bc)
+	s.start()
+	return s, nil
+}
+
+// newTokenPrefix returns a random prefix for the tokens of one Store, so
+// that no two Stores make the same token.
+func newTokenPrefix() string {
 	var r [8]byte
 	_, _ = rand.Read(r[:])
-	s.tokPrefix = hex.EncodeToString(r[:]) + "."
+	return hex.EncodeToString(r[:]) + "."
+}
 
+// start subscribes to the store's notifications and starts the goroutines
+// that wake waiters on them and watch claims in flight; Close stops both.
+func (s *Store) start() {
 	s.ps = s.rdb.Subscribe(context.Background(), s.channel)
 	msgs := s.ps.Channel()
 	s.wg.Add(2)
@@ -171,7 +132,6 @@ func New(c Config) (*Store, error) {
 		defer s.wg.Done()
 		s.watch()
 	}()
-	return s, nil
 }
 
 // checkClient refuses a client whose commands ignore their context's
