@@ -41,6 +41,7 @@ type attempt struct {
 	timeout bool          // the attempt has its own per-attempt timeout
 	ended   uint32        // atomic: 1 once end has run
 	creds   *attemptCreds // nil when the attempt was sent without
+	peerp   *peer.Peer    // filled by grpc.Peer after the attempt, when the call asked for it
 	// guarded is the open breaker of a first attempt that goes to the
 	// pick: it is refused there if it picks an endpoint that served
 	// nothing (see call.guardPick), and counted as sent otherwise.
@@ -296,10 +297,13 @@ func (c *call) end(callCtx context.Context, a *attempt, err error, abandoned boo
 }
 
 func (a *attempt) peer() net.Addr {
-	if a.creds == nil {
-		return nil
+	if a.creds != nil && a.creds.last != nil {
+		return a.creds.last
 	}
-	return a.creds.last
+	if a.peerp != nil {
+		return a.peerp.Addr
+	}
+	return nil
 }
 
 // attemptCreds are the call credentials an attempt is sent with. grpc asks

@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -52,33 +53,41 @@ func targetOf(cc *grpc.ClientConn) string {
 // options with the attempt credentials and, for a call that may retry, a
 // trailer capture. It is pooled so that a call does not allocate for them.
 type unaryState struct {
-	opts     []grpc.CallOption
+	opts     []grpc.CallOption // the caller's, and ours but the credentials
+	withCred []grpc.CallOption // opts and the credentials
 	creds    attemptCreds
 	credsOpt grpc.CallOption
 	tr       metadata.MD
 	trOpt    grpc.CallOption
+	peer     peer.Peer
+	peerOpt  grpc.CallOption
 }
 
 var unaryPool = sync.Pool{New: func() any {
 	s := &unaryState{}
 	s.credsOpt = grpc.PerRPCCredentials(&s.creds)
 	s.trOpt = grpc.TrailerCallOption{TrailerAddr: &s.tr}
+	s.peerOpt = grpc.PeerCallOption{PeerAddr: &s.peer}
 	return s
 }}
 
 func (s *unaryState) release() {
-	s.tr = nil
+	s.tr, s.peer = nil, peer.Peer{}
 	s.creds.user = nil
 	clear(s.opts)
 	s.opts = s.opts[:0]
+	clear(s.withCred)
+	s.withCred = s.withCred[:0]
 	unaryPool.Put(s)
 }
 
 // sequential runs attempts one after the other: the retry path.
 func (c *call) sequential(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, cs *callSettings) error {
-	// Every attempt carries the call credentials (the deadline header, and
-	// the endpoint it went to); an attempt that may retry also captures
-	// its trailer (a server's pushback).
+	// Every attempt learns the endpoint it went to (grpc.Peer); one that
+	// may retry also captures its trailer (a server's pushback). The call
+	// credentials go along only when they have work: a deadline header to
+	// write, endpoints to avoid, or a pick an open breaker guards (inside
+	// grpc they cost a few allocations per attempt).
 	var trp *metadata.MD // where this call's trailers land
 	st := unaryPool.Get().(*unaryState)
 	defer st.release()
@@ -93,10 +102,9 @@ func (c *call) sequential(ctx context.Context, method string, req, reply any, cc
 			st.opts, trp = append(st.opts, st.trOpt), &st.tr
 		}
 	}
+	st.opts = append(st.opts, st.peerOpt)
 	creds := &st.creds
 	creds.reset(c, cs)
-	st.opts = append(st.opts, st.credsOpt)
-	opts = st.opts
 	kind := kindFirst
 	var a attempt
 	for {
@@ -104,14 +112,21 @@ func (c *call) sequential(ctx context.Context, method string, req, reply any, cc
 		if reason != "" {
 			return c.notSent(ctx, reason, err)
 		}
-		a.creds = creds
 		creds.prepare(c, &a)
+		aopts := st.opts
+		if c.hasDeadline || cs.hasCreds || len(c.avoid) > 0 || a.guarded != nil {
+			a.creds = creds
+			st.withCred = append(append(st.withCred[:0], st.opts...), st.credsOpt)
+			aopts = st.withCred
+		}
+		a.peerp = &st.peer
+		st.peer = peer.Peer{}
 		if trp != nil {
 			*trp = nil
 		}
-		err = invoker(a.ctx, method, req, reply, cc, opts...)
+		err = invoker(a.ctx, method, req, reply, cc, aopts...)
 		for creds.collect() { // it picked an endpoint it avoids: pick again
-			err = invoker(a.ctx, method, req, reply, cc, opts...)
+			err = invoker(a.ctx, method, req, reply, cc, aopts...)
 		}
 		if a.guarded != nil {
 			if creds.refused {
