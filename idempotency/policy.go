@@ -75,7 +75,9 @@ type Policy struct {
 	// RetryableCodes lists the codes after which an attempt may be
 	// retried; empty: the client's default.
 	RetryableCodes CodeSet
-	// PerAttemptTimeout bounds each attempt; 0: no bound but the call's.
+	// PerAttemptTimeout is how long an attempt may go unanswered before a
+	// retry is sent beside it; 0: never, attempts may use all the time
+	// the call has left.
 	PerAttemptTimeout time.Duration
 }
 

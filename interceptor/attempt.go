@@ -38,7 +38,8 @@ type attempt struct {
 	ticket  breaker.Ticket
 	kind    attemptKind
 	start   time.Time
-	timeout bool          // the attempt has its own per-attempt timeout
+	timeout bool          // the attempt was cut by its per-attempt timeout (see perTry)
+	pt      *perTry       // the per-attempt timeout of a sequential attempt a retry may follow
 	ended   uint32        // atomic: 1 once end has run
 	creds   *attemptCreds // nil when the attempt was sent without
 	peerp   *peer.Peer    // filled by grpc.Peer after the attempt, when the call asked for it
@@ -87,12 +88,13 @@ func (c *call) begin(ctx context.Context, a *attempt, kind attemptKind, mode att
 			c.wouldRefuse(ctx, ReasonBreaker)
 		}
 	}
-	if kind == kindHedge || (kind == kindRetry && !c.failover) {
+	if kind == kindHedge || (kind == kindRetry && !c.failover && !c.prepaid) {
 		if reason, ok := c.withdraw(ctx, now); !ok {
 			a.ticket.Ignore()
 			return reason, nil
 		}
 	}
+	c.prepaid = false
 	actx := ctx
 	if c.sent > 0 {
 		actx = metadata.AppendToOutgoingContext(actx, PreviousAttemptsKey, strconv.Itoa(c.sent))
@@ -103,7 +105,7 @@ func (c *call) begin(ctx context.Context, a *attempt, kind attemptKind, mode att
 			actx = outlier.AvoidContext(actx, p.String())
 		}
 	}
-	actx, a.cancel, a.timeout = c.attemptContext(actx, now, mode)
+	actx = c.attemptContext(actx, a, now, mode)
 	rt := c.route.tel
 	ao := rt.attemptOpts(kind)
 	if c.recording {
@@ -193,38 +195,51 @@ const minServedNothing = 3
 // retries of a dead target's callers sooner, so that the hop next to it
 // refuses, and says so to the hops above.
 func (c *call) servedNothing(b *breaker.Breaker, now time.Time) bool {
-	if ok, fail, known := c.route.endpoints.totals(now); known {
+	return servedNothing(c.route, b, now)
+}
+
+func servedNothing(r *route, b *breaker.Breaker, now time.Time) bool {
+	if ok, fail, known := r.endpoints.totals(now); known {
 		return ok == 0 && fail >= minServedNothing
 	}
 	st := b.Stats()
 	return st.State == breaker.StateClosed && st.Attempts >= minServedNothing && st.Failures == st.Attempts
 }
 
-// attemptContext gives an attempt the deadline it needs beyond the call
-// context's: the call's own when it was tightened after the context was
-// made (a service-config timeout read late), or the per-attempt timeout
-// when that is tighter (timeout reports it); and a cancel when the mode
-// needs one.
-func (c *call) attemptContext(ctx context.Context, now time.Time, mode attemptMode) (context.Context, context.CancelFunc, bool) {
+// attemptContext gives attempt a the context it needs beyond the call
+// context's: the call's deadline when it was tightened after the context
+// was made (a service-config timeout read late); the per-attempt timeout,
+// when it is tighter and a retry may follow (see perTry); and a cancel
+// when the mode needs one.
+func (c *call) attemptContext(ctx context.Context, a *attempt, now time.Time, mode attemptMode) context.Context {
 	var dl time.Time
 	if c.hasDeadline && (!c.ctxHasDL || c.deadline.Before(c.ctxDeadline)) {
 		dl = c.deadline
 	}
-	timeout := false
-	if p := c.route.perAttempt; p > 0 && mode != streamAttemptMode {
-		if pdl := now.Add(p); !c.hasDeadline || pdl.Before(c.deadline) {
-			dl, timeout = pdl, true
+	var perTry time.Duration
+	if p := c.route.perAttempt; p > 0 && mode == plainAttempt {
+		// Only a reply that is not a proto message (a custom codec) is
+		// retried on a per-attempt timeout here; the others are run by
+		// the hedger, which does not cancel the slow attempt.
+		if pdl := now.Add(p); (!c.hasDeadline || pdl.Before(c.deadline)) && c.mayFollow(ctx) {
+			perTry = p
 		}
 	}
 	switch {
+	case perTry > 0:
+		// Cut by perTry's timer, only if a retry can follow then.
+		if dl.IsZero() {
+			ctx, a.cancel = context.WithCancel(ctx)
+		} else {
+			ctx, a.cancel = context.WithDeadline(ctx, dl)
+		}
+		a.pt = c.newPerTry(ctx, perTry, a.cancel)
 	case !dl.IsZero():
-		ctx, cancel := context.WithDeadline(ctx, dl)
-		return ctx, cancel, timeout
+		ctx, a.cancel = context.WithDeadline(ctx, dl)
 	case mode != plainAttempt:
-		ctx, cancel := context.WithCancel(ctx)
-		return ctx, cancel, false
+		ctx, a.cancel = context.WithCancel(ctx)
 	}
-	return ctx, nil, false
+	return ctx
 }
 
 // withdraw takes a token from the budget for a retry or a hedge that is

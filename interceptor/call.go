@@ -62,6 +62,7 @@ type call struct {
 	maxAttempts  int
 	repeatable   bool
 	hedge        bool
+	beside       bool // a per-attempt timeout sends a retry beside the slow attempt (see hedger)
 	grpcRetry    bool // grpc-go's retryPolicy covers the method: one attempt of ours
 	deadline     time.Time
 	hasDeadline  bool
@@ -72,6 +73,7 @@ type call struct {
 	lastErr      error      // the last attempt's error
 	timed        bool       // an attempt's end time is needed even on success (duration metric, latency)
 	failover     bool       // the next retry fails over from an outlier endpoint
+	prepaid      bool       // the next retry's token was withdrawn when its attempt was cut (perTry)
 	avoid        []net.Addr // the target's outlier endpoints, which attempts avoid
 	failedOn     []net.Addr // the endpoints the call's attempts failed on
 }
@@ -117,6 +119,7 @@ func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, 
 	mc := r.methodConfig(cc, c.start)
 	c.applyGRPCRetry(mc)
 	c.hedge = c.repeatable && !c.grpcRetry && r.hedge && !cs.noHedge && c.maxAttempts > 1
+	c.beside = c.repeatable && !c.grpcRetry && r.perAttempt > 0 && c.maxAttempts > 1
 	if metadata.ValueFromOutgoingContext(ctx, deadline.MetadataKey) != nil {
 		ctx = removeOutgoing(ctx, deadline.MetadataKey) // stale: the attempts send their own
 	}

@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"math"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -152,6 +153,29 @@ func (c *Client) newTimer(d time.Duration) clock.Timer {
 		return c.o.newTimer(d)
 	}
 	return clock.NewTimer(d)
+}
+
+// afterFunc calls f on its own goroutine after d on the Client's timers;
+// stop prevents that if f has not started.
+func (c *Client) afterFunc(d time.Duration, f func()) (stop func() bool) {
+	if c.o.newTimer == nil {
+		return time.AfterFunc(d, f).Stop
+	}
+	t := c.o.newTimer(d)
+	done := make(chan struct{})
+	var once sync.Once
+	go func() {
+		select {
+		case <-t.C():
+			f()
+		case <-done:
+		}
+	}()
+	return func() bool {
+		stopped := t.Stop()
+		once.Do(func() { close(done) })
+		return stopped
+	}
 }
 
 // DialOptions returns the dial options that install the Client on a

@@ -45,6 +45,9 @@ type reply struct {
 	err     error
 	trailer metadata.MD
 	block   bool // wait until the attempt's context is done
+	// hold, when not nil, makes the attempt wait for it to be closed (then
+	// answer err) or for its context to be done.
+	hold <-chan struct{}
 }
 
 // invoker is a scripted grpc.UnaryInvoker: attempt n answers script(n)
@@ -52,6 +55,7 @@ type reply struct {
 type invoker struct {
 	clk    *clock.Fake
 	script func(n int) reply
+	sent   chan int // when not nil, gets each attempt's number once it is recorded
 
 	mu    sync.Mutex
 	calls []invocation
@@ -81,7 +85,17 @@ func (v *invoker) invoke(ctx context.Context, _ string, _, _ any, _ *grpc.Client
 	v.calls = append(v.calls, in)
 	n := len(v.calls)
 	v.mu.Unlock()
+	if v.sent != nil {
+		v.sent <- n
+	}
 	r := v.script(n)
+	if r.hold != nil {
+		select {
+		case <-r.hold:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
 	if r.block {
 		<-ctx.Done()
 		return status.FromContextError(ctx.Err()).Err()

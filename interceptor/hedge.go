@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
@@ -19,6 +20,14 @@ import (
 // fatal answer wins, the others are cancelled, and every attempt has ended
 // before run returns. A failed attempt is replaced at once while others
 // run (gRFC A6), after the backoff when none does.
+//
+// It also runs the calls of methods with a per-attempt timeout: when the
+// latest attempt has not answered after it, a retry is sent beside it
+// (Envoy's hedge_on_per_try_timeout), so that the slow attempt's answer
+// is not thrown away. Cancelling it would lose the work the server has
+// done or queued for it, and under overload that loss is what keeps a
+// service down (storm lab scenario 10); when no retry may be sent, the
+// slow attempt simply runs on (EventTimeoutKept).
 //
 // The call is passed to every method rather than kept in the hedger, so
 // that it stays on the caller's stack (escape analysis does not tell a
@@ -46,7 +55,9 @@ type hedger struct {
 	winner   *hedgeAttempt
 	inflight int
 	hedging  bool        // more hedges may be sent
-	timer    clock.Timer // the next hedge; nil when none is due
+	timing   bool        // more retries may be sent on a per-attempt timeout
+	timer    clock.Timer // the next hedge or retry; nil when none is due
+	next     attemptKind // what the timer sends: kindHedge or kindRetry
 }
 
 type hedgeAttempt struct {
@@ -70,7 +81,8 @@ func runHedged(c *call, ctx context.Context, method string, req any, reply proto
 		base:    make([]grpc.CallOption, 0, len(opts)+4),
 		results: make(chan hedgeResult, c.maxAttempts),
 		wg:      new(sync.WaitGroup),
-		hedging: true,
+		hedging: c.hedge,
+		timing:  c.beside,
 	}
 	for _, o := range opts {
 		switch o := o.(type) {
@@ -105,6 +117,10 @@ func (h *hedger) run(c *call) error {
 			}
 		case <-hedgeDue:
 			h.timer = nil
+			if h.next == kindRetry {
+				h.timedOut(c)
+				continue
+			}
 			if reason, _ := h.launch(c, kindHedge); reason != "" {
 				c.refuse(h.ctx, reason, EventHedgeRefused)
 				h.hedging = false
@@ -135,7 +151,7 @@ func (h *hedger) answer(c *call, res hedgeResult) (done bool, err error) {
 	if !v.retry {
 		if v.reason != "" && !v.reason.info().fatal && h.inflight > 0 {
 			// Refused, but others still run; one of them may succeed.
-			h.winner, h.hedging = nil, false
+			h.winner, h.hedging, h.timing = nil, false, false
 			return false, nil
 		}
 		return true, c.conclude(h.ctx, v)
@@ -153,7 +169,7 @@ func (h *hedger) answer(c *call, res hedgeResult) (done bool, err error) {
 			h.winner = res.a
 			return true, c.notSent(h.ctx, reason, err)
 		}
-		h.hedging = false
+		h.hedging, h.timing = false, false
 		return false, nil
 	}
 	h.arm(c)
@@ -195,23 +211,58 @@ func runHedgeAttempt(wg *sync.WaitGroup, results chan<- hedgeResult, ha *hedgeAt
 	results <- hedgeResult{a: ha, err: err}
 }
 
-// arm sets the timer of the next hedge, if one may be sent.
+// timedOut sends a retry beside the latest attempt, which has not answered
+// within the per-attempt timeout, if one may be sent; if not, the attempts
+// in flight run on and no more retries are sent on a timeout.
+func (h *hedger) timedOut(c *call) {
+	err := status.Errorf(codes.DeadlineExceeded, "stormguard: no answer within the per-attempt timeout (%v)", c.route.perAttempt)
+	if f := c.client.o.retryIf; f != nil && !f(h.ctx, c.route.method, err) {
+		h.keep(c, ReasonRetryIf)
+		return
+	}
+	c.failover = false
+	c.scheduled(verdict{err: err})
+	if reason, _ := h.launch(c, kindRetry); reason != "" {
+		h.keep(c, reason)
+		return
+	}
+	h.arm(c)
+}
+
+// keep records that no retry was sent on a per-attempt timeout, for
+// reason.
+func (h *hedger) keep(c *call, reason Reason) {
+	c.refuse(h.ctx, reason, EventTimeoutKept)
+	h.timing = false
+}
+
+// arm sets the timer of the next hedge or per-attempt timeout retry, if
+// one may be sent: whichever is due first.
 func (h *hedger) arm(c *call) {
 	if h.timer != nil {
 		h.timer.Stop()
 		h.timer = nil
 	}
-	if !h.hedging || c.sent >= c.maxAttempts || c.hedges >= c.route.maxHedges {
+	if c.sent >= c.maxAttempts {
 		return
 	}
-	d := c.route.hedgeDelay
-	if c.route.lat != nil {
-		var ok bool
-		if d, ok = c.route.lat.hedgeDelay(); !ok {
-			return // adaptive, not warm yet: no hedge
+	var d time.Duration
+	if h.hedging && c.hedges < c.route.maxHedges {
+		d = c.route.hedgeDelay
+		if c.route.lat != nil {
+			var ok bool
+			if d, ok = c.route.lat.hedgeDelay(); !ok {
+				d = 0 // adaptive, not warm yet: no hedge
+			}
 		}
 	}
-	h.timer = c.client.newTimer(d)
+	h.next = kindHedge
+	if p := c.route.perAttempt; h.timing && p > 0 && (d == 0 || p < d) {
+		d, h.next = p, kindRetry
+	}
+	if d > 0 {
+		h.timer = c.client.newTimer(d)
+	}
 }
 
 // finish cancels the losers, waits for every attempt, reports them, and

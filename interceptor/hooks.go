@@ -39,9 +39,9 @@ type RefusalEvent struct {
 	Method   string
 	Target   string
 	Reason   Reason
-	Event    string // EventRetryRefused, EventHedgeRefused, EventBreakerRejected or EventDeadlineFast
+	Event    string // EventRetryRefused, EventHedgeRefused, EventBreakerRejected, EventDeadlineFast or EventTimeoutKept
 	Attempts int    // attempts of the call sent so far
-	Err      error  // the last attempt's status (nil when none was sent)
+	Err      error  // the last attempt's status (nil when none was sent, and for EventTimeoutKept: the attempt runs on)
 }
 
 func (c *Client) logger() *slog.Logger {

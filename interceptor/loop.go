@@ -99,7 +99,7 @@ func (c *call) fundable(ctx context.Context, now time.Time) (Reason, bool) {
 	reason := Reason("")
 	if b := c.route.breaker; b != nil && (b.RetryAfter() > 0 || c.deadForSure(now)) {
 		reason = ReasonBreaker
-	} else if b := c.route.budget; b != nil && !c.failover && b.Stats().Balance < 1 {
+	} else if b := c.route.budget; b != nil && !c.failover && !c.prepaid && b.Stats().Balance < 1 {
 		reason = ReasonBudget
 	}
 	if reason == "" {
@@ -173,13 +173,27 @@ func (c *call) notSent(ctx context.Context, reason Reason, err error) error {
 
 // refuse records that a retry, a hedge or a call was refused.
 func (c *call) refuse(ctx context.Context, reason Reason, event string) {
-	c.client.tel.refusals.Add(ctx, 1, c.route.tel.refusalOpts(reason)...)
-	c.event(event, AttrReason.String(string(reason)))
-	if reason.info().propagates {
+	var span trace.Span
+	if c.recording {
+		span = c.span
+	}
+	recordRefusal(ctx, c.client, c.route, span, RefusalEvent{Reason: reason, Event: event, Attempts: c.sent, Err: c.lastErr})
+}
+
+// recordRefusal records refusal e of a call on route r: the metric, the
+// event on span (nil when the call's span does not record), the marker for
+// the server's don't-retry pushback, and the hook.
+func recordRefusal(ctx context.Context, cl *Client, r *route, span trace.Span, e RefusalEvent) {
+	cl.tel.refusals.Add(ctx, 1, r.tel.refusalOpts(e.Reason)...)
+	if span != nil {
+		span.AddEvent(e.Event, trace.WithAttributes(AttrReason.String(string(e.Reason))))
+	}
+	if e.Reason.info().propagates {
 		markRefused(ctx)
 	}
-	if h := c.client.o.hooks.OnRefusal; h != nil {
-		h(RefusalEvent{Method: c.route.method, Target: c.route.target, Reason: reason, Event: event, Attempts: c.sent, Err: c.lastErr})
+	if h := cl.o.hooks.OnRefusal; h != nil {
+		e.Method, e.Target = r.method, r.target
+		h(e)
 	}
 }
 
@@ -229,10 +243,7 @@ func (c *call) wait(ctx context.Context, d time.Duration) error {
 // backoff returns the next exponential backoff with jitter: a random time
 // in [d/2, d] with d = min(max, base·2ⁿ).
 func (c *call) backoff() time.Duration {
-	d := c.client.o.backoffBase << min(c.backoffN, 30)
-	if d <= 0 || d > c.client.o.backoffMax {
-		d = c.client.o.backoffMax
-	}
+	d := c.backoffCeil()
 	c.backoffN++
 	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
 }

@@ -222,11 +222,21 @@ func WithReplayLimit(bytes int) ClientOption {
 	})
 }
 
-// WithPerAttemptTimeout bounds each unary attempt to d (default: no bound
-// but the call's deadline), for methods whose proto sets no
-// per_attempt_timeout (the proto's value takes precedence). An attempt that
-// runs out of its own time while the call still has time left counts as a
-// retryable failure. Streams ignore it. d ≤ 0 keeps the default.
+// WithPerAttemptTimeout sets how long a unary attempt may go unanswered
+// before a retry is sent (default: never, attempts may use all the time
+// the call has left), for methods whose proto sets no per_attempt_timeout
+// (the proto's value takes precedence). The retry is sent beside the slow
+// attempt, which is not cancelled: the first answer wins and the other
+// attempt is cancelled then (Envoy's hedge_on_per_try_timeout). The retry
+// is sent only if one may be (the method may be repeated, attempts are
+// left, the breaker, the budget and WithRetryIf allow it); if not, the
+// slow attempt runs on, and the span records EventTimeoutKept. A
+// cancelled attempt's work, done or queued at the server, would be lost,
+// and under overload that loss keeps a service down (storm lab scenario
+// 10). A reply that is not a proto message (a custom codec) cannot have
+// two attempts in flight: its attempt is cancelled at the timeout, only
+// if a retry may follow, and that retry is sent after the backoff.
+// Streams ignore it. d ≤ 0 keeps the default.
 func WithPerAttemptTimeout(d time.Duration) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
 		if d > 0 {

@@ -32,6 +32,10 @@ const (
 	EventHedgeRefused    = "stormguard.hedge.refused"
 	EventBreakerRejected = "stormguard.breaker.rejected"
 	EventDeadlineFast    = "stormguard.deadline.fail_fast"
+	// EventTimeoutKept is recorded when an attempt's per-attempt timeout
+	// expires and no retry could follow it (the reason says why): the
+	// attempt is not cut short, and runs on to the call's deadline.
+	EventTimeoutKept = "stormguard.attempt.timeout_kept"
 	// EventWouldRefuse is recorded in shadow mode (WithShadowMode) where
 	// the budget or the breaker would have refused; the attempt is sent.
 	EventWouldRefuse = "stormguard.would_refuse"

@@ -31,7 +31,7 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 	}
 	defer cancel()
 	ctx = k.startCall(ctx)
-	if m, ok := reply.(proto.Message); ok && k.hedge {
+	if m, ok := reply.(proto.Message); ok && (k.hedge || k.beside) {
 		err = runHedged(&k, ctx, method, req, m, cc, invoker, opts, cs)
 	} else {
 		err = k.sequential(ctx, method, req, reply, cc, invoker, opts, &cs)
@@ -127,6 +127,9 @@ func (c *call) sequential(ctx context.Context, method string, req, reply any, cc
 		err = invoker(a.ctx, method, req, reply, cc, aopts...)
 		for creds.collect() { // it picked an endpoint it avoids: pick again
 			err = invoker(a.ctx, method, req, reply, cc, aopts...)
+		}
+		if a.pt != nil {
+			err = c.finish(ctx, &a, err)
 		}
 		if a.guarded != nil {
 			if creds.refused {

@@ -70,9 +70,11 @@ type MethodPolicy struct {
 	// means the client's default (UNAVAILABLE only). OK is never retryable,
 	// and unknown names are ignored.
 	RetryableCodes []string `protobuf:"bytes,5,rep,name=retryable_codes,json=retryableCodes,proto3" json:"retryable_codes,omitempty"`
-	// per_attempt_timeout bounds each attempt; the call's own deadline still
-	// bounds the whole call. Absent or zero: attempts may use all the time
-	// the call has left.
+	// per_attempt_timeout is how long an attempt may go unanswered before a
+	// retry is sent beside it (the slow attempt is not cancelled: the first
+	// answer wins), if a retry may be sent then; the call's own deadline
+	// still bounds the whole call. Absent or zero: attempts may use all the
+	// time the call has left.
 	PerAttemptTimeout *durationpb.Duration `protobuf:"bytes,6,opt,name=per_attempt_timeout,json=perAttemptTimeout,proto3" json:"per_attempt_timeout,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache

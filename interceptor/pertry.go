@@ -1,0 +1,158 @@
+package interceptor
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Calls whose reply is a proto message are retried on a per-attempt
+// timeout by the hedger, beside the slow attempt. A reply that is not (a
+// custom codec fills it) cannot have two attempts in flight: such an
+// attempt is cut at its per-attempt timeout, but only when a retry can
+// follow it. When none can (the method may not be repeated, this is the
+// last attempt allowed, the call's deadline is too close, or, when the
+// timeout fires, the breaker or the budget would refuse the retry),
+// cutting the attempt could only lose a reply it may still get: the
+// attempt keeps running to the call's deadline, as it would with no
+// retries at all.
+
+// Per-try timer states.
+const (
+	ptRunning uint32 = iota // the attempt runs; the timer has not decided
+	ptCut                   // the timer fired and cut the attempt: a retry follows, its token withdrawn
+	ptKept                  // the timer fired, and the attempt kept running (reason says why)
+	ptOver                  // the attempt ended before the timer decided
+)
+
+// perTry is the per-attempt timeout of one sequential attempt that a
+// retry may follow. Its timer runs fire on another goroutine; the call
+// reads the outcome with finish once the attempt has returned. It reads
+// nothing of the call that the call's goroutine may write meanwhile: what
+// it needs is copied in when it is made.
+type perTry struct {
+	state  atomic.Uint32
+	d      time.Duration
+	cancel context.CancelFunc // the attempt's
+	stop   func() bool        // stops the timer
+	// What fire decides with, and records a kept attempt with.
+	ctx         context.Context // the call's
+	span        trace.Span      // the call's, nil when it does not record
+	client      *Client
+	route       *route
+	deadline    time.Time
+	hasDeadline bool
+	backoff     time.Duration // the longest the retry's backoff can be
+	attempts    int           // attempts sent, this one included
+}
+
+// newPerTry arms the per-attempt timeout d of an attempt of c, sent with
+// ctx, whose context cancel is cancel.
+func (c *call) newPerTry(ctx context.Context, d time.Duration, cancel context.CancelFunc) *perTry {
+	p := &perTry{
+		d: d, cancel: cancel, ctx: ctx, client: c.client, route: c.route,
+		deadline: c.deadline, hasDeadline: c.hasDeadline, backoff: c.backoffCeil(),
+		attempts: c.sent + 1,
+	}
+	if c.recording {
+		p.span = c.span
+	}
+	p.stop = c.client.afterFunc(d, p.fire)
+	return p
+}
+
+// mayFollow reports whether a retry may follow a timed-out attempt of c
+// about to be sent, as far as is known before it is sent: the method may
+// be repeated, attempts are left, and WithRetryIf does not refuse a
+// timeout. The breaker and the budget are asked when the timeout fires.
+func (c *call) mayFollow(ctx context.Context) bool {
+	if !c.repeatable || c.grpcRetry || c.sent+1 >= c.maxAttempts {
+		return false
+	}
+	if f := c.client.o.retryIf; f != nil && !f(ctx, c.route.method, status.Error(codes.DeadlineExceeded, "stormguard: attempt timed out")) {
+		return false
+	}
+	return true
+}
+
+// fire runs when the per-attempt timeout expires: if a retry could be sent
+// now, it withdraws the retry's token and cuts the attempt; otherwise the
+// attempt keeps running, and the refused retry is recorded
+// (EventTimeoutKept).
+func (p *perTry) fire() {
+	if p.state.Load() != ptRunning {
+		return
+	}
+	now := p.client.now()
+	if reason := p.refusal(now); reason != "" {
+		if p.state.CompareAndSwap(ptRunning, ptKept) {
+			recordRefusal(p.ctx, p.client, p.route, p.span, RefusalEvent{Reason: reason, Event: EventTimeoutKept, Attempts: p.attempts})
+		}
+		return
+	}
+	// When the attempt ended meanwhile, the token is spent for nothing:
+	// the two happen at the same instant, rarely.
+	if p.state.CompareAndSwap(ptRunning, ptCut) {
+		p.cancel()
+	}
+}
+
+// refusal is why a retry could not be sent at now, or "" when it could,
+// in which case its token has been withdrawn.
+func (p *perTry) refusal(now time.Time) Reason {
+	if p.hasDeadline {
+		left := p.deadline.Sub(now.Add(p.backoff))
+		if left <= 0 || p.client.dl.Check(left) != nil {
+			return ReasonDeadline
+		}
+	}
+	shadow := p.client.o.shadow
+	if b := p.route.breaker; b != nil && !shadow {
+		if b.RetryAfter() > 0 || servedNothing(p.route, b, now) {
+			return ReasonBreaker
+		}
+	}
+	if b := p.route.budget; b != nil && !shadow {
+		ok := false
+		if p.client.budgetAt {
+			ok = b.WithdrawAt(now)
+		} else {
+			ok = b.Withdraw()
+		}
+		if !ok {
+			return ReasonBudget
+		}
+	}
+	return ""
+}
+
+// finish reads the outcome of a's per-attempt timeout once a has returned
+// with err, and stops the timer. It returns the attempt's error as the
+// call sees it: a cut attempt failed with DEADLINE_EXCEEDED (grpc reports
+// the cancel as CANCELLED), unless the caller left or a reply came first.
+func (c *call) finish(ctx context.Context, a *attempt, err error) error {
+	p := a.pt
+	p.stop()
+	if p.state.CompareAndSwap(ptRunning, ptOver) || p.state.Load() != ptCut {
+		return err
+	}
+	c.prepaid = p.route.budget != nil && !c.client.o.shadow
+	a.timeout = true
+	if err != nil && ctx.Err() == nil {
+		return status.Errorf(codes.DeadlineExceeded, "stormguard: attempt timed out after %v", p.d)
+	}
+	return err
+}
+
+// backoffCeil is the longest the next retry's backoff can be.
+func (c *call) backoffCeil() time.Duration {
+	d := c.client.o.backoffBase << min(c.backoffN, 30)
+	if d <= 0 || d > c.client.o.backoffMax {
+		d = c.client.o.backoffMax
+	}
+	return d
+}

@@ -1,0 +1,210 @@
+package interceptor_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/stormguard/stormguard/budget"
+	"github.com/stormguard/stormguard/interceptor"
+	"github.com/stormguard/stormguard/internal/origin"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
+)
+
+// When an attempt has not answered within its per-attempt timeout and a
+// retry may be sent, the retry is sent then, beside it (the slow attempt
+// is not cancelled); the first answer wins and the loser is cancelled.
+// The retry's token is withdrawn once.
+func TestPerAttemptTimeoutSendsARetryBesideTheSlowAttempt(t *testing.T) {
+	clk, opts := fakeClock()
+	inv := &invoker{clk: clk, sent: make(chan int, 4), script: func(n int) reply { return reply{block: n == 1} }}
+	budgets := budget.NewRegistry(budget.Config{Now: clk.Now})
+	ic := interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithBudgets(budgets),
+		interceptor.WithPerAttemptTimeout(100*time.Millisecond))...)...).Unary()
+	cc := dialPassthrough(t)
+	done := make(chan error, 1)
+	go func() { done <- ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke) }()
+	<-inv.sent
+	d, ok := clk.Next()
+	require.True(t, ok, "the per-attempt timer is armed")
+	clk.Advance(d)
+	require.NoError(t, <-done)
+	calls := inv.attempts()
+	require.Len(t, calls, 2)
+	assert.Equal(t, 100*time.Millisecond, calls[1].at.Sub(calls[0].at), "sent at the timeout")
+	assert.Equal(t, []string{"1"}, calls[1].md.Get(interceptor.PreviousAttemptsKey))
+	assert.ErrorIs(t, calls[0].ctx.Err(), context.Canceled, "the loser is cancelled once the retry has answered")
+	assert.Equal(t, uint64(1), budgets.For("passthrough:///fake").Stats().Granted, "one token, for the one retry")
+}
+
+// The slow attempt's answer, when it comes first, is the call's: the
+// per-attempt timeout threw nothing away.
+func TestTheSlowAttemptsAnswerWins(t *testing.T) {
+	clk, opts := fakeClock()
+	hold := make(chan struct{})
+	inv := &invoker{clk: clk, sent: make(chan int, 4), script: func(n int) reply {
+		if n == 1 {
+			return reply{hold: hold}
+		}
+		return reply{block: true}
+	}}
+	ic := interceptor.NewClient(append(opts, append(noopProviders(),
+		interceptor.WithPerAttemptTimeout(100*time.Millisecond))...)...).Unary()
+	cc := dialPassthrough(t)
+	done := make(chan error, 1)
+	go func() { done <- ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke) }()
+	<-inv.sent
+	d, ok := clk.Next()
+	require.True(t, ok)
+	clk.Advance(d)
+	<-inv.sent // the retry
+	close(hold)
+	require.NoError(t, <-done)
+	calls := inv.attempts()
+	require.Len(t, calls, 2)
+	assert.ErrorIs(t, calls[1].ctx.Err(), context.Canceled, "the retry lost and was cancelled")
+}
+
+// A reply that is not a proto message (a custom codec) cannot have two
+// attempts in flight: its attempt is cut at the per-attempt timeout, and
+// only when a retry may follow. A cut attempt whose retry is then refused
+// fails the call with DEADLINE_EXCEEDED, not with the CANCELLED grpc
+// reports for the cut. Here WithRetryIf allows the retry when the attempt
+// is sent and refuses it once the attempt has been cut; it sees
+// DEADLINE_EXCEEDED both times.
+func TestACutAttemptFailsWithDeadlineExceeded(t *testing.T) {
+	clk, opts := fakeClock()
+	inv := &invoker{clk: clk, script: func(int) reply { return reply{block: true} }}
+	var seen []codes.Code
+	retryIf := func(_ context.Context, _ string, err error) bool {
+		seen = append(seen, status.Code(err))
+		return len(seen) == 1
+	}
+	ic := interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithoutBudget(),
+		interceptor.WithRetryIf(retryIf), interceptor.WithPerAttemptTimeout(100*time.Millisecond))...)...).Unary()
+	cc := dialPassthrough(t)
+	err := drive(t, clk, func() error {
+		return ic(t.Context(), put, &echov1.PutRequest{}, new(nonProtoReply), cc, inv.invoke)
+	})
+	assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+	assert.Len(t, inv.attempts(), 1)
+	assert.Equal(t, []codes.Code{codes.DeadlineExceeded, codes.DeadlineExceeded}, seen)
+}
+
+// Do no harm: a per-attempt timeout that no retry can follow does not cut
+// the attempt short. It keeps running, and its reply, when it comes before
+// the call's deadline, is the call's: as with no retries at all.
+func TestPerAttemptTimeoutKeepsAnAttemptNoRetryCanFollow(t *testing.T) {
+	cases := []struct {
+		name   string
+		method string
+		opts   []interceptor.ClientOption
+		call   []grpc.CallOption
+		fires  interceptor.Reason
+	}{
+		{name: "budget empty", method: put, opts: []interceptor.ClientOption{interceptor.WithBudget(budgetNoFloor())}, fires: interceptor.ReasonBudget},
+		{name: "last attempt", method: put, call: []grpc.CallOption{interceptor.MaxAttempts(1)}},
+		{name: "not idempotent", method: notify},
+		{name: "retryIf refuses timeouts", method: put, opts: []interceptor.ClientOption{interceptor.WithRetryIf(func(_ context.Context, _ string, err error) bool {
+			return status.Code(err) != codes.DeadlineExceeded
+		})}, fires: interceptor.ReasonRetryIf},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			clk, opts := fakeClock()
+			hold := make(chan struct{})
+			inv := &invoker{clk: clk, sent: make(chan int, 4), script: func(int) reply { return reply{hold: hold} }}
+			refusals := make(chan interceptor.RefusalEvent, 4)
+			spans := tracetest.NewInMemoryExporter()
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+			opts = append(opts, interceptor.WithPerAttemptTimeout(100*time.Millisecond), interceptor.WithTracerProvider(tp),
+				interceptor.WithHooks(interceptor.Hooks{OnRefusal: func(e interceptor.RefusalEvent) { refusals <- e }}))
+			ic := interceptor.NewClient(append(opts, tc.opts...)...).Unary()
+			cc := dialPassthrough(t)
+			ctx, cancel := context.WithDeadline(t.Context(), clk.Now().Add(10*time.Second))
+			defer cancel()
+			done := make(chan error, 1)
+			go func() {
+				done <- ic(ctx, tc.method, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke, tc.call...)
+			}()
+			<-inv.sent
+			if tc.fires == "" {
+				assert.Equal(t, 0, clk.Pending(), "no per-attempt timer when no retry can follow")
+			} else {
+				d, ok := clk.Next()
+				require.True(t, ok, "the per-attempt timer is armed")
+				assert.Equal(t, 100*time.Millisecond, d)
+				clk.Advance(d)
+				var e interceptor.RefusalEvent
+				select {
+				case e = <-refusals: // recorded when the timer fires
+				case err := <-done:
+					t.Fatalf("the call ended (%v) instead of keeping its attempt", err)
+				}
+				assert.Equal(t, tc.fires, e.Reason)
+				assert.Equal(t, interceptor.EventTimeoutKept, e.Event)
+				assert.Equal(t, 1, e.Attempts)
+				assert.NoError(t, e.Err)
+			}
+			clk.Advance(5 * time.Second) // long past the per-attempt timeout
+			close(hold)                  // the reply comes
+			require.NoError(t, <-done, "the slow reply is the call's")
+			assert.Len(t, inv.attempts(), 1)
+			require.NoError(t, tp.ForceFlush(t.Context()))
+			var kept []string
+			for _, s := range spans.GetSpans() {
+				for _, ev := range s.Events {
+					if ev.Name == interceptor.EventTimeoutKept {
+						kept = append(kept, attrs(ev.Attributes)[interceptor.AttrReason].AsString())
+					}
+				}
+			}
+			if tc.fires != "" {
+				assert.Equal(t, []string{string(tc.fires)}, kept)
+			} else {
+				assert.Empty(t, kept)
+			}
+		})
+	}
+}
+
+// The same, on a real server and the real clock: the origin takes 300ms to
+// answer, the per-attempt timeout is 50ms and the call's deadline 5s.
+// Cutting every attempt at 50ms would fail every call; they succeed, as
+// they would without retries, with or without a token for a retry.
+func TestPerAttemptTimeoutDoesNoHarmOnASlowServer(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		budget   interceptor.ClientOption
+		attempts int // per call
+	}{
+		{"no token", interceptor.WithBudget(budgetNoFloor()), 1},
+		{"tokens", interceptor.WithBudget(budget.Config{}), 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, origin.Sleep(300*time.Millisecond), tc.budget,
+				interceptor.WithPerAttemptTimeout(50*time.Millisecond))
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			defer cancel()
+			for i := range 3 {
+				_, err := e.echo.Put(ctx, &echov1.PutRequest{RequestId: string(rune('a' + i))})
+				require.NoError(t, err)
+			}
+			assert.LessOrEqual(t, e.origin.Total(), 3*tc.attempts)
+			if tc.attempts == 1 {
+				assert.Equal(t, 3, e.origin.Total(), "one attempt per call")
+			}
+		})
+	}
+}
+
+// nonProtoReply is a reply a custom codec would fill.
+type nonProtoReply struct{ Text string }
