@@ -177,7 +177,11 @@ func (m *Method) AdmitAt(now, deadline time.Time, hasDeadline, retry bool) (Tick
 	}
 	global := false
 	if s.shedding {
-		if s.adaptive {
+		// An adaptive limit sheds first attempts only when admission
+		// cannot judge them (no deadline, or admission off): admission
+		// refuses those that would miss their deadline, and the others
+		// would be served in time, as without the Guard.
+		if s.adaptive && (retry || !hasDeadline || !s.admission) {
 			if limit := m.lim.limit.Load(); limit != unlimited {
 				if d, shed := g.shed(inflight, limit, retry); shed {
 					return Ticket{}, d

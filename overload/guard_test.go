@@ -712,3 +712,55 @@ func TestMaxConcurrencyIsExact(t *testing.T) {
 		t.Errorf("%d held at once, limit 8", most.Load())
 	}
 }
+
+// Do no harm: an adaptive limit sheds first attempts only when admission
+// cannot judge them. A first attempt with a deadline is admitted past the
+// limit while admission, which refuses the ones that would miss their
+// deadline, is on: queued behind the limit it would still be served in
+// time, as without the Guard. Without a deadline, or with admission off,
+// the limit sheds it; retries are shed either way.
+func TestAnAdaptiveLimitLeavesFirstAttemptsWithADeadlineToAdmission(t *testing.T) {
+	for _, admission := range []bool{true, false} {
+		c := newClock()
+		g := New(Config{Now: c.Now, NoAdmission: !admission, MinLimit: 3})
+		m := g.Method("/svc/M")
+		for range 5 {
+			window(t, c, m, 20, 10*time.Millisecond, 0)
+		}
+		for range 12 { // a standing queue, no deadlines: the limit engages
+			serve(t, c, m, 100, 200*time.Millisecond, 0)
+		}
+		limit := m.Limit()
+		if limit == -1 {
+			t.Fatal("no limit engaged")
+		}
+		now := c.Now()
+		var open []Ticket
+		for range limit {
+			tk, d := m.AdmitAt(now, now.Add(time.Hour), true, false)
+			if d.Reason != Admitted {
+				t.Fatalf("admission %v: first attempt under the limit: %+v", admission, d)
+			}
+			open = append(open, tk)
+		}
+		tk, d := m.AdmitAt(now, now.Add(time.Hour), true, false)
+		if admission && d.Reason != Admitted {
+			t.Errorf("admission on: a first attempt with an hour left is shed at the limit: %+v", d)
+		}
+		if !admission && d.Reason != ShedFirst {
+			t.Errorf("admission off: a first attempt past the limit is admitted: %+v", d)
+		}
+		if d.Reason == Admitted {
+			open = append(open, tk)
+		}
+		if _, d := m.AdmitAt(now, time.Time{}, false, false); d.Reason != ShedFirst {
+			t.Errorf("admission %v: a first attempt without a deadline past the limit: %+v", admission, d)
+		}
+		if _, d := m.AdmitAt(now, now.Add(time.Hour), true, true); d.Reason != ShedRetry {
+			t.Errorf("admission %v: a retry past the limit: %+v", admission, d)
+		}
+		for _, tk := range open {
+			tk.DoneAt(now)
+		}
+	}
+}
