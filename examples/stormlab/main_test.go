@@ -468,3 +468,29 @@ func TestQueueOrigin(t *testing.T) {
 		t.Errorf("%d answered queue full", full)
 	}
 }
+
+// Without the per-attempt timeout, the suite's defaults must succeed at
+// least 98% as often as no retries in scenario 10.
+func TestMetastableNoPerTryCheck(t *testing.T) {
+	for _, c := range []struct {
+		suiteOK int
+		want    bool
+	}{{1000, true}, {980, true}, {979, false}} {
+		res := syntheticMetastable(recoveryS{}, recoveryS{never: true}, 0)
+		res.Rows = append(res.Rows,
+			Row{Policy: noRetries, Label: "no retries", Variant: noPerTry, Calls: 1400, OK: 1000},
+			Row{Policy: suiteDefaults, Label: "stormguard defaults", Variant: noPerTry, Calls: 1400, OK: c.suiteOK})
+		var found bool
+		for _, ch := range checkBounds([]*Result{res}, maxTailP99) {
+			if strings.Contains(ch.What, "no per-try") {
+				found = true
+				if ch.OK != c.want {
+					t.Errorf("suite %d of no retries' 1000: ok %v, want %v (%s, got %s)", c.suiteOK, ch.OK, c.want, ch.Want, ch.Got)
+				}
+			}
+		}
+		if !found {
+			t.Fatal("no check on the no per-try rows")
+		}
+	}
+}

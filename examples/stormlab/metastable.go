@@ -307,6 +307,12 @@ func metastablePolicies() []policy {
 // one.
 const noTrigger = "no trigger"
 
+// noPerTry is the variant with the trigger and without the per-attempt
+// timeout (the client's default), run for no retries and the suite's rows
+// whose server differs: without it the suite's defaults must do no harm,
+// succeeding as often as no retries.
+const noPerTry = "no per-try"
+
 // msParallel is how many rows run at once. Rows share nothing but the
 // machine, and each origin keeps its capacity on an absolute time line.
 // Fewer would not fit the scenario in a minute.
@@ -314,8 +320,9 @@ const msParallel = 4
 
 // capacityJob is one row to run.
 type capacityJob struct {
-	p       policy
-	trigger bool
+	p        policy
+	trigger  bool
+	noPerTry bool // the shape without its per-attempt timeout
 	row     Row
 	err     error
 }
@@ -331,9 +338,16 @@ func runCapacityJobs(ctx context.Context, s shape, jobs []*capacityJob) ([]Row, 
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				j.row, j.err = capacityRow(ctx, s, j.p, j.trigger)
-				if !j.trigger {
+				js := s
+				if j.noPerTry {
+					js.perTry = 0
+				}
+				j.row, j.err = capacityRow(ctx, js, j.p, j.trigger)
+				switch {
+				case !j.trigger:
 					j.row.Variant = noTrigger
+				case j.noPerTry:
+					j.row.Variant = noPerTry
 				}
 			}()
 		}
@@ -381,6 +395,11 @@ func metastableWith(ctx context.Context, s shape) (*Result, error) {
 	var jobs []*capacityJob
 	for _, p := range metastablePolicies() {
 		jobs = append(jobs, &capacityJob{p: p, trigger: true})
+	}
+	for _, p := range metastablePolicies() {
+		if p.key == noRetries || p.key == suiteDefaults || p.key == suiteNoAdmission {
+			jobs = append(jobs, &capacityJob{p: p, trigger: true, noPerTry: true})
+		}
 	}
 	for _, p := range metastablePolicies() {
 		if p.key == noRetries || (p.key != naive && p.key != suiteNoOverload && p.server() != nil) {
