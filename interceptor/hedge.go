@@ -19,7 +19,10 @@ import (
 // hedger runs one hedged unary call: attempts overlap, the first OK or
 // fatal answer wins, the others are cancelled, and every attempt has ended
 // before run returns. A failed attempt is replaced at once while others
-// run (gRFC A6), after the backoff when none does.
+// run (gRFC A6), after the backoff when none does. A server's "do not
+// retry" (grpc-retry-pushback-ms < 0) stops further attempts but does not
+// end the call while others run: it says that attempt was not run, not
+// how the call ends.
 //
 // It also runs the calls of methods with a per-attempt timeout: when the
 // latest attempt has not answered after it, a retry is sent beside it
@@ -151,7 +154,10 @@ func (h *hedger) answer(c *call, res hedgeResult) (done bool, err error) {
 	if !v.retry {
 		if v.reason != "" && !v.reason.info().fatal && h.inflight > 0 {
 			// Refused, but others still run; one of them may succeed.
+			// Nothing more is sent.
 			h.winner, h.hedging, h.timing = nil, false, false
+			h.arm(c)
+			c.refuse(h.ctx, v.reason, EventRetryRefused)
 			return false, nil
 		}
 		return true, c.conclude(h.ctx, v)
@@ -170,6 +176,7 @@ func (h *hedger) answer(c *call, res hedgeResult) (done bool, err error) {
 			return true, c.notSent(h.ctx, reason, err)
 		}
 		h.hedging, h.timing = false, false
+		h.arm(c)
 		return false, nil
 	}
 	h.arm(c)
@@ -234,6 +241,7 @@ func (h *hedger) timedOut(c *call) {
 func (h *hedger) keep(c *call, reason Reason) {
 	c.refuse(h.ctx, reason, EventTimeoutKept)
 	h.timing = false
+	h.arm(c) // a hedge may still be due
 }
 
 // arm sets the timer of the next hedge or per-attempt timeout retry, if

@@ -53,6 +53,13 @@ func (c *call) decide(ctx context.Context, err error, tr metadata.MD, a *attempt
 	if ctx.Err() != nil {
 		return 0, "", false // the caller is gone: nothing to decide
 	}
+	// A server's "do not retry" comes first: it may come with any code (a
+	// stormguard server refusing on arrival answers DEADLINE_EXCEEDED),
+	// and it says the attempt was not run, not that the call is settled.
+	pushback, hasPushback, stop := parsePushback(tr)
+	if stop {
+		return 0, ReasonPushback, false
+	}
 	code := status.Code(err)
 	if !c.route.retryable.Has(code) && !(a.timeout && code == codes.DeadlineExceeded) {
 		return 0, ReasonCode, false
@@ -64,10 +71,6 @@ func (c *call) decide(ctx context.Context, err error, tr metadata.MD, a *attempt
 	c.recheckMethodConfig(now)
 	if c.grpcRetry {
 		return 0, ReasonGRPCRetry, false
-	}
-	pushback, hasPushback, stop := parsePushback(tr)
-	if stop {
-		return 0, ReasonPushback, false
 	}
 	if c.sent >= c.maxAttempts {
 		return 0, ReasonMaxAttempts, false

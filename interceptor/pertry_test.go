@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/stormguard/stormguard/budget"
@@ -208,3 +209,45 @@ func TestPerAttemptTimeoutDoesNoHarmOnASlowServer(t *testing.T) {
 
 // nonProtoReply is a reply a custom codec would fill.
 type nonProtoReply struct{ Text string }
+
+// A server's "do not retry" to the retry sent beside a slow attempt (a
+// stormguard server shedding it, or refusing it on arrival) says that
+// attempt was not run: the call does not end with it, no more attempts
+// are sent, and the slow attempt's answer is the call's.
+func TestADoNotRetryBesideASlowAttemptDoesNotEndTheCall(t *testing.T) {
+	for _, code := range []codes.Code{codes.Unavailable, codes.DeadlineExceeded} {
+		t.Run(code.String(), func(t *testing.T) {
+			clk, opts := fakeClock()
+			hold := make(chan struct{})
+			inv := &invoker{clk: clk, sent: make(chan int, 4), script: func(n int) reply {
+				if n == 1 {
+					return reply{hold: hold}
+				}
+				return reply{err: status.Error(code, "shed"), trailer: metadata.Pairs(interceptor.PushbackKey, "-1")}
+			}}
+			refusals := make(chan interceptor.RefusalEvent, 4)
+			ic := interceptor.NewClient(append(opts, append(noopProviders(),
+				interceptor.WithHooks(interceptor.Hooks{OnRefusal: func(e interceptor.RefusalEvent) { refusals <- e }}),
+				interceptor.WithPerAttemptTimeout(100*time.Millisecond))...)...).Unary()
+			cc := dialPassthrough(t)
+			done := make(chan error, 1)
+			go func() { done <- ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke) }()
+			<-inv.sent
+			d, ok := clk.Next()
+			require.True(t, ok)
+			clk.Advance(d)
+			<-inv.sent // the retry, refused by the server
+			select {
+			case err := <-done:
+				t.Fatalf("the call ended with the refused retry: %v", err)
+			case e := <-refusals:
+				assert.Equal(t, interceptor.ReasonPushback, e.Reason)
+				assert.Equal(t, interceptor.EventRetryRefused, e.Event)
+			}
+			assert.Equal(t, 0, clk.Pending(), "no more attempts are armed")
+			close(hold)
+			require.NoError(t, <-done, "the slow attempt's answer")
+			assert.Len(t, inv.attempts(), 2)
+		})
+	}
+}

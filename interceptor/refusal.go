@@ -51,7 +51,7 @@ var refusals = map[Reason]reasonInfo{
 	ReasonBudget:        {annotates: true, propagates: true},
 	ReasonBreaker:       {firstEvent: EventBreakerRejected, annotates: true, propagates: true},
 	ReasonDeadline:      {firstEvent: EventDeadlineFast, annotates: true},
-	ReasonPushback:      {annotates: true, propagates: true, fatal: true},
+	ReasonPushback:      {annotates: true, propagates: true},
 	ReasonNotIdempotent: {fatal: true},
 	ReasonMaxAttempts:   {propagates: true},
 	ReasonCode:          {fatal: true},
