@@ -70,7 +70,7 @@ type Config struct {
 	RetryShare float64
 	// LimitWindow is how often an adaptive limit is updated, from the
 	// latencies of the requests that ended in it (at least 5 of them).
-	// ≤ 0 → 50ms.
+	// ≤ 0 → 100ms.
 	LimitWindow time.Duration
 	// RetryAfter is the pushback given with a shed first attempt: the
 	// caller may retry after this long (a shed retry, and a request

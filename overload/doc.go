@@ -43,7 +43,7 @@
 // # Retry-aware shedding
 //
 // Each method has an adaptive concurrency limit, a gradient limiter after
-// Netflix's concurrency-limits: every LimitWindow (50 ms, at least 5
+// Netflix's concurrency-limits: every LimitWindow (100 ms, at least 5
 // latencies) it looks at the least latency of the window. A window whose
 // every request waited, more than both Tolerance (2) times the method's
 // baseline latency and DeadlineShare (half) of what its callers had left
@@ -65,7 +65,7 @@
 // judge it (it has no deadline, or NoAdmission): admission already
 // refuses the first attempts that would miss their deadlines, and the
 // others, queued past the limit, are served in time, as they would be
-// without a Guard. Shedding them as well cost a tenth of the calls that
+// without a Guard. Shedding them as well cost 99 of the 1,311 calls that
 // no retries serve in storm lab scenario 10 (a capacity drop, callers
 // without a per-attempt timeout). MaxConcurrency, a limit the user
 // chose, sheds first attempts at it in every case.

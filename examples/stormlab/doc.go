@@ -5,7 +5,7 @@
 // with its budget only, and the suite with its defaults (and, in scenario
 // 9, the suite with the outlier load-balancing policy).
 //
-//	go run ./examples/stormlab              # every scenario, about 80 s
+//	go run ./examples/stormlab              # every scenario, about 95 s
 //	go run ./examples/stormlab -quick       # scenarios 1, 2, 3, 4, 7, 9 in a few seconds (CI)
 //	go run ./examples/stormlab -scenario chain,tail -svg chart.svg -json
 //	go run ./examples/stormlab -scenario metastable -goodput-svg goodput.svg
@@ -18,7 +18,8 @@
 //  1. outage, one hop: 50 concurrent callers, the origin always UNAVAILABLE;
 //  2. flaky: 50 callers, 5 fail once then succeed;
 //  3. fails twice: every request fails twice then succeeds;
-//  4. a chain of three services, 10 callers, a dead origin (810 for 10);
+//  4. a chain of three (and of four) services, 10 callers, a dead origin
+//     (810 requests for 10 calls; 2,430);
 //  5. a slow dependency (200 ms) that keeps working for callers who left,
 //     with caller deadlines of 2 s and 100 ms;
 //  6. independent failures: 2,000 sequential calls at p = 0.05, 0.3, 0.5,
@@ -32,8 +33,11 @@
 //     FIFO queue, a handler that does not watch its context) at 70% load
 //     loses two thirds of its capacity for 2 s; naive retries of timed-out
 //     attempts keep it down afterwards. Rows add the suite without its
-//     server's admission, shedding or both, and a run without the trigger
-//     counts false refusals. About 40 s; not in -quick.
+//     server's admission, shedding or both; variants run without the
+//     per-attempt timeout (the suite must serve as many as no retries)
+//     and without the trigger (false refusals). About 50 s; not in -quick;
+//  11. an overload blip: 2 s of overload with 100 ms deadlines; the suite's
+//     protection must not outlast it. About 20 s; not in -quick.
 //
 // Scenarios 1-4 hold every first attempt at the origin until all callers'
 // first attempts have arrived (a wave), and 6 and 8 choose failing or slow
@@ -41,7 +45,7 @@
 // not depend on goroutine scheduling; see the README for which counts may
 // still vary, and why.
 //
-// After the tables, stormlab checks the bounds that issues 9 and 14 set for
-// the suite's rows (and the seed numbers the naive row must reproduce) and
+// After the tables, stormlab checks the bounds that issues 9, 14 and 18 set
+// for the suite's rows (and the seed numbers the naive row must reproduce) and
 // exits with status 1 if one is missed; 2 if the lab could not run.
 package main

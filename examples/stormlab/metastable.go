@@ -323,8 +323,8 @@ type capacityJob struct {
 	p        policy
 	trigger  bool
 	noPerTry bool // the shape without its per-attempt timeout
-	row     Row
-	err     error
+	row      Row
+	err      error
 }
 
 // runCapacityJobs runs the jobs of shape s in batches of msParallel, a

@@ -22,11 +22,14 @@ const (
 	gpLineCol = "#0072B2"
 )
 
-// goodputRows returns the result with goodput timelines and its rows that
-// ran with the trigger.
+// goodputRows returns the metastable scenario's result, if it ran, and its
+// rows that ran with the trigger and the per-attempt timeout.
 func goodputRows(rep *Report) (*Result, []Row) {
 	for i := range rep.Results {
 		r := &rep.Results[i]
+		if r.Key != "metastable" {
+			continue
+		}
 		var rows []Row
 		for _, row := range r.Rows {
 			if len(row.Goodput) > 0 && row.Variant == "" {
