@@ -74,6 +74,7 @@ type call struct {
 	timed        bool       // an attempt's end time is needed even on success (duration metric, latency)
 	failover     bool       // the next retry fails over from an outlier endpoint
 	prepaid      bool       // the next retry's token was withdrawn when its attempt was cut (perTry)
+	pushedBack   bool       // a server said "do not retry": no attempt follows any more
 	avoid        []net.Addr // the target's outlier endpoints, which attempts avoid
 	failedOn     []net.Addr // the endpoints the call's attempts failed on
 }

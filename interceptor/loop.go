@@ -57,7 +57,8 @@ func (c *call) decide(ctx context.Context, err error, tr metadata.MD, a *attempt
 	// stormguard server refusing on arrival answers DEADLINE_EXCEEDED),
 	// and it says the attempt was not run, not that the call is settled.
 	pushback, hasPushback, stop := parsePushback(tr)
-	if stop {
+	if stop || c.pushedBack {
+		c.pushedBack = true // for the attempts still running (hedged calls)
 		return 0, ReasonPushback, false
 	}
 	code := status.Code(err)

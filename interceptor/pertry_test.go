@@ -2,6 +2,7 @@ package interceptor_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -213,15 +214,24 @@ type nonProtoReply struct{ Text string }
 // A server's "do not retry" to the retry sent beside a slow attempt (a
 // stormguard server shedding it, or refusing it on arrival) says that
 // attempt was not run: the call does not end with it, no more attempts
-// are sent, and the slow attempt's answer is the call's.
+// are sent (not even after the slow attempt fails), and the slow
+// attempt's answer is the call's.
 func TestADoNotRetryBesideASlowAttemptDoesNotEndTheCall(t *testing.T) {
-	for _, code := range []codes.Code{codes.Unavailable, codes.DeadlineExceeded} {
-		t.Run(code.String(), func(t *testing.T) {
+	for _, tc := range []struct {
+		code codes.Code // the server's answer to the retry, with pushback -1
+		slow error      // the slow attempt's answer
+	}{
+		{codes.Unavailable, nil},
+		{codes.DeadlineExceeded, nil},
+		{codes.Unavailable, errUnavailable}, // not retried: the server said so
+	} {
+		t.Run(fmt.Sprint(tc.code, "/", status.Code(tc.slow)), func(t *testing.T) {
+			code := tc.code
 			clk, opts := fakeClock()
 			hold := make(chan struct{})
 			inv := &invoker{clk: clk, sent: make(chan int, 4), script: func(n int) reply {
 				if n == 1 {
-					return reply{hold: hold}
+					return reply{hold: hold, err: tc.slow}
 				}
 				return reply{err: status.Error(code, "shed"), trailer: metadata.Pairs(interceptor.PushbackKey, "-1")}
 			}}
@@ -246,7 +256,13 @@ func TestADoNotRetryBesideASlowAttemptDoesNotEndTheCall(t *testing.T) {
 			}
 			assert.Equal(t, 0, clk.Pending(), "no more attempts are armed")
 			close(hold)
-			require.NoError(t, <-done, "the slow attempt's answer")
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the call goes on after the slow attempt's answer (a retry waiting on the fake clock?)")
+			}
+			assert.Equal(t, status.Code(tc.slow), status.Code(err), "the slow attempt's answer: %v", err)
 			assert.Len(t, inv.attempts(), 2)
 		})
 	}
