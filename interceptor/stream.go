@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
@@ -115,13 +116,26 @@ func (s *clientStream) open(kind attemptKind, old *streamAttempt) error {
 			return k.notSent(s.ctx, reason, err)
 		}
 		a := &sa.attempt
-		creds, credsOpt := newAttemptCreds(k, &s.cs)
-		creds.prepare(k, a)
-		sa.creds = creds
-		opts := append(s.opts[:len(s.opts):len(s.opts)], credsOpt)
+		// The call credentials go along only when they have work (as in
+		// unary calls); without them, the endpoint is read from the
+		// stream's context, which grpc has made when the streamer returns.
+		opts := s.opts
+		var creds *attemptCreds
+		if k.hasDeadline || s.cs.hasCreds || len(k.avoid) > 0 || a.guarded != nil {
+			var credsOpt grpc.CallOption
+			creds, credsOpt = newAttemptCreds(k, &s.cs)
+			creds.prepare(k, a)
+			sa.creds = creds
+			opts = append(s.opts[:len(s.opts):len(s.opts)], credsOpt)
+		}
 		sa.inner, err = s.streamer(a.ctx, s.desc, s.cc, s.method, opts...)
 		for creds.collect() && err != nil { // it picked an endpoint it avoids: pick again
 			sa.inner, err = s.streamer(a.ctx, s.desc, s.cc, s.method, opts...)
+		}
+		if err == nil && creds == nil {
+			if p, ok := peer.FromContext(sa.inner.Context()); ok {
+				a.peerp = p
+			}
 		}
 		if a.guarded != nil {
 			if creds.refused {

@@ -400,3 +400,34 @@ func TestSpansOfAStreamRetriedOnce(t *testing.T) {
 	assert.Equal(t, "OK", attrs(spans[call].Attributes)["rpc.response.status_code"].AsString())
 	assert.Equal(t, []string{interceptor.EventRetryScheduled}, eventNames(spans[call]))
 }
+
+// A stream's endpoint is counted whether or not the attempt carried the
+// suite's call credentials (it does only with a deadline, caller
+// credentials or endpoints to avoid; without them the endpoint comes from
+// the stream's context).
+func TestAStreamsEndpointIsCountedWithOrWithoutADeadline(t *testing.T) {
+	for _, withDeadline := range []bool{false, true} {
+		e := newEnv(t, origin.Succeed())
+		ctx := t.Context()
+		if withDeadline {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+		}
+		s, err := e.echo.List(ctx, &echov1.ListRequest{RequestId: "l", Count: 3})
+		require.NoError(t, err)
+		for {
+			if _, err := s.Recv(); err != nil {
+				require.ErrorIs(t, err, io.EOF)
+				break
+			}
+		}
+		var ok int64
+		for _, tg := range e.guard.Targets() {
+			for _, ep := range tg.Endpoints {
+				ok += ep.OK
+			}
+		}
+		assert.Equal(t, int64(1), ok, "deadline %v: the stream's endpoint served one", withDeadline)
+	}
+}
