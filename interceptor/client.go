@@ -53,6 +53,8 @@ type Client struct {
 	// this Client's clock, so that the times it reads anyway can be passed
 	// to them instead of their reading the clock again.
 	budgetAt, breakerAt bool
+	closeOnce           sync.Once
+	closeErr            error
 }
 
 // NewClient returns a Client configured by opts. Nil options are ignored.
@@ -195,14 +197,15 @@ func (c *Client) DialOptions() []grpc.DialOption {
 // Close unregisters the Client's gauge callbacks from its MeterProvider,
 // so that a Client that is no longer used can be collected. Calls made
 // after Close still work; their gauges are no longer reported. Close
-// returns the MeterProvider's error, if any; a second Close does nothing.
+// returns the MeterProvider's error, if any; later calls return the same.
+// It is safe to call concurrently with calls and with itself.
 func (c *Client) Close() error {
-	reg := c.tel.reg
-	if reg == nil {
-		return nil
-	}
-	c.tel.reg = nil
-	return reg.Unregister()
+	c.closeOnce.Do(func() {
+		if reg := c.tel.reg; reg != nil {
+			c.closeErr = reg.Unregister()
+		}
+	})
+	return c.closeErr
 }
 
 // warnGRPCRetry reports, once per route, that grpc-go's own retry policy

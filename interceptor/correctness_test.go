@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/stormguard/stormguard/deadline"
@@ -99,6 +100,7 @@ func TestGaugesOfTwoClientsOnOneMeterProvider(t *testing.T) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer mp.Shutdown(context.Background())
 	var targets []string
+	var guards []*interceptor.Client
 	for range 2 {
 		l, err := origin.TCP()
 		require.NoError(t, err)
@@ -112,7 +114,24 @@ func TestGaugesOfTwoClientsOnOneMeterProvider(t *testing.T) {
 		_, err = echov1.NewEchoServiceClient(cc).Put(t.Context(), &echov1.PutRequest{})
 		require.NoError(t, err)
 		targets = append(targets, l.Target)
+		guards = append(guards, guard)
 	}
+	seen := gaugeTargets(t, reader)
+	for _, name := range []string{interceptor.MetricBreakerState, interceptor.MetricBudgetBalance} {
+		assert.ElementsMatch(t, targets, seen[name], name)
+	}
+	// Close unregisters a Client's gauges; the other's stay.
+	require.NoError(t, guards[0].Close())
+	seen = gaugeTargets(t, reader)
+	for _, name := range []string{interceptor.MetricBreakerState, interceptor.MetricBudgetBalance} {
+		assert.ElementsMatch(t, targets[1:], seen[name], name+", after the first Client's Close")
+	}
+}
+
+// gaugeTargets collects reader and returns, per gauge, the endpoints it
+// reports.
+func gaugeTargets(t *testing.T, reader *sdkmetric.ManualReader) map[string][]string {
+	t.Helper()
 	var rm metricdata.ResourceMetrics
 	require.NoError(t, reader.Collect(context.Background(), &rm))
 	seen := map[string][]string{}
@@ -130,9 +149,7 @@ func TestGaugesOfTwoClientsOnOneMeterProvider(t *testing.T) {
 			}
 		}
 	}
-	for _, name := range []string{interceptor.MetricBreakerState, interceptor.MetricBudgetBalance} {
-		assert.ElementsMatch(t, targets, seen[name], name)
-	}
+	return seen
 }
 
 func endpoint(s attribute.Set) string {
@@ -181,4 +198,30 @@ func TestEachHopsDeadlineIsItsCallersLessTheMargin(t *testing.T) {
 	require.Len(t, calls, 1)
 	want := dl.Add(-4 * deadline.DefaultMargin) // the caller's client and three hops
 	assert.Equal(t, want, calls[0].Deadline, "four margins below the caller's deadline")
+}
+
+// Issue 13, "decide and document": budgets and breakers are keyed on the
+// target in grpc's canonical form, so "host:port" and "dns:///host:port"
+// (the same resolver and endpoints) share one; a target naming another
+// resolver ("passthrough:///host:port") keeps its own.
+func TestTargetsAreKeyedInCanonicalForm(t *testing.T) {
+	l, err := origin.TCP()
+	require.NoError(t, err)
+	srv := origin.Serve(l, origin.New(nil))
+	defer srv.Stop()
+	guard := interceptor.NewClient(noopProviders()...)
+	defer guard.Close()
+	for _, target := range []string{l.Target, "dns:///" + l.Target, "passthrough:///" + l.Target} {
+		cc, err := grpc.NewClient(target, append(guard.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+		require.NoError(t, err)
+		defer cc.Close()
+		_, err = echov1.NewEchoServiceClient(cc).Put(t.Context(), &echov1.PutRequest{})
+		require.NoError(t, err, target)
+	}
+	requests := map[string]uint64{}
+	for _, ts := range guard.Targets() {
+		require.NotNil(t, ts.Budget)
+		requests[ts.Target] = ts.Budget.Requests
+	}
+	assert.Equal(t, map[string]uint64{"dns:///" + l.Target: 2, "passthrough:///" + l.Target: 1}, requests)
 }

@@ -116,6 +116,39 @@ func TestBudgetIsNotSpentOnARetryThatIsNotSent(t *testing.T) {
 	assert.Equal(t, uint64(0), st.Granted, "no token for a retry that was never sent")
 }
 
+// Issue 13 item 9, for hedges: a hedge refused when it is due (too little
+// time left) takes no token from the budget; the first attempt's answer is
+// the call's.
+func TestBudgetIsNotSpentOnAHedgeThatIsNotSent(t *testing.T) {
+	clk, opts := fakeClock()
+	hold := make(chan struct{})
+	inv := &invoker{clk: clk, script: func(n int) reply { return reply{hold: hold} }}
+	budgets := budget.NewRegistry(budget.Config{Now: clk.Now})
+	var refusals []interceptor.RefusalEvent
+	ic := interceptor.NewClient(append(opts, append(noopProviders(),
+		interceptor.WithBudgets(budgets), interceptor.WithoutBreaker(),
+		interceptor.WithHedging(10*time.Millisecond, 2),
+		interceptor.WithHooks(interceptor.Hooks{OnRefusal: func(e interceptor.RefusalEvent) {
+			refusals = append(refusals, e)
+			close(hold) // the first attempt answers once the hedge was decided
+		}}),
+		// 1 h at the start, less than MinRemaining when the hedge is due.
+		interceptor.WithDeadline(deadline.ClientConfig{MinRemaining: time.Hour - 5*time.Millisecond}))...)...).Unary()
+	cc := dialPassthrough(t)
+	ctx, cancel := context.WithDeadline(t.Context(), clk.Now().Add(time.Hour))
+	defer cancel()
+	err := drive(t, clk, func() error {
+		return ic(ctx, put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
+	})
+	require.NoError(t, err, "the first attempt's answer")
+	assert.Len(t, inv.attempts(), 1, "no hedge was sent")
+	require.Len(t, refusals, 1)
+	assert.Equal(t, interceptor.EventHedgeRefused, refusals[0].Event)
+	assert.Equal(t, interceptor.ReasonDeadline, refusals[0].Reason)
+	st := budgets.For("passthrough:///fake").Stats()
+	assert.Equal(t, uint64(0), st.Granted, "no token for a hedge that was never sent")
+}
+
 // Issue 13 item 5: a server's pushback beyond MaxPushback means "do not
 // retry"; a call without a deadline does not sleep for 24.8 days.
 func TestPushbackBeyondTheCapStopsRetries(t *testing.T) {
@@ -240,6 +273,43 @@ func TestStreamSendDuringReplayIsNotLost(t *testing.T) {
 		seqs = append(seqs, m.(*echov1.ChatRequest).GetSeq())
 	}
 	assert.Equal(t, []uint32{0, 1, 2}, seqs, "every message reached the attempt that carries on")
+	attempt(1).recv <- io.EOF
+	assert.ErrorIs(t, <-recvDone, io.EOF)
+}
+
+// Issue 13 item 8, CloseSend: a CloseSend made while a retried stream
+// replays reaches the attempt that carries on (it went to the dead one).
+func TestStreamCloseSendDuringReplayIsNotLost(t *testing.T) {
+	var mu sync.Mutex
+	var attempts []*fakeStream
+	streamer := func(actx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
+		fs := newFakeStream(actx)
+		mu.Lock()
+		attempts = append(attempts, fs)
+		mu.Unlock()
+		return fs, nil
+	}
+	attempt := func(i int) *fakeStream {
+		mu.Lock()
+		defer mu.Unlock()
+		return attempts[i]
+	}
+	c := interceptor.NewClient(append(noopProviders(), interceptor.WithoutBudget(), interceptor.WithBackoff(time.Microsecond, time.Microsecond))...)
+	s, err := c.Stream()(t.Context(), &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, dialPassthrough(t), chat, streamer)
+	require.NoError(t, err)
+	require.NoError(t, s.SendMsg(&echov1.ChatRequest{Seq: 0}))
+	closed := make(chan error, 1)
+	interceptor.SetReplayedHook(func() {
+		go func() { closed <- s.CloseSend() }()
+		time.Sleep(20 * time.Millisecond) // a pause in the gap, for the CloseSend to happen in
+	})
+	defer interceptor.SetReplayedHook(nil)
+	attempt(0).recv <- errUnavailable // the first attempt fails before any response
+	recvDone := make(chan error, 1)
+	go func() { recvDone <- s.RecvMsg(&echov1.ChatResponse{}) }()
+	require.NoError(t, <-closed)
+	assert.Len(t, attempt(1).messages(), 1, "the message was replayed")
+	assert.True(t, attempt(1).isClosed(), "the attempt that carries on was closed for sending")
 	attempt(1).recv <- io.EOF
 	assert.ErrorIs(t, <-recvDone, io.EOF)
 }

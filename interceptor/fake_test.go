@@ -192,6 +192,12 @@ func (f *fakeStream) RecvMsg(any) error {
 	}
 }
 
+func (f *fakeStream) isClosed() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.closed
+}
+
 func (f *fakeStream) messages() []any {
 	f.mu.Lock()
 	defer f.mu.Unlock()
