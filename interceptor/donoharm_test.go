@@ -3,6 +3,7 @@ package interceptor_test
 import (
 	"fmt"
 	"hash/fnv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 
+	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
@@ -72,6 +74,81 @@ func TestIndependentFailuresDoNoHarm(t *testing.T) {
 			assert.LessOrEqual(t, float64(requests), 1.10*calls+10)
 		})
 	}
+}
+
+// The same from a warm client: 2,000 calls to a healthy target first (the
+// budget full of deposits, the breaker's window full of successes), then
+// the failures. Success stays at least that of no retries. The load of the
+// failure phase is the budget's share of its calls plus the credit the
+// budget carries into it by design: Ratio × the deposits of the last
+// budget.ShortWindow before the failures began (see the budget's
+// Guarantees), here about 1.5% of the phase's calls.
+func TestIndependentFailuresDoNoHarmWarm(t *testing.T) {
+	const calls, workers = 2000, 8
+	for _, p := range []float64{0.05, 0.3, 0.5} {
+		t.Run(fmt.Sprint(p), func(t *testing.T) {
+			okBare, _ := run(t, failDraw(p), calls, workers, nil)
+			var failing atomic.Bool
+			draw := failDraw(p)
+			o := origin.New(func(c origin.Call) origin.Reply {
+				if !failing.Load() {
+					return origin.Reply{}
+				}
+				return draw(c)
+			})
+			l := origin.Bufconn()
+			srv := origin.Serve(l, o)
+			defer srv.Stop()
+			guard := interceptor.NewClient(noopProviders()...)
+			cc, err := l.Dial(guard.DialOptions()...)
+			require.NoError(t, err)
+			defer cc.Close()
+			echo := echov1.NewEchoServiceClient(cc)
+			starts := warmUp(t, echo, calls, workers)
+			onset := time.Now()
+			failing.Store(true)
+			before := o.Total()
+			ok := workload(t, echo, calls, workers)
+			requests := o.Total() - before
+			// Warm-up calls that may have deposited within the short
+			// window of the onset (10 ms for the interceptor's lag
+			// between the start recorded here and its deposit).
+			carried := 0
+			for _, st := range starts {
+				if onset.Sub(st) < budget.ShortWindow+10*time.Millisecond {
+					carried++
+				}
+			}
+			t.Logf("p=%g: no retries %d ok; warm defaults %d ok at %.3fx (%d warm-up calls in the last short window)",
+				p, okBare, ok, float64(requests)/calls, carried)
+			assert.GreaterOrEqual(t, ok, okBare)
+			assert.LessOrEqual(t, float64(requests), calls+budget.DefaultRatio*float64(calls+carried)+10)
+		})
+	}
+}
+
+// warmUp makes calls healthy Puts from workers goroutines and returns when
+// each started.
+func warmUp(t *testing.T, c echov1.EchoServiceClient, calls, workers int) []time.Time {
+	t.Helper()
+	starts := make([]time.Time, calls)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= calls {
+					return
+				}
+				starts[i] = time.Now()
+				_, err := c.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("warm-", i)})
+				assert.NoError(t, err)
+			}
+		})
+	}
+	wg.Wait()
+	return starts
 }
 
 // A fresh client whose first callers fail once at 10%, one by one or all
