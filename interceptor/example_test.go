@@ -3,7 +3,9 @@ package interceptor_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -179,4 +181,51 @@ func ExampleNewServer() {
 	fmt.Println(status.Code(err), interceptor.RefusedBy(err), trailer.Get(interceptor.PushbackKey))
 	// Output:
 	// Unavailable budget [-1]
+}
+
+// WithHooks reports each decision to the application, here as log/slog
+// records; the Client's own rare warnings go to WithLogger's logger.
+func ExampleWithHooks() {
+	h := &health{}
+	h.fail.Store(1)
+	dialer, stop := serve(h)
+	defer stop()
+
+	// A text handler without the time, so that the output is stable.
+	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{
+		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey && len(groups) == 0 {
+				return slog.Attr{}
+			}
+			return a
+		},
+	}))
+	guard := interceptor.NewClient(
+		interceptor.WithIdempotent(check),
+		interceptor.WithLogger(logger),
+		interceptor.WithHooks(interceptor.Hooks{
+			OnRetry: func(e interceptor.RetryEvent) {
+				logger.Info("retry", "method", e.Method, "attempt", e.Attempt, "cause", status.Code(e.Err))
+			},
+			OnRefusal: func(e interceptor.RefusalEvent) {
+				logger.Warn("refused", "method", e.Method, "reason", e.Reason, "attempts", e.Attempts)
+			},
+		}),
+	)
+	conn, _ := grpc.NewClient("passthrough:///health",
+		append(guard.DialOptions(), dialer, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	defer conn.Close()
+
+	client := healthpb.NewHealthClient(conn)
+	_, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{}) // fails once, then OK
+	fmt.Println(err)
+	h.fail.Store(1 << 30) // down
+	_, err = client.Check(context.Background(), &healthpb.HealthCheckRequest{}, interceptor.MaxAttempts(2))
+	fmt.Println(status.Code(err))
+	// Output:
+	// level=INFO msg=retry method=/grpc.health.v1.Health/Check attempt=2 cause=Unavailable
+	// <nil>
+	// level=INFO msg=retry method=/grpc.health.v1.Health/Check attempt=2 cause=Unavailable
+	// level=WARN msg=refused method=/grpc.health.v1.Health/Check reason=max_attempts attempts=2
+	// Unavailable
 }
