@@ -47,6 +47,10 @@ type attempt struct {
 	// pick: it is refused there if it picks an endpoint that served
 	// nothing (see call.guardPick), and counted as sent otherwise.
 	guarded *breaker.Breaker
+	// shadowed marks, in shadow mode, an attempt the Client would have
+	// refused: sent anyway, but its outcome is kept from the breaker and
+	// the endpoint table, so that they see what they would have seen.
+	shadowed bool
 }
 
 // begin starts an attempt of the given kind: the send-time checks (time
@@ -66,33 +70,8 @@ func (c *call) begin(ctx context.Context, a *attempt, kind attemptKind, mode att
 		}
 	}
 	*a = attempt{kind: kind, start: now}
-	if b := c.route.breaker; b != nil {
-		t, err := b.Admit()
-		switch {
-		case err == nil:
-			a.ticket = t
-		case c.client.o.shadow:
-			c.wouldRefuse(ctx, ReasonBreaker)
-		case kind == kindFirst && c.guardPick(now):
-			// Refused at the pick, and only if it picks an endpoint that
-			// served nothing (see guardPick).
-			a.guarded = b
-		default:
-			return ReasonBreaker, circuitOpenError(b)
-		}
-		if kind != kindFirst && c.servedNothing(b, now) {
-			if !c.client.o.shadow {
-				a.ticket.Ignore()
-				return ReasonBreaker, nil
-			}
-			c.wouldRefuse(ctx, ReasonBreaker)
-		}
-	}
-	if kind == kindHedge || (kind == kindRetry && !c.failover && !c.prepaid) {
-		if reason, ok := c.withdraw(ctx, now); !ok {
-			a.ticket.Ignore()
-			return reason, nil
-		}
+	if reason, err := c.admit(ctx, a, kind, now); reason != "" {
+		return reason, err
 	}
 	c.prepaid = false
 	actx := ctx
@@ -134,6 +113,60 @@ func (c *call) begin(ctx context.Context, a *attempt, kind attemptKind, mode att
 	return "", nil
 }
 
+// admit asks the breaker and, for a retry or a hedge, the budget whether a
+// may be sent, and returns why not (with the status a first attempt fails
+// with). In shadow mode it refuses nothing: it records the refusal a
+// would have had, once, and marks it shadowed.
+func (c *call) admit(ctx context.Context, a *attempt, kind attemptKind, now time.Time) (Reason, error) {
+	var would Reason
+	if b := c.route.breaker; b != nil {
+		t, err := b.Admit()
+		switch {
+		case err == nil:
+			a.ticket = t
+		case kind == kindFirst && c.guardPick(now):
+			// Refused at the pick, and only if it picks an endpoint that
+			// served nothing (see guardPick; in shadow mode only
+			// recorded, see pickRefused).
+			a.guarded = b
+		case c.client.o.shadow:
+			would = ReasonBreaker
+		default:
+			return ReasonBreaker, circuitOpenError(b)
+		}
+		if would == "" && kind != kindFirst && c.servedNothing(b, now) {
+			if !c.client.o.shadow {
+				a.ticket.Ignore()
+				return ReasonBreaker, nil
+			}
+			would = ReasonBreaker
+		}
+	}
+	switch {
+	case would != "":
+		c.wouldRefuse(ctx, would)
+		a.shadow()
+	case kind == kindHedge || (kind == kindRetry && !c.failover && !c.prepaid):
+		// The budget is asked only when the breaker lets a through.
+		reason, ok := c.withdraw(ctx, now)
+		if !ok {
+			a.ticket.Ignore()
+			return reason, nil
+		}
+		if reason != "" { // shadow mode: withdraw recorded it
+			a.shadow()
+		}
+	}
+	return "", nil
+}
+
+// shadow marks a, in shadow mode, as an attempt the Client would not have
+// sent: the breaker does not count it.
+func (a *attempt) shadow() {
+	a.ticket.Ignore()
+	a.ticket, a.shadowed = breaker.Ticket{}, true
+}
+
 // guardPick decides, for a first attempt that an open breaker refuses,
 // whether to refuse it at the pick instead: when the target's endpoints
 // that served nothing lately are known, the attempt avoids them (picking
@@ -172,6 +205,21 @@ func (c *call) refusedAtPick(ctx context.Context, a *attempt) error {
 	}
 	atomic.StoreUint32(&a.ended, 1)
 	return c.notSent(ctx, ReasonBreaker, err)
+}
+
+// pickRefused reports whether a guarded first attempt was refused at its
+// pick (creds.refused). In shadow mode the pick is never refused, and one
+// that would have been is recorded as a would-be refusal instead.
+func (c *call) pickRefused(ctx context.Context, a *attempt, creds *attemptCreds) bool {
+	if !creds.refused {
+		return false
+	}
+	if c.client.o.shadow {
+		a.shadowed = true
+		c.wouldRefuse(ctx, ReasonBreaker)
+		return false
+	}
+	return true
 }
 
 // sentGuarded counts, as sent, a guarded first attempt that was not refused
@@ -243,8 +291,9 @@ func (c *call) attemptContext(ctx context.Context, a *attempt, now time.Time, mo
 }
 
 // withdraw takes a token from the budget for a retry or a hedge that is
-// about to be sent. In shadow mode it records a refusal it would have made
-// and grants.
+// about to be sent: ("", true) when it did, (ReasonBudget, false) when the
+// budget refuses. In shadow mode a refusal is recorded and granted:
+// (ReasonBudget, true).
 func (c *call) withdraw(ctx context.Context, now time.Time) (Reason, bool) {
 	b := c.route.budget
 	if b == nil {
@@ -258,9 +307,12 @@ func (c *call) withdraw(ctx context.Context, now time.Time) (Reason, bool) {
 	}
 	if !ok && c.client.o.shadow {
 		c.wouldRefuse(ctx, ReasonBudget)
-		return "", true
+		return ReasonBudget, true
 	}
-	return ReasonBudget, ok
+	if !ok {
+		return ReasonBudget, false
+	}
+	return "", true
 }
 
 // end reports an attempt's outcome: to the breaker, the latency tracker and
@@ -284,6 +336,8 @@ func (c *call) end(callCtx context.Context, a *attempt, err error, abandoned boo
 		if abandoned && c.route.lat != nil {
 			c.route.lat.observe(now.Sub(a.start)) // a lower bound: it was cut short
 		}
+	case a.shadowed:
+		a.ticket.Ignore()
 	default:
 		failed := code != codes.OK && c.client.failures.Has(code)
 		if c.client.breakerAt {
@@ -344,6 +398,7 @@ type attemptCreds struct {
 	last     net.Addr          // the endpoint of the last attempt, as collected
 
 	guard   bool // refuse, rather than send, a pick still among avoid after the re-picks
+	shadow  bool // ...but only note it (refused), and send it: shadow mode
 	refused bool // the pick was refused for good (guard); set on the call's goroutine by collect
 
 	called  atomic.Bool // GetRequestMetadata ran since prepare
@@ -373,7 +428,7 @@ func (a *attemptCreds) GetRequestMetadata(ctx context.Context, uri ...string) (m
 		a.refusal = refuse
 		a.mu.Unlock()
 		a.called.Store(true)
-		if veto || refuse {
+		if veto || (refuse && !a.shadow) {
 			return nil, errAvoided
 		}
 	}
@@ -414,7 +469,7 @@ func (a *attemptCreds) collect() (vetoed bool) {
 	vetoed, a.vetoed = a.vetoed, false
 	a.refused, a.refusal = a.refusal, false
 	a.last = a.addr
-	if vetoed || a.refused {
+	if vetoed || (a.refused && !a.shadow) {
 		a.last = nil
 	}
 	a.mu.Unlock()
@@ -429,7 +484,7 @@ func (a *attemptCreds) collect() (vetoed bool) {
 // attempt is invoked.
 func (a *attemptCreds) prepare(c *call, at *attempt) {
 	a.last, a.avoid, a.repick, a.refused = nil, c.avoid, 0, false
-	a.guard = at.guarded != nil
+	a.guard, a.shadow = at.guarded != nil, c.client.o.shadow
 	if len(c.avoid) > 0 {
 		a.repick = maxRepicks
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -119,14 +120,17 @@ func refusedReason(t *testing.T, e *env, err error) interceptor.Reason {
 }
 
 // Issue 16 item 7: in shadow mode the budget and the breaker decide and
-// record what they would refuse, without refusing.
+// record what they would refuse, without refusing. The budget (no floor)
+// would refuse every retry; the first attempts of a, b and c, the ones it
+// would have sent, fail, so the breaker (3 attempts) opens and would
+// refuse d's.
 func TestShadowModeRecordsWithoutRefusing(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer mp.Shutdown(context.Background())
 	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithShadowMode(), interceptor.WithMeterProvider(mp),
 		interceptor.WithBudget(budgetNoFloor()), interceptor.WithBreaker(breaker.Config{MinAttempts: 3}))
-	for _, id := range []string{"a", "b"} {
+	for _, id := range []string{"a", "b", "c", "d"} {
 		_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: id})
 		assert.Equal(t, codes.Unavailable, status.Code(err))
 		assert.Equal(t, 3, e.origin.CountID(put, id), "nothing refused: every attempt was sent")
@@ -152,6 +156,42 @@ func TestShadowModeRecordsWithoutRefusing(t *testing.T) {
 	}
 	assert.Positive(t, would[string(interceptor.ReasonBudget)], "the budget would have refused retries")
 	assert.Positive(t, would[string(interceptor.ReasonBreaker)], "the breaker opened and would have refused")
+}
+
+// Shadow mode records one would-be refusal for each attempt the same
+// Client would not have sent: against a dead target, what it sends less
+// what the defaults send. (The first call's three attempts are the
+// evidence that the target serves nothing; the breaker opens after 20
+// failed attempts, and from then on the defaults refuse first attempts at
+// their pick.)
+func TestShadowModeCountsWhatTheDefaultsWouldNotSend(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	real := newEnv(t, origin.Always(codes.Unavailable))
+	shadow := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithShadowMode(), interceptor.WithMeterProvider(mp))
+	for i := range 30 {
+		_, err := real.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
+		require.Equal(t, codes.Unavailable, status.Code(err))
+		_, err = shadow.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
+		require.Equal(t, codes.Unavailable, status.Code(err))
+	}
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	would := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == interceptor.MetricWouldRefuse {
+				for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
+					r, _ := p.Attributes.Value(interceptor.AttrReason)
+					would[r.AsString()] += p.Value
+				}
+			}
+		}
+	}
+	assert.Equal(t, 90, shadow.origin.Total(), "shadow mode refuses nothing")
+	assert.Less(t, real.origin.Total(), 30, "the defaults stop retrying, then sending")
+	assert.Equal(t, map[string]int64{string(interceptor.ReasonBreaker): int64(90 - real.origin.Total())}, would)
 }
 
 // Issue 16 item 6: the Client lists its targets with budget balance and

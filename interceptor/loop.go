@@ -110,8 +110,7 @@ func (c *call) fundable(ctx context.Context, now time.Time) (Reason, bool) {
 		return "", true
 	}
 	if c.client.o.shadow {
-		c.wouldRefuse(ctx, reason)
-		return "", true
+		return "", true // begin records it, when the retry is due
 	}
 	return reason, false
 }

@@ -322,10 +322,13 @@ func WithInstrumentedAttempts() ClientOption {
 // without refusing: where they would refuse a retry, a hedge or a call,
 // the Client records a stormguard.would_refuse event and a
 // stormguard.client.would_refuse metric (by reason) and sends the attempt
-// anyway. The rules that keep calls safe still apply: a method that may
-// not be repeated is sent once, attempts stop at the attempt limit, the
-// deadline and a server's pushback. For a safe rollout: watch what would be
-// refused before it is.
+// anyway, once per attempt that would not have been sent. Such an
+// attempt's outcome is kept from the breaker, the budget and the endpoint
+// table, so that their later decisions are those the Client would have
+// made without shadow mode. The rules that keep calls safe still apply: a
+// method that may not be repeated is sent once, attempts stop at the
+// attempt limit, the deadline and a server's pushback. For a safe rollout:
+// watch what would be refused before it is.
 func WithShadowMode() ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.shadow = true })
 }
