@@ -75,6 +75,21 @@ func checkBounds(results []*Result, tailP99 time.Duration) []Check {
 				add(r, naive, "outage origin requests (3.00×)", fmt.Sprint(naiveOutage),
 					fmt.Sprint(naiveRow.Origin), naiveRow.Origin == naiveOutage)
 			}
+			// Shadow mode refuses nothing (it sends what the naive row
+			// sends) and records every attempt of the second wave, which
+			// the defaults do not send, as one it would have refused.
+			if shadow := r.row(suiteShadow, "wave 1"); shadow != nil {
+				add(r, suiteShadow, "outage, shadow mode: origin requests (nothing refused)", fmt.Sprint(naiveOutage),
+					fmt.Sprint(shadow.Origin), shadow.Origin == naiveOutage)
+			}
+			if shadow := r.row(suiteShadow, "wave 2"); shadow != nil {
+				would := 0
+				for _, n := range shadow.WouldRefuse {
+					would += n
+				}
+				add(r, suiteShadow, "outage, shadow mode: second wave's attempts it would refuse", fmt.Sprint(shadow.Origin),
+					fmt.Sprint(would), would == shadow.Origin && would > 0)
+			}
 		case "flaky":
 			if suite != nil {
 				add(r, suiteDefaults, "flaky callers ok", fmt.Sprintf("%d/%d", suite.Calls, suite.Calls),

@@ -3,7 +3,9 @@
 // row per client policy: no retries, three attempts without a budget,
 // grpc-go's own retryPolicy (with and without retryThrottling), the suite
 // with its budget only, and the suite with its defaults (and, in scenario
-// 9, the suite with the outlier load-balancing policy).
+// 9, the suite with the outlier load-balancing policy; in scenarios 1-4
+// and 6, the suite in shadow mode, which refuses nothing and shows what it
+// would have refused).
 //
 //	go run ./examples/stormlab              # every scenario, about 95 s
 //	go run ./examples/stormlab -quick       # scenarios 1, 2, 3, 4, 7, 9 in a few seconds (CI)

@@ -21,7 +21,7 @@ func independentFailures(ctx context.Context) (*Result, error) {
 		Setup: fmt.Sprintf("%d calls one after the other per row; each attempt fails with UNAVAILABLE with probability p "+
 			"(a seeded choice per request and attempt). The suite's budget and breaker run on a virtual clock, "+
 			"1 ms per call, so the counts do not depend on the machine's speed.", calls),
-		cols:  []col{colVariant, colPolicy, colOrigin, colAmpl, colOK, colErrors, colRefused},
+		cols:  []col{colVariant, colPolicy, colOrigin, colAmpl, colOK, colErrors, colRefused, colWouldRefuse},
 		chart: "6 independent\n%s",
 	}
 	type job struct {
@@ -32,7 +32,7 @@ func independentFailures(ctx context.Context) (*Result, error) {
 	}
 	var jobs []*job
 	for _, rate := range rates {
-		for _, p := range policies() {
+		for _, p := range withShadow() {
 			jobs = append(jobs, &job{rate: rate, p: p})
 		}
 	}
@@ -96,5 +96,7 @@ func independentRow(ctx context.Context, p policy, rate float64, calls int) (Row
 		out.record(err, time.Since(t))
 		cancel()
 	}
-	return out.row(p, o.Total()), nil
+	row := out.row(p, o.Total())
+	row.WouldRefuse = e.wouldRefuse()
+	return row, nil
 }

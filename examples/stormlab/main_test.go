@@ -34,9 +34,9 @@ type exact struct{ origin, ok int }
 // policy under -race.
 func TestQuick(t *testing.T) {
 	var out bytes.Buffer
-	cfg, scenarios, checks := config{quick: true, tailP99: maxTailP99}, 6, 19
+	cfg, scenarios, checks := config{quick: true, tailP99: maxTailP99}, 6, 21
 	if raceEnabled {
-		cfg, scenarios, checks = config{scenarios: "1,2,3,4,7", tailP99: maxTailP99}, 5, 11
+		cfg, scenarios, checks = config{scenarios: "1,2,3,4,7", tailP99: maxTailP99}, 5, 13
 	}
 	rep, err := run(context.Background(), cfg, &out)
 	if err != nil {
@@ -52,7 +52,7 @@ func TestQuick(t *testing.T) {
 		t.Error("report not OK")
 	}
 	if got := len(rep.Checks); got != checks {
-		t.Errorf("%d checks, want %d (outage ×3, flaky, chain ×4, capacity ×3, backend dead ×8 unless -race)", got, checks)
+		t.Errorf("%d checks, want %d (outage ×5, flaky, chain ×4, capacity ×3, backend dead ×8 unless -race)", got, checks)
 	}
 	// Rows whose counts follow from the model alone (the suite's defaults
 	// in the storm scenarios depend on how many failures are in when its
@@ -61,12 +61,12 @@ func TestQuick(t *testing.T) {
 		scenario, variant string
 	}
 	want := map[key]map[policyKey]exact{
-		{"outage", "wave 1"}: {noRetries: {50, 0}, naive: {150, 0}, grpcRetry: {150, 0}, grpcThrottled: {54, 0}, suiteBudget: {60, 0}},
-		{"outage", "wave 2"}: {noRetries: {50, 0}, naive: {150, 0}, grpcRetry: {150, 0}, suiteDefaults: {0, 0}},
-		{"flaky", ""}:        {noRetries: {50, 45}, naive: {55, 50}, grpcRetry: {55, 50}, suiteBudget: {55, 50}, suiteDefaults: {55, 50}},
-		{"twice", ""}:        {noRetries: {50, 0}, naive: {150, 50}, grpcRetry: {150, 50}, grpcThrottled: {54, 0}, suiteBudget: {60, 0}},
-		{"chain", "depth 3"}: {noRetries: {10, 0}, naive: {810, 0}, grpcRetry: {810, 0}, grpcThrottled: {26, 0}, suiteBudget: {20, 0}},
-		{"chain", "depth 4"}: {noRetries: {10, 0}, naive: {2430, 0}, grpcRetry: {2430, 0}, grpcThrottled: {30, 0}, suiteBudget: {20, 0}},
+		{"outage", "wave 1"}: {noRetries: {50, 0}, naive: {150, 0}, grpcRetry: {150, 0}, grpcThrottled: {54, 0}, suiteBudget: {60, 0}, suiteShadow: {150, 0}},
+		{"outage", "wave 2"}: {noRetries: {50, 0}, naive: {150, 0}, grpcRetry: {150, 0}, suiteDefaults: {0, 0}, suiteShadow: {150, 0}},
+		{"flaky", ""}:        {noRetries: {50, 45}, naive: {55, 50}, grpcRetry: {55, 50}, suiteBudget: {55, 50}, suiteDefaults: {55, 50}, suiteShadow: {55, 50}},
+		{"twice", ""}:        {noRetries: {50, 0}, naive: {150, 50}, grpcRetry: {150, 50}, grpcThrottled: {54, 0}, suiteBudget: {60, 0}, suiteShadow: {150, 50}},
+		{"chain", "depth 3"}: {noRetries: {10, 0}, naive: {810, 0}, grpcRetry: {810, 0}, grpcThrottled: {26, 0}, suiteBudget: {20, 0}, suiteShadow: {810, 0}},
+		{"chain", "depth 4"}: {noRetries: {10, 0}, naive: {2430, 0}, grpcRetry: {2430, 0}, grpcThrottled: {30, 0}, suiteBudget: {20, 0}, suiteShadow: {2430, 0}},
 		{"capacity", ""}: {noRetries: {18000, 15900}, naive: {22200, 15900}, grpcRetry: {22200, 15900},
 			grpcThrottled: {18009, 15900}, suiteBudget: {18270, 15900}, suiteDefaults: {18270, 15900}},
 	}
@@ -86,9 +86,12 @@ func TestQuick(t *testing.T) {
 				}
 			}
 		}
-		want := len(policies())
-		if r.Key == "outage" || r.Key == "chain" {
-			want = 2 * len(policies())
+		want := len(withShadow())
+		switch r.Key {
+		case "outage", "chain":
+			want = 2 * len(withShadow())
+		case "capacity": // a model: no shadow row
+			want = len(policies())
 		}
 		if r.Key == "backend-dead" {
 			want = 2 * len(deadPolicies())

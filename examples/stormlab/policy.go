@@ -3,8 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 
@@ -45,6 +48,10 @@ const (
 	suiteClientOnly       policyKey = "suite-clientonly"
 	suiteNoOverload       policyKey = "suite-nooverload"
 	suiteBudgetNoOverload policyKey = "budget-nooverload"
+	// The suite's defaults in shadow mode (WithShadowMode), against the
+	// naive row's servers: it sends what the naive row sends and records
+	// what its budget and breaker would have refused (scenarios 1-4, 6).
+	suiteShadow policyKey = "suite-shadow"
 )
 
 // policy is one client setup, and the server side that goes with it.
@@ -63,6 +70,11 @@ func policies() []policy {
 		{suiteBudget, "stormguard, budget only"},
 		{suiteDefaults, "stormguard defaults"},
 	}
+}
+
+// withShadow returns the six setups and the suite in shadow mode.
+func withShadow() []policy {
+	return append(policies(), policy{suiteShadow, "stormguard, shadow mode"})
 }
 
 // grpcServiceConfig is grpc-go's retry policy for the demo service, as a
@@ -98,6 +110,8 @@ func (p policy) clientOptions(extra ...interceptor.ClientOption) []interceptor.C
 		opts = append(opts, interceptor.WithoutBudget(), interceptor.WithoutBreaker())
 	case suiteBudget, suiteBudgetNoOverload:
 		opts = append(opts, interceptor.WithoutBreaker())
+	case suiteShadow:
+		opts = append(opts, interceptor.WithShadowMode())
 	case suiteDefaults, suiteOutlier, suiteNoAdmission, suiteNoShedding, suiteClientOnly, suiteNoOverload:
 	default:
 		return nil
@@ -111,7 +125,7 @@ func (p policy) clientOptions(extra ...interceptor.ClientOption) []interceptor.C
 // naive row, and nil (plain grpc-go servers) for the others.
 func (p policy) server() *interceptor.Server {
 	switch p.key {
-	case naive:
+	case naive, suiteShadow:
 		return interceptor.NewServer(interceptor.WithoutPushback(), interceptor.WithoutOverload())
 	case suiteBudget, suiteDefaults, suiteOutlier:
 		return interceptor.NewServer()
@@ -133,6 +147,10 @@ type env struct {
 	servers []*origin.Server
 	guards  []*interceptor.Server // the suite's server sides, if any
 	conns   []*grpc.ClientConn
+	// shadow reads the would-refuse counter of the shadow row's clients,
+	// which share shadowMP.
+	shadow   *sdkmetric.ManualReader
+	shadowMP *sdkmetric.MeterProvider
 }
 
 func newEnv(p policy, extra ...interceptor.ClientOption) *env { return &env{p: p, extra: extra} }
@@ -164,7 +182,15 @@ func (e *env) dial(l *origin.Listener) (echov1.EchoServiceClient, error) {
 	case grpcRetry, grpcThrottled:
 		cc, err = grpc.NewClient(l.Target, l.ConnectOptions(grpc.WithDefaultServiceConfig(grpcServiceConfig(e.p.key == grpcThrottled)))...)
 	default:
-		guard := interceptor.NewClient(e.p.clientOptions(e.extra...)...)
+		extra := e.extra
+		if e.p.key == suiteShadow {
+			if e.shadow == nil {
+				e.shadow = sdkmetric.NewManualReader()
+				e.shadowMP = sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.shadow))
+			}
+			extra = append(slices.Clip(extra), interceptor.WithMeterProvider(e.shadowMP))
+		}
+		guard := interceptor.NewClient(e.p.clientOptions(extra...)...)
 		cc, err = l.Dial(grpc.WithChainUnaryInterceptor(guard.Unary()), grpc.WithChainStreamInterceptor(guard.Stream()))
 	}
 	if err != nil {
@@ -172,6 +198,32 @@ func (e *env) dial(l *origin.Listener) (echov1.EchoServiceClient, error) {
 	}
 	e.conns = append(e.conns, cc)
 	return echov1.NewEchoServiceClient(cc), nil
+}
+
+// wouldRefuse returns what the shadow row's clients would have refused so
+// far, by reason (nil for the other rows).
+func (e *env) wouldRefuse() map[string]int {
+	if e.shadow == nil {
+		return nil
+	}
+	var rm metricdata.ResourceMetrics
+	if err := e.shadow.Collect(context.Background(), &rm); err != nil {
+		return nil
+	}
+	out := map[string]int{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			sum, ok := m.Data.(metricdata.Sum[int64])
+			if m.Name != interceptor.MetricWouldRefuse || !ok {
+				continue
+			}
+			for _, dp := range sum.DataPoints {
+				reason, _ := dp.Attributes.Value(interceptor.AttrReason)
+				out[reason.AsString()] += int(dp.Value)
+			}
+		}
+	}
+	return out
 }
 
 // oneHop serves svc and returns a client of it.
@@ -226,6 +278,10 @@ func (e *env) close() {
 	}
 	for i := len(e.servers) - 1; i >= 0; i-- {
 		e.servers[i].Stop()
+	}
+	if e.shadowMP != nil {
+		_ = e.shadowMP.Shutdown(context.Background())
+		e.shadowMP = nil
 	}
 	e.conns, e.servers = nil, nil
 }

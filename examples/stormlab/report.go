@@ -31,6 +31,9 @@ type Row struct {
 	// Refused counts, for the suite's rows, the failed calls whose retry
 	// the suite refused, by reason (interceptor.RefusedBy).
 	Refused map[string]int `json:"refused,omitempty"`
+	// WouldRefuse counts, for the shadow-mode row, the refusals its budget
+	// and breaker recorded without making them, by reason.
+	WouldRefuse map[string]int `json:"would_refuse,omitempty"`
 	// Latency of the calls, in milliseconds.
 	P50ms  float64 `json:"p50_ms,omitempty"`
 	P99ms  float64 `json:"p99_ms,omitempty"`
@@ -86,19 +89,20 @@ const (
 	colRecovery
 	colGoodput
 	colServerRefused
+	colWouldRefuse
 )
 
 func (c col) head() string {
 	return [...]string{"", "policy", "origin", "ampl.", "ok", "errors by code", "retries refused",
 		"p50", "p99", "slowest", "wasted", "peak/tick", "peak ampl.", "served",
 		"requests", "ok %", "dead", "dead ÷ none",
-		"recovery", "goodput per step", "server refused"}[c]
+		"recovery", "goodput per step", "server refused", "would refuse (shadow)"}[c]
 }
 
 // left reports whether the column is left-aligned (text) rather than
 // right-aligned (numbers).
 func (c col) left() bool {
-	return c == colVariant || c == colPolicy || c == colErrors || c == colRefused || c == colGoodput || c == colServerRefused
+	return c == colVariant || c == colPolicy || c == colErrors || c == colRefused || c == colGoodput || c == colServerRefused || c == colWouldRefuse
 }
 
 func (r Row) cell(c col) string {
@@ -151,6 +155,8 @@ func (r Row) cell(c col) string {
 		return sparkline(r.Goodput, r.marks...)
 	case colServerRefused:
 		return counts(r.ServerRefused)
+	case colWouldRefuse:
+		return counts(r.WouldRefuse)
 	}
 	return ""
 }

@@ -44,7 +44,7 @@ func scenarios() []scenario {
 
 // waveCols are the columns of the wave scenarios (1-4).
 func waveCols() []col {
-	return []col{colPolicy, colOrigin, colAmpl, colOK, colErrors, colRefused, colMax}
+	return []col{colPolicy, colOrigin, colAmpl, colOK, colErrors, colRefused, colWouldRefuse, colMax}
 }
 
 // put is the call every wave scenario makes: Put is IDEMPOTENT in the
@@ -69,13 +69,15 @@ func waveRow(ctx context.Context, p policy, callers int, script origin.Script) (
 		return Row{}, err
 	}
 	out := wave(ctx, callers, callTimeout, put(client))
-	return out.row(p, o.Total()), nil
+	row := out.row(p, o.Total())
+	row.WouldRefuse = e.wouldRefuse()
+	return row, nil
 }
 
 // waveScenario runs every policy through waveRow.
 func waveScenario(ctx context.Context, res *Result, callers int, script func() origin.Script) (*Result, error) {
 	res.cols = waveCols()
-	for _, p := range policies() {
+	for _, p := range withShadow() {
 		row, err := waveRow(ctx, p, callers, script())
 		if err != nil {
 			return nil, fmt.Errorf("%s, %s: %w", res.Title, p.name, err)
@@ -97,7 +99,7 @@ func outage(ctx context.Context) (*Result, error) {
 		cols:  append([]col{colVariant}, waveCols()...),
 		chart: "1 outage %s",
 	}
-	for _, p := range policies() {
+	for _, p := range withShadow() {
 		rows, err := func() ([]Row, error) {
 			e := newEnv(p)
 			defer e.close()
@@ -108,12 +110,14 @@ func outage(ctx context.Context) (*Result, error) {
 			}
 			first := wave(ctx, callers, callTimeout, put(client)).row(p, o.Total())
 			first.Variant = "wave 1"
+			first.WouldRefuse = e.wouldRefuse()
 			seen := o.Total()
 			o.SetScript(origin.Always(codes.Unavailable)) // no holding: wave 2 may send nothing at all
 			second := wave(ctx, callers, callTimeout, func(ctx context.Context, i int) error {
 				return put(client)(ctx, callers+i)
 			}).row(p, o.Total()-seen)
 			second.Variant = "wave 2"
+			second.WouldRefuse = minus(e.wouldRefuse(), first.WouldRefuse)
 			return []Row{first, second}, nil
 		}()
 		if err != nil {
@@ -161,7 +165,7 @@ func chainOfThree(ctx context.Context) (*Result, error) {
 		chart: "4 chain %s",
 	}
 	for _, hops := range []int{3, 4} {
-		for _, p := range policies() {
+		for _, p := range withShadow() {
 			row, err := func() (Row, error) {
 				e := newEnv(p)
 				defer e.close()
@@ -171,7 +175,9 @@ func chainOfThree(ctx context.Context) (*Result, error) {
 					return Row{}, err
 				}
 				out := wave(ctx, callers, callTimeout, put(top))
-				return out.row(p, o.Total()), nil
+				row := out.row(p, o.Total())
+				row.WouldRefuse = e.wouldRefuse()
+				return row, nil
 			}()
 			if err != nil {
 				return nil, fmt.Errorf("%s, %d hops, %s: %w", res.Title, hops, p.name, err)
@@ -181,6 +187,21 @@ func chainOfThree(ctx context.Context) (*Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// minus returns a's counts less b's, leaving out those that are 0 (nil if
+// a is).
+func minus(a, b map[string]int) map[string]int {
+	if a == nil {
+		return nil
+	}
+	out := map[string]int{}
+	for k, v := range a {
+		if d := v - b[k]; d != 0 {
+			out[k] = d
+		}
+	}
+	return out
 }
 
 // sortByVariant groups a result's rows by variant, keeping the policy
