@@ -35,6 +35,7 @@ func TestPerAttemptTimeoutSendsARetryBesideTheSlowAttempt(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke) }()
 	<-inv.sent
+	require.True(t, clk.WaitPending(1, 20*time.Second), "the per-attempt timer is armed")
 	d, ok := clk.Next()
 	require.True(t, ok, "the per-attempt timer is armed")
 	clk.Advance(d)
@@ -64,6 +65,7 @@ func TestTheSlowAttemptsAnswerWins(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke) }()
 	<-inv.sent
+	require.True(t, clk.WaitPending(1, 20*time.Second), "the per-attempt timer is armed")
 	d, ok := clk.Next()
 	require.True(t, ok)
 	clk.Advance(d)
@@ -141,6 +143,7 @@ func TestPerAttemptTimeoutKeepsAnAttemptNoRetryCanFollow(t *testing.T) {
 			if tc.fires == "" {
 				assert.Equal(t, 0, clk.Pending(), "no per-attempt timer when no retry can follow")
 			} else {
+				require.True(t, clk.WaitPending(1, 20*time.Second), "the per-attempt timer is armed")
 				d, ok := clk.Next()
 				require.True(t, ok, "the per-attempt timer is armed")
 				assert.Equal(t, 100*time.Millisecond, d)
@@ -243,6 +246,7 @@ func TestADoNotRetryBesideASlowAttemptDoesNotEndTheCall(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { done <- ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke) }()
 			<-inv.sent
+			require.True(t, clk.WaitPending(1, 20*time.Second), "the per-attempt timer is armed")
 			d, ok := clk.Next()
 			require.True(t, ok)
 			clk.Advance(d)
