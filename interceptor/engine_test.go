@@ -238,35 +238,12 @@ func TestDeadlineHeaderFromCallCredentials(t *testing.T) {
 // attempt (it was lost when the two steps were apart: the send went to the
 // dead attempt, got io.EOF, and SendMsg reported success).
 func TestStreamSendDuringReplayIsNotLost(t *testing.T) {
-	var mu sync.Mutex
-	var attempts []*fakeStream
-	streamer := func(actx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
-		fs := newFakeStream(actx)
-		mu.Lock()
-		attempts = append(attempts, fs)
-		mu.Unlock()
-		return fs, nil
-	}
-	attempt := func(i int) *fakeStream {
-		mu.Lock()
-		defer mu.Unlock()
-		return attempts[i]
-	}
-	c := interceptor.NewClient(append(noopProviders(), interceptor.WithoutBudget(), interceptor.WithBackoff(time.Microsecond, time.Microsecond))...)
-	s, err := c.Stream()(t.Context(), &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, dialPassthrough(t), chat, streamer)
-	require.NoError(t, err)
+	s, attempt := retriedChat(t)
 	for seq := range 2 {
 		require.NoError(t, s.SendMsg(&echov1.ChatRequest{Seq: uint32(seq)}))
 	}
 	sent := make(chan error, 1)
-	interceptor.SetReplayedHook(func() {
-		go func() { sent <- s.SendMsg(&echov1.ChatRequest{Seq: 2}) }()
-		time.Sleep(20 * time.Millisecond) // a pause in the gap, for the send to happen in
-	})
-	defer interceptor.SetReplayedHook(nil)
-	attempt(0).recv <- errUnavailable // the first attempt fails before any response
-	recvDone := make(chan error, 1)
-	go func() { recvDone <- s.RecvMsg(&echov1.ChatResponse{}) }()
+	recvDone := failFirstAttemptDuring(t, s, attempt, func() { sent <- s.SendMsg(&echov1.ChatRequest{Seq: 2}) })
 	require.NoError(t, <-sent)
 	var seqs []uint32
 	for _, m := range attempt(1).messages() {
@@ -280,6 +257,20 @@ func TestStreamSendDuringReplayIsNotLost(t *testing.T) {
 // Issue 13 item 8, CloseSend: a CloseSend made while a retried stream
 // replays reaches the attempt that carries on (it went to the dead one).
 func TestStreamCloseSendDuringReplayIsNotLost(t *testing.T) {
+	s, attempt := retriedChat(t)
+	require.NoError(t, s.SendMsg(&echov1.ChatRequest{Seq: 0}))
+	closed := make(chan error, 1)
+	recvDone := failFirstAttemptDuring(t, s, attempt, func() { closed <- s.CloseSend() })
+	require.NoError(t, <-closed)
+	assert.Len(t, attempt(1).messages(), 1, "the message was replayed")
+	assert.True(t, attempt(1).isClosed(), "the attempt that carries on was closed for sending")
+	attempt(1).recv <- io.EOF
+	assert.ErrorIs(t, <-recvDone, io.EOF)
+}
+
+// retriedChat opens a Chat stream through a Client that retries at once,
+// on a fake streamer; attempt(i) is the stream's i-th attempt.
+func retriedChat(t *testing.T) (grpc.ClientStream, func(i int) *fakeStream) {
 	var mu sync.Mutex
 	var attempts []*fakeStream
 	streamer := func(actx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
@@ -297,19 +288,21 @@ func TestStreamCloseSendDuringReplayIsNotLost(t *testing.T) {
 	c := interceptor.NewClient(append(noopProviders(), interceptor.WithoutBudget(), interceptor.WithBackoff(time.Microsecond, time.Microsecond))...)
 	s, err := c.Stream()(t.Context(), &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, dialPassthrough(t), chat, streamer)
 	require.NoError(t, err)
-	require.NoError(t, s.SendMsg(&echov1.ChatRequest{Seq: 0}))
-	closed := make(chan error, 1)
+	return s, attempt
+}
+
+// failFirstAttemptDuring fails s's first attempt before any response and
+// runs during, on its own goroutine, in the gap between the new attempt's
+// replay and its installation (with a pause for it to happen in). It
+// returns what the RecvMsg that retried will return.
+func failFirstAttemptDuring(t *testing.T, s grpc.ClientStream, attempt func(int) *fakeStream, during func()) <-chan error {
 	interceptor.SetReplayedHook(func() {
-		go func() { closed <- s.CloseSend() }()
-		time.Sleep(20 * time.Millisecond) // a pause in the gap, for the CloseSend to happen in
+		go during()
+		time.Sleep(20 * time.Millisecond)
 	})
-	defer interceptor.SetReplayedHook(nil)
-	attempt(0).recv <- errUnavailable // the first attempt fails before any response
+	t.Cleanup(func() { interceptor.SetReplayedHook(nil) })
+	attempt(0).recv <- errUnavailable
 	recvDone := make(chan error, 1)
 	go func() { recvDone <- s.RecvMsg(&echov1.ChatResponse{}) }()
-	require.NoError(t, <-closed)
-	assert.Len(t, attempt(1).messages(), 1, "the message was replayed")
-	assert.True(t, attempt(1).isClosed(), "the attempt that carries on was closed for sending")
-	attempt(1).recv <- io.EOF
-	assert.ErrorIs(t, <-recvDone, io.EOF)
+	return recvDone
 }
