@@ -89,30 +89,28 @@ func (c *call) decide(ctx context.Context, err error, tr metadata.MD, a *attempt
 		return 0, ReasonDeadline, false
 	}
 	c.failOver(a, now)
-	if reason, ok := c.fundable(ctx, now); !ok {
+	if reason := c.fundable(now); reason != "" {
 		return 0, reason, false
 	}
 	return delay, "", true
 }
 
-// fundable reports whether a retry or hedge could be paid for now: the
-// breaker is not open and the budget has a token. It withdraws nothing
-// (begin does, when the attempt is sent), so that a caller is not made to
-// wait a backoff for a retry that is refused anyway.
-func (c *call) fundable(ctx context.Context, now time.Time) (Reason, bool) {
-	reason := Reason("")
-	if b := c.route.breaker; b != nil && (b.RetryAfter() > 0 || c.deadForSure(now)) {
-		reason = ReasonBreaker
-	} else if b := c.route.budget; b != nil && !c.failover && !c.prepaid && b.Stats().Balance < 1 {
-		reason = ReasonBudget
+// fundable returns why a retry or hedge could not be paid for now (the
+// breaker is open, or the budget has no token), or "" if it could. It
+// withdraws nothing (begin does, when the attempt is sent), so that a
+// caller is not made to wait a backoff for a retry that is refused anyway.
+// In shadow mode it refuses nothing: begin records what it would refuse,
+// when the retry is due.
+func (c *call) fundable(now time.Time) Reason {
+	switch {
+	case c.client.o.shadow:
+		return ""
+	case c.route.breaker != nil && (c.route.breaker.RetryAfter() > 0 || c.deadForSure(now)):
+		return ReasonBreaker
+	case c.route.budget != nil && !c.failover && !c.prepaid && c.route.budget.Stats().Balance < 1:
+		return ReasonBudget
 	}
-	if reason == "" {
-		return "", true
-	}
-	if c.client.o.shadow {
-		return "", true // begin records it, when the retry is due
-	}
-	return reason, false
+	return ""
 }
 
 // failOver decides whether the retry after attempt a is a fail-over: a
