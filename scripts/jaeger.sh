@@ -34,6 +34,8 @@ export JAEGER_QUERY_GRPC=${JAEGER_QUERY_GRPC:-127.0.0.1:16685}
 
 log() { printf 'jaeger.sh: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
+# shellcheck source=scripts/lib.sh
+. "$root/scripts/lib.sh"
 
 # The version pinned in tools/jaeger/go.mod and a hash of its go.sum name the
 # cached binary, so any change of the tool module builds anew.
@@ -127,21 +129,7 @@ start() {
 }
 
 stop() {
-  [ -f "$pidfile" ] || return 0
-  local pid; pid=$(cat "$pidfile")
-  if ours "$pid"; then
-    kill -TERM "$pid" 2>/dev/null || true
-    local i
-    for i in $(seq 1 200); do # 20 s, then KILL
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-      log "pid $pid ignored TERM; killing"
-      kill -KILL "$pid" 2>/dev/null || true
-    fi
-    log "stopped (pid $pid)"
-  fi
+  stop_pid "$pidfile"
   rm -f "$pidfile"
 }
 

@@ -29,6 +29,8 @@ metrics_addr=${STORMGUARD_METRICS_ADDR:-127.0.0.1:9464}
 
 log() { printf 'prometheus.sh: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
+# shellcheck source=scripts/lib.sh
+. "$root/scripts/lib.sh"
 
 install() {
   local pkgs=()
@@ -158,21 +160,7 @@ cleanup() {
 }
 
 stop() {
-  [ -f "$pidfile" ] || return 0
-  local pid; pid=$(cat "$pidfile")
-  if ours "$pid"; then
-    kill -TERM "$pid" 2>/dev/null || true
-    local i
-    for i in $(seq 1 200); do # 20 s, then KILL
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-      log "pid $pid ignored TERM; killing"
-      kill -KILL "$pid" 2>/dev/null || true
-    fi
-    log "stopped (pid $pid)"
-  fi
+  stop_pid "$pidfile"
   cleanup
 }
 
