@@ -310,6 +310,10 @@ func (b *outlierBalancer) tick() {
 	b.ticking.Store(false)
 }
 
+// pushbackKey is the trailer of a server that refuses on purpose and tells
+// its callers when, or whether, to retry (gRFC A6).
+const pushbackKey = "grpc-retry-pushback-ms"
+
 // record counts one RPC's outcome for sc's endpoint. It runs on the RPC
 // path: atomics only.
 func (b *outlierBalancer) record(sc *subConn, di balancer.DoneInfo) {
@@ -320,6 +324,11 @@ func (b *outlierBalancer) record(sc *subConn, di balancer.DoneInfo) {
 	}
 	switch c := codeOf(di.Err); {
 	case c == cancelled:
+		return
+	case lc.codes&(1<<c) != 0 && len(di.Trailer[pushbackKey]) > 0:
+		// The server refused on purpose (it sheds load, or says not to
+		// retry): that is not a broken host, and ejecting it would push
+		// its load onto the others. Not counted.
 		return
 	case lc.codes&(1<<c) != 0:
 		n := ep.fail.Add(1)

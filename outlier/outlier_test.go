@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/status"
 
@@ -71,6 +73,20 @@ func TestOneDeadBackendIsEjected(t *testing.T) {
 			_ = deadAtKnown
 		})
 	}
+}
+
+// TestSheddingBackendIsNotEjected: a backend that refuses every request on
+// purpose, with grpc-retry-pushback-ms (a stormguard server shedding load),
+// is not a broken host: it is not ejected, so its load does not move onto
+// the others. The same backend without the trailer is (TestOneDeadBackendIsEjected).
+func TestSheddingBackendIsNotEjected(t *testing.T) {
+	c := newCluster(t, 2, Config{})
+	c.origins[0].SetScript(func(origin.Call) origin.Reply {
+		return origin.Reply{Code: codes.Unavailable, Message: "shed", Trailer: metadata.Pairs("grpc-retry-pushback-ms", "-1")}
+	})
+	c.run(1000, step)
+	assert.Equal(t, []int{0, 0}, c.ejections(), "no ejection")
+	assert.Greater(t, c.origins[0].Total(), 300, "the shedding backend kept its share of the calls")
 }
 
 // TestIndependentFailuresEjectNothing: every backend fails each request
