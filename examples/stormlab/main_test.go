@@ -34,9 +34,9 @@ type exact struct{ origin, ok int }
 // policy under -race.
 func TestQuick(t *testing.T) {
 	var out bytes.Buffer
-	cfg, scenarios, checks := config{quick: true, tailP99: maxTailP99}, 6, 21
+	cfg, scenarios, checks := config{quick: true, tailP99: maxTailP99}, 6, 22
 	if raceEnabled {
-		cfg, scenarios, checks = config{scenarios: "1,2,3,4,7", tailP99: maxTailP99}, 5, 13
+		cfg, scenarios, checks = config{scenarios: "1,2,3,4,7", tailP99: maxTailP99}, 5, 14
 	}
 	rep, err := run(context.Background(), cfg, &out)
 	if err != nil {
@@ -52,7 +52,7 @@ func TestQuick(t *testing.T) {
 		t.Error("report not OK")
 	}
 	if got := len(rep.Checks); got != checks {
-		t.Errorf("%d checks, want %d (outage ×5, flaky, chain ×4, capacity ×3, backend dead ×8 unless -race)", got, checks)
+		t.Errorf("%d checks, want %d (outage ×5, flaky, twice, chain ×4, capacity ×3, backend dead ×8 unless -race)", got, checks)
 	}
 	// Rows whose counts follow from the model alone (the suite's defaults
 	// in the storm scenarios depend on how many failures are in when its
@@ -112,7 +112,7 @@ func TestQuick(t *testing.T) {
 	if len(rep.Results) != scenarios {
 		t.Errorf("%d scenarios, want %d", len(rep.Results), scenarios)
 	}
-	// The flaky (stormguard defaults) and fails-twice rows the text prints.
+	// Headers and the verdict the text prints.
 	for _, s := range []string{"1. Outage, one hop", "4. Chain of services", "all bounds met"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("output lacks %q", s)
@@ -298,7 +298,7 @@ func syntheticMetastable(suiteRec, naiveRec recoveryS, quietRefused int) *Result
 		return Row{Policy: p.key, Label: p.name, Variant: variant, Calls: 1400, OK: 1000, Goodput: curve(rec), Recovery: &r,
 			marks: []int{s.triggerStep(), s.endStep()}}
 	}
-	res := &Result{ID: 9, Key: "metastable", Title: "Metastable failure", Setup: s.setup(), StepS: msStep.Seconds(),
+	res := &Result{ID: 10, Key: "metastable", Title: "Metastable failure", Setup: s.setup(), StepS: msStep.Seconds(),
 		Trigger: &window{From: s.before.Seconds(), To: (s.before + s.trigger).Seconds()},
 		cols:    []col{colVariant, colPolicy, colServerRefused, colRecovery, colGoodput}}
 	res.Rows = []Row{
