@@ -414,6 +414,9 @@ func (b *Breaker) State() State {
 // half-open, where a refused attempt may find a free probe slot at any
 // time).
 func (b *Breaker) RetryAfter() time.Duration {
+	if b.word.Load()&stateMask == uint64(StateClosed) {
+		return 0 // a closed breaker opens only on a report, never with time
+	}
 	b.lock()
 	now := b.clock()
 	b.advance(now)

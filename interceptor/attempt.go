@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -70,7 +71,7 @@ func (c *call) begin(ctx context.Context, a *attempt, kind attemptKind, mode att
 		}
 	}
 	*a = attempt{kind: kind, start: now}
-	if reason, err := c.admit(ctx, a, kind, now); reason != "" {
+	if reason, err := c.admit(ctx, a, now); reason != "" {
 		return reason, err
 	}
 	c.prepaid = false
@@ -117,7 +118,8 @@ func (c *call) begin(ctx context.Context, a *attempt, kind attemptKind, mode att
 // may be sent, and returns why not (with the status a first attempt fails
 // with). In shadow mode it refuses nothing: it records the refusal a
 // would have had, once, and marks it shadowed.
-func (c *call) admit(ctx context.Context, a *attempt, kind attemptKind, now time.Time) (Reason, error) {
+func (c *call) admit(ctx context.Context, a *attempt, now time.Time) (Reason, error) {
+	kind := a.kind
 	var would Reason
 	if b := c.route.breaker; b != nil {
 		t, err := b.Admit()
@@ -208,10 +210,10 @@ func (c *call) refusedAtPick(ctx context.Context, a *attempt) error {
 }
 
 // pickRefused reports whether a guarded first attempt was refused at its
-// pick (creds.refused). In shadow mode the pick is never refused, and one
+// pick (a.creds.refused). In shadow mode the pick is never refused, and one
 // that would have been is recorded as a would-be refusal instead.
-func (c *call) pickRefused(ctx context.Context, a *attempt, creds *attemptCreds) bool {
-	if !creds.refused {
+func (c *call) pickRefused(ctx context.Context, a *attempt) bool {
+	if !a.creds.refused {
 		return false
 	}
 	if c.client.o.shadow {
@@ -397,8 +399,7 @@ type attemptCreds struct {
 	avoid    []net.Addr        // endpoints a pick re-picks...
 	last     net.Addr          // the endpoint of the last attempt, as collected
 
-	guard   bool // refuse, rather than send, a pick still among avoid after the re-picks
-	shadow  bool // ...but only note it (refused), and send it: shadow mode
+	guard   bool // refuse (in shadow mode: note), rather than send, a pick still among avoid after the re-picks
 	refused bool // the pick was refused for good (guard); set on the call's goroutine by collect
 
 	called  atomic.Bool // GetRequestMetadata ran since prepare
@@ -418,7 +419,7 @@ func (a *attemptCreds) GetRequestMetadata(ctx context.Context, uri ...string) (m
 	if p, ok := peer.FromContext(ctx); ok {
 		a.mu.Lock()
 		a.addr = p.Addr
-		avoided := contains(a.avoid, p.Addr)
+		avoided := slices.Contains(a.avoid, p.Addr)
 		veto := avoided && a.repick > 0
 		refuse := avoided && !veto && a.guard
 		if veto {
@@ -428,7 +429,7 @@ func (a *attemptCreds) GetRequestMetadata(ctx context.Context, uri ...string) (m
 		a.refusal = refuse
 		a.mu.Unlock()
 		a.called.Store(true)
-		if veto || (refuse && !a.shadow) {
+		if veto || (refuse && !a.client.o.shadow) {
 			return nil, errAvoided
 		}
 	}
@@ -469,7 +470,7 @@ func (a *attemptCreds) collect() (vetoed bool) {
 	vetoed, a.vetoed = a.vetoed, false
 	a.refused, a.refusal = a.refusal, false
 	a.last = a.addr
-	if vetoed || (a.refused && !a.shadow) {
+	if vetoed || (a.refused && !a.client.o.shadow) {
 		a.last = nil
 	}
 	a.mu.Unlock()
@@ -484,7 +485,7 @@ func (a *attemptCreds) collect() (vetoed bool) {
 // attempt is invoked.
 func (a *attemptCreds) prepare(c *call, at *attempt) {
 	a.last, a.avoid, a.repick, a.refused = nil, c.avoid, 0, false
-	a.guard, a.shadow = at.guarded != nil, c.client.o.shadow
+	a.guard = at.guarded != nil
 	if len(c.avoid) > 0 {
 		a.repick = maxRepicks
 	}

@@ -3,6 +3,7 @@ package interceptor
 import (
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -181,16 +182,6 @@ func (t *endpoints) outliers(now time.Time) []net.Addr {
 	return out
 }
 
-// contains reports whether addrs holds a.
-func contains(addrs []net.Addr, a net.Addr) bool {
-	for _, x := range addrs {
-		if x == a {
-			return true
-		}
-	}
-	return false
-}
-
 // snapshot returns the endpoints seen in the window ending now, sorted by
 // address.
 func (t *endpoints) snapshot(now time.Time) []EndpointState {
@@ -201,11 +192,11 @@ func (t *endpoints) snapshot(now time.Time) []EndpointState {
 		e := v.(*endpoint)
 		ok, fail := e.counts(n)
 		if ok+fail > 0 {
-			out = append(out, EndpointState{Addr: e.addr.String(), OK: ok, Failed: fail, Avoided: contains(avoided, e.addr)})
+			out = append(out, EndpointState{Addr: e.addr.String(), OK: ok, Failed: fail, Avoided: slices.Contains(avoided, e.addr)})
 		}
 		return true
 	})
-	slices.SortFunc(out, func(a, b EndpointState) int { return compareStrings(a.Addr, b.Addr) })
+	slices.SortFunc(out, func(a, b EndpointState) int { return strings.Compare(a.Addr, b.Addr) })
 	return out
 }
 

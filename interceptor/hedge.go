@@ -141,7 +141,7 @@ func (h *hedger) run(c *call) error {
 func (h *hedger) answer(c *call, res hedgeResult) (done bool, err error) {
 	h.inflight--
 	if a := &res.a.attempt; a.guarded != nil {
-		if c.pickRefused(h.ctx, a, a.creds) {
+		if c.pickRefused(h.ctx, a) {
 			return true, c.refusedAtPick(h.ctx, a) // the first attempt: nothing else runs
 		}
 		c.sentGuarded(h.ctx, a)

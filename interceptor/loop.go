@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
 
@@ -126,10 +127,10 @@ func (c *call) failOver(a *attempt, now time.Time) {
 	}
 	p := a.peer()
 	c.avoid = c.route.endpoints.current(now)
-	if p != nil && !contains(c.avoid, p) {
+	if p != nil && !slices.Contains(c.avoid, p) {
 		c.avoid = c.route.endpoints.judge(now) // this failure may make it one
 	}
-	c.failover = p != nil && contains(c.avoid, p)
+	c.failover = p != nil && slices.Contains(c.avoid, p)
 	if p != nil {
 		c.failedOn = append(c.failedOn, p)
 	}

@@ -59,10 +59,6 @@ var refusals = map[Reason]reasonInfo{
 	ReasonGRPCRetry:     {fatal: true},
 }
 
-// allReasons lists the table's reasons in a fixed order (for telemetry).
-var allReasons = []Reason{ReasonBudget, ReasonBreaker, ReasonDeadline, ReasonPushback,
-	ReasonNotIdempotent, ReasonMaxAttempts, ReasonCode, ReasonRetryIf, ReasonGRPCRetry}
-
 func (r Reason) info() reasonInfo { return refusals[r] }
 
 // Propagates reports whether a refusal for r makes a stormguard server

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/stormguard/stormguard/breaker"
@@ -88,18 +89,8 @@ func (c *Client) Targets() []TargetState {
 	for _, s := range byTarget {
 		out = append(out, *s)
 	}
-	slices.SortFunc(out, func(a, b TargetState) int { return compareStrings(a.Target, b.Target) })
+	slices.SortFunc(out, func(a, b TargetState) int { return strings.Compare(a.Target, b.Target) })
 	return out
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // StateHandler returns an http.Handler that serves Targets as JSON

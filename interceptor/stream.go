@@ -138,7 +138,7 @@ func (s *clientStream) open(kind attemptKind, old *streamAttempt) error {
 			}
 		}
 		if a.guarded != nil {
-			if k.pickRefused(s.ctx, a, creds) {
+			if k.pickRefused(s.ctx, a) {
 				return k.refusedAtPick(s.ctx, a)
 			}
 			k.sentGuarded(s.ctx, a)

@@ -119,16 +119,15 @@ func (k attemptKind) String() string { return kindNames[k] }
 
 // telemetry holds the tracer and the instruments of one Client.
 type telemetry struct {
-	tracer       trace.Tracer // nil: spans off (an explicit no-op provider)
-	instrumented bool         // WithInstrumentedAttempts
-	calls        metric.Int64Counter
-	attempts     metric.Int64Counter
-	refusals     metric.Int64Counter
-	wouldRefuse  metric.Int64Counter
-	retries      metric.Int64Histogram
-	hedges       metric.Int64Histogram
-	duration     metric.Float64Histogram
-	reg          metric.Registration // the gauges' callback; nil if it failed
+	tracer      trace.Tracer // nil: spans off (an explicit no-op provider)
+	calls       metric.Int64Counter
+	attempts    metric.Int64Counter
+	refusals    metric.Int64Counter
+	wouldRefuse metric.Int64Counter
+	retries     metric.Int64Histogram
+	hedges      metric.Int64Histogram
+	duration    metric.Float64Histogram
+	reg         metric.Registration // the gauges' callback; nil if it failed
 }
 
 func newTelemetry(o *clientOptions, c *Client) *telemetry {
@@ -140,7 +139,7 @@ func newTelemetry(o *clientOptions, c *Client) *telemetry {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	t := &telemetry{instrumented: o.instrumented}
+	t := &telemetry{}
 	// A no-op provider given explicitly costs nothing at all: no spans are
 	// started (the global provider, which may get an SDK later, always
 	// gets its spans).

@@ -132,7 +132,7 @@ func (c *call) sequential(ctx context.Context, method string, req, reply any, cc
 			err = c.finish(ctx, &a, err)
 		}
 		if a.guarded != nil {
-			if c.pickRefused(ctx, &a, creds) {
+			if c.pickRefused(ctx, &a) {
 				return c.refusedAtPick(ctx, &a)
 			}
 			c.sentGuarded(ctx, &a)
