@@ -174,11 +174,8 @@ func (c *Client) AttemptContext(ctx context.Context, now time.Time) (context.Con
 		return ctx, nil
 	}
 	left := dl.Sub(now)
-	if left <= 0 {
-		return ctx, errExpired
-	}
-	if left < c.min {
-		return ctx, errTooLate
+	if err := c.Check(left); err != nil {
+		return ctx, err
 	}
 	v := FormatHeader(c.Downstream(left))
 	if stale {

@@ -28,12 +28,9 @@ const (
 	ErrorReasonOverloaded = "OVERLOADED"
 )
 
-// defaultOverload is the overload protection of a Server built without
-// WithOverload or WithoutOverload.
-var defaultOverload = overload.Config{}
-
+// overloadOptions are the overload options; the zero value is the
+// default protection, overload.Config{}.
 type overloadOptions struct {
-	set   bool // WithOverload, WithOverloadGuard or WithoutOverload was given
 	off   bool
 	cfg   overload.Config
 	guard *overload.Guard
@@ -44,7 +41,7 @@ type overloadOptions struct {
 // shedding, on by default. Streams are not guarded: a stream's lifetime is
 // not a service time.
 func WithOverload(c overload.Config) ServerOption {
-	return serverOptionFunc(func(o *serverOptions) { o.overload = overloadOptions{set: true, cfg: c} })
+	return serverOptionFunc(func(o *serverOptions) { o.overload = overloadOptions{cfg: c} })
 }
 
 // WithOverloadGuard uses g for the overload protection, so that several
@@ -52,14 +49,14 @@ func WithOverload(c overload.Config) ServerOption {
 func WithOverloadGuard(g *overload.Guard) ServerOption {
 	return serverOptionFunc(func(o *serverOptions) {
 		if g != nil {
-			o.overload = overloadOptions{set: true, guard: g}
+			o.overload = overloadOptions{guard: g}
 		}
 	})
 }
 
 // WithoutOverload turns the overload protection off.
 func WithoutOverload() ServerOption {
-	return serverOptionFunc(func(o *serverOptions) { o.overload = overloadOptions{set: true, off: true} })
+	return serverOptionFunc(func(o *serverOptions) { o.overload = overloadOptions{off: true} })
 }
 
 // newGuard returns the Guard the options ask for, or nil for none.
@@ -69,10 +66,8 @@ func (o *overloadOptions) newGuard() *overload.Guard {
 		return nil
 	case o.guard != nil:
 		return o.guard
-	case o.set:
-		return overload.New(o.cfg)
 	}
-	return overload.New(defaultOverload)
+	return overload.New(o.cfg)
 }
 
 // serverOverload is the Server's overload state.

@@ -64,7 +64,6 @@ type history struct {
 
 type slot struct {
 	period atomic.Int64 // the slot's period number + 1; 0: never used
-	n      atomic.Uint32
 	counts [numBuckets]atomic.Uint32
 }
 
@@ -76,10 +75,8 @@ func (h *history) observe(now int64, d time.Duration) {
 		for i := range s.counts {
 			s.counts[i].Store(0)
 		}
-		s.n.Store(0)
 	}
 	s.counts[bucketOf(d)].Add(1)
-	s.n.Add(1)
 }
 
 // summary is what admission needs of a history.
