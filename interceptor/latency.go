@@ -1,9 +1,10 @@
 package interceptor
 
 import (
-	"math/bits"
 	"sync/atomic"
 	"time"
+
+	"github.com/stormguard/stormguard/internal/loghist"
 )
 
 // latency tracks one route's attempt latencies in a log-linear histogram
@@ -28,13 +29,13 @@ type latency struct {
 }
 
 const (
-	linearBuckets  = 16 // 0..15µs, one per µs
-	subBuckets     = 8  // per power of two above that
-	numBuckets     = linearBuckets + 34*subBuckets
-	warmup         = 20   // observations before the first delay
-	recomputeEvery = 8    // observations between recomputations
-	decayAt        = 2048 // halve the counts beyond this total
+	numBuckets     = 16 + 34*8 // 16 linear buckets of 1µs, then 8 per power of two
+	warmup         = 20        // observations before the first delay
+	recomputeEvery = 8         // observations between recomputations
+	decayAt        = 2048      // halve the counts beyond this total
 )
+
+var layout = loghist.Layout{K: 3, N: numBuckets}
 
 func newLatency(q float64) *latency {
 	l := &latency{q: q}
@@ -42,26 +43,10 @@ func newLatency(q float64) *latency {
 	return l
 }
 
-func bucketOf(d time.Duration) int {
-	us := uint64(max(d, 0) / time.Microsecond)
-	if us < linearBuckets {
-		return int(us)
-	}
-	e := bits.Len64(us) - 1 // ≥ 4
-	sub := int(us>>(e-3)) & (subBuckets - 1)
-	i := linearBuckets + (e-4)*subBuckets + sub
-	return min(i, numBuckets-1)
-}
+func bucketOf(d time.Duration) int { return layout.Bucket(d) }
 
-// upperBound is the largest latency in bucket i.
-func upperBound(i int) time.Duration {
-	if i < linearBuckets {
-		return time.Duration(i+1) * time.Microsecond
-	}
-	e := (i-linearBuckets)/subBuckets + 4
-	sub := (i - linearBuckets) % subBuckets
-	return time.Duration(uint64(subBuckets+sub+1)<<(e-3)) * time.Microsecond
-}
+// upperBound is the upper bound of bucket i (see loghist.Layout).
+func upperBound(i int) time.Duration { return layout.UpperBound(i) }
 
 // observe records an attempt that took d (or, if it was cancelled, had run
 // for d).
@@ -82,14 +67,9 @@ func (l *latency) recompute() {
 	if total == 0 {
 		return
 	}
-	rank := uint64(l.q*float64(total)) + 1
-	var cum uint64
 	d := int64(-1)
-	for i, c := range counts {
-		if cum += uint64(c); cum >= rank {
-			d = int64(upperBound(i))
-			break
-		}
+	if i, ok := loghist.Quantile(counts[:], total, l.q); ok {
+		d = int64(upperBound(i))
 	}
 	l.delay.Store(d)
 	if total > decayAt {

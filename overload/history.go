@@ -1,55 +1,34 @@
 package overload
 
 import (
-	"math/bits"
 	"sync/atomic"
 	"time"
+
+	"github.com/stormguard/stormguard/internal/loghist"
 )
 
 // The latency histogram: 8 linear buckets of 1µs, then 4 per power of two
 // (about 19% wide) up to 2³² µs (71 minutes); longer latencies share the
 // last bucket.
 const (
-	linearBuckets = 8
-	subBuckets    = 4
-	numBuckets    = linearBuckets + 30*subBuckets // 128
-	numSlots      = 4
+	numBuckets = 8 + 30*4 // 128
+	numSlots   = 4
 )
 
-func bucketOf(d time.Duration) int {
-	us := uint64(max(d, 0) / time.Microsecond)
-	if us < linearBuckets {
-		return int(us)
-	}
-	e := bits.Len64(us) - 1 // ≥ 3
-	sub := int(us>>(e-2)) & (subBuckets - 1)
-	return min(linearBuckets+(e-3)*subBuckets+sub, numBuckets-1)
-}
+var layout = loghist.Layout{K: 2, N: numBuckets}
 
-// bucketOfNs is bucketOf for a latency in ns.
-func bucketOfNs(ns int64) int { return bucketOf(time.Duration(ns)) }
+func bucketOf(d time.Duration) int { return layout.Bucket(d) }
+
+// upperBound is the upper bound of bucket i (see loghist.Layout).
+func upperBound(i int) time.Duration { return layout.UpperBound(i) }
 
 // quantileOf returns the q-quantile (a bucket's upper bound) of counts,
 // which hold n values in all.
 func quantileOf(counts *[numBuckets]uint32, n uint32, q float64) time.Duration {
-	rank := uint64(q*float64(n)) + 1
-	var cum uint64
-	for b, c := range counts {
-		if cum += uint64(c); cum >= rank {
-			return upperBound(b)
-		}
+	if i, ok := loghist.Quantile(counts[:], uint64(n), q); ok {
+		return upperBound(i)
 	}
 	return upperBound(numBuckets - 1)
-}
-
-// upperBound is the largest latency that falls in bucket i.
-func upperBound(i int) time.Duration {
-	if i < linearBuckets {
-		return time.Duration(i+1) * time.Microsecond
-	}
-	e := (i-linearBuckets)/subBuckets + 3
-	sub := (i - linearBuckets) % subBuckets
-	return time.Duration(uint64(subBuckets+sub+1)<<(e-2)) * time.Microsecond
 }
 
 // history is a method's recent handler latencies: numSlots histograms of

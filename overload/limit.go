@@ -4,6 +4,7 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // unlimited is the limit of a method whose latency shows no standing
@@ -81,7 +82,7 @@ func (l *limiter) arrived(n, left int64, hasDeadline bool) {
 		}
 	}
 	if hasDeadline {
-		l.left[bucketOfNs(left)].Add(1)
+		l.left[bucketOf(time.Duration(left))].Add(1)
 		l.nLeft.Add(1)
 	}
 }
