@@ -17,6 +17,7 @@ import (
 
 	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/interceptor"
+	"github.com/stormguard/stormguard/internal/clock"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
@@ -32,13 +33,9 @@ func TestPerAttemptTimeoutSendsARetryBesideTheSlowAttempt(t *testing.T) {
 	ic := interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithBudgets(budgets),
 		interceptor.WithPerAttemptTimeout(100*time.Millisecond))...)...).Unary()
 	cc := dialPassthrough(t)
-	done := make(chan error, 1)
-	go func() { done <- ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke) }()
-	<-inv.sent
-	require.True(t, clk.WaitPending(1, 20*time.Second), "the per-attempt timer is armed")
-	d, ok := clk.Next()
-	require.True(t, ok, "the per-attempt timer is armed")
-	clk.Advance(d)
+	done := callThenTimeOut(t, clk, inv, func() error {
+		return ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
+	})
 	require.NoError(t, <-done)
 	calls := inv.attempts()
 	require.Len(t, calls, 2)
@@ -62,13 +59,9 @@ func TestTheSlowAttemptsAnswerWins(t *testing.T) {
 	ic := interceptor.NewClient(append(opts, append(noopProviders(),
 		interceptor.WithPerAttemptTimeout(100*time.Millisecond))...)...).Unary()
 	cc := dialPassthrough(t)
-	done := make(chan error, 1)
-	go func() { done <- ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke) }()
-	<-inv.sent
-	require.True(t, clk.WaitPending(1, 20*time.Second), "the per-attempt timer is armed")
-	d, ok := clk.Next()
-	require.True(t, ok)
-	clk.Advance(d)
+	done := callThenTimeOut(t, clk, inv, func() error {
+		return ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
+	})
 	<-inv.sent // the retry
 	close(hold)
 	require.NoError(t, <-done)
@@ -243,13 +236,9 @@ func TestADoNotRetryBesideASlowAttemptDoesNotEndTheCall(t *testing.T) {
 				interceptor.WithHooks(interceptor.Hooks{OnRefusal: func(e interceptor.RefusalEvent) { refusals <- e }}),
 				interceptor.WithPerAttemptTimeout(100*time.Millisecond))...)...).Unary()
 			cc := dialPassthrough(t)
-			done := make(chan error, 1)
-			go func() { done <- ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke) }()
-			<-inv.sent
-			require.True(t, clk.WaitPending(1, 20*time.Second), "the per-attempt timer is armed")
-			d, ok := clk.Next()
-			require.True(t, ok)
-			clk.Advance(d)
+			done := callThenTimeOut(t, clk, inv, func() error {
+				return ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
+			})
 			<-inv.sent // the retry, refused by the server
 			select {
 			case err := <-done:
@@ -270,4 +259,19 @@ func TestADoNotRetryBesideASlowAttemptDoesNotEndTheCall(t *testing.T) {
 			assert.Len(t, inv.attempts(), 2)
 		})
 	}
+}
+
+// callThenTimeOut runs call on its own goroutine and, once its first
+// attempt is sent and the per-attempt timer armed, fires that timer. It
+// returns what call will return.
+func callThenTimeOut(t *testing.T, clk *clock.Fake, inv *invoker, call func() error) <-chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	<-inv.sent
+	require.True(t, clk.WaitPending(1, 20*time.Second), "the per-attempt timer is armed")
+	d, ok := clk.Next()
+	require.True(t, ok, "the per-attempt timer is armed")
+	clk.Advance(d)
+	return done
 }
