@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -165,37 +163,4 @@ func withLB(sc, lb string) (string, error) {
 	a["loadBalancingConfig"] = b["loadBalancingConfig"]
 	out, err := json.Marshal(a)
 	return string(out), err
-}
-
-// pool makes calls calls from workers concurrent workers, each call with
-// its own timeout, and returns what they saw.
-func pool(ctx context.Context, calls, workers int, timeout time.Duration, call func(context.Context, int) error) *outcome {
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		out  outcome
-		next atomic.Int64
-	)
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= calls || ctx.Err() != nil {
-					return
-				}
-				cctx, cancel := context.WithTimeout(ctx, timeout)
-				t := time.Now()
-				err := call(cctx, i)
-				d := time.Since(t)
-				cancel()
-				mu.Lock()
-				out.record(err, d)
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	return &out
 }

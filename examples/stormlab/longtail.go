@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -84,32 +82,9 @@ func tailRow(ctx context.Context, p policy, opts ...grpc.CallOption) (Row, error
 	if err != nil {
 		return Row{}, err
 	}
-	var (
-		next atomic.Int64
-		mu   sync.Mutex
-		out  outcome
-		wg   sync.WaitGroup
-	)
-	for range tailWorkers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= tailCalls || ctx.Err() != nil {
-					return
-				}
-				cctx, cancel := context.WithTimeout(ctx, callTimeout)
-				t := time.Now()
-				_, err := client.Get(cctx, &echov1.GetRequest{RequestId: strconv.Itoa(i), Key: "k"}, opts...)
-				d := time.Since(t)
-				cancel()
-				mu.Lock()
-				out.record(err, d)
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
+	out := pool(ctx, tailCalls, tailWorkers, callTimeout, func(ctx context.Context, i int) error {
+		_, err := client.Get(ctx, &echov1.GetRequest{RequestId: strconv.Itoa(i), Key: "k"}, opts...)
+		return err
+	})
 	return out.row(p, o.Total()), nil
 }

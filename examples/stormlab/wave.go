@@ -104,6 +104,39 @@ func wave(ctx context.Context, n int, timeout time.Duration, call func(ctx conte
 	return &out
 }
 
+// pool makes calls calls from workers concurrent workers, each call with
+// its own timeout, and returns what they saw.
+func pool(ctx context.Context, calls, workers int, timeout time.Duration, call func(context.Context, int) error) *outcome {
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		out  outcome
+		next atomic.Int64
+	)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= calls || ctx.Err() != nil {
+					return
+				}
+				cctx, cancel := context.WithTimeout(ctx, timeout)
+				t := time.Now()
+				err := call(cctx, i)
+				d := time.Since(t)
+				cancel()
+				mu.Lock()
+				out.record(err, d)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return &out
+}
+
 // inStepWait bounds how long inStep holds a first attempt.
 const inStepWait = 2 * time.Second
 
