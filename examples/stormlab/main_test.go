@@ -171,29 +171,7 @@ func TestJSONAndSVG(t *testing.T) {
 
 	var svg bytes.Buffer
 	writeSVG(&svg, rep)
-	d := xml.NewDecoder(&svg)
-	var texts []string
-	inText := false
-	for {
-		tok, err := d.Token()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatalf("SVG is not well-formed XML: %v", err)
-		}
-		switch tok := tok.(type) {
-		case xml.StartElement:
-			inText = tok.Name.Local == "text"
-		case xml.CharData:
-			if inText {
-				texts = append(texts, string(tok))
-			}
-		case xml.EndElement:
-			inText = false
-		}
-	}
-	all := strings.Join(texts, "|")
+	all := svgTexts(t, svg.Bytes())
 	for _, p := range policies() {
 		if !strings.Contains(all, p.name) {
 			t.Errorf("legend lacks %q", p.name)
