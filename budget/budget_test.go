@@ -304,36 +304,13 @@ func TestFloorBurstOfFailures(t *testing.T) {
 // every request fails and is retried up to twice. A budget that banked the
 // healthy deposits would grant up to 900 (0.1 × 9000 in the 10s TTL) at once.
 func TestNoBank(t *testing.T) {
-	const rps = 900
 	b, clk := newBudget(budget.Config{MinPerSecond: 1})
-	at := func(sec, i int) time.Duration {
-		return time.Duration(sec)*time.Second + time.Duration(i)*time.Second/rps
-	}
-	for sec := range 600 {
-		for i := range rps {
-			clk.Set(at(sec, i))
-			b.Deposit()
-		}
-	}
+	healthyTenMinutes(b, clk)
 	clk.Set(600 * time.Second)
 	if s := b.Stats(); s.Balance > 90 || s.Granted != 0 {
 		t.Fatalf("after 10 healthy minutes: %+v, want a balance ≤ 90 (no bank)", s)
 	}
-	var perSecond []int
-	for sec := 600; sec < 630; sec++ {
-		n := 0
-		for i := range rps {
-			clk.Set(at(sec, i))
-			b.Deposit()
-			for range 2 { // attempts 2 and 3
-				if !b.Withdraw() {
-					break
-				}
-				n++
-			}
-		}
-		perSecond = append(perSecond, n)
-	}
+	perSecond := outage(b, clk)
 	t.Logf("retries granted per second of the outage: %v", perSecond)
 	if perSecond[0] > 90+1 {
 		t.Errorf("first second of the outage: %d retries granted, want ≤ 90 + floor burst 1", perSecond[0])
@@ -544,4 +521,44 @@ func TestFloorGrantCountsAgainstTheRatio(t *testing.T) {
 	if s := b.Stats(); s.Granted != 5 || s.FromFloor != 1 {
 		t.Fatalf("Stats = %+v", s)
 	}
+}
+
+// noBankRPS is the request rate of the no-bank tests.
+const noBankRPS = 900
+
+// noBankAt is the time of request i of second sec.
+func noBankAt(sec, i int) time.Duration {
+	return time.Duration(sec)*time.Second + time.Duration(i)*time.Second/noBankRPS
+}
+
+// healthyTenMinutes deposits noBankRPS requests a second for 10 minutes.
+func healthyTenMinutes(b *budget.Budget, clk *fakeClock) {
+	for sec := range 600 {
+		for i := range noBankRPS {
+			clk.Set(noBankAt(sec, i))
+			b.Deposit()
+		}
+	}
+}
+
+// outage follows healthyTenMinutes with 30 s in which every request fails
+// and asks for up to two retries, and returns the retries granted in each
+// second.
+func outage(b *budget.Budget, clk *fakeClock) []int {
+	var perSecond []int
+	for sec := 600; sec < 630; sec++ {
+		n := 0
+		for i := range noBankRPS {
+			clk.Set(noBankAt(sec, i))
+			b.Deposit()
+			for range 2 { // attempts 2 and 3
+				if !b.Withdraw() {
+					break
+				}
+				n++
+			}
+		}
+		perSecond = append(perSecond, n)
+	}
+	return perSecond
 }

@@ -79,32 +79,9 @@ func TestDefaultFloorIsAMinimum(t *testing.T) {
 // the outage (within the package's bound: Ratio × deposits + MinPerSecond ×
 // 1s + burst), and nothing later.
 func TestNoBankDefaults(t *testing.T) {
-	const rps = 900
 	b, clk := newBudget(budget.Config{})
-	at := func(sec, i int) time.Duration {
-		return time.Duration(sec)*time.Second + time.Duration(i)*time.Second/rps
-	}
-	for sec := range 600 {
-		for i := range rps {
-			clk.Set(at(sec, i))
-			b.Deposit()
-		}
-	}
-	var perSecond []int
-	for sec := 600; sec < 630; sec++ {
-		n := 0
-		for i := range rps {
-			clk.Set(at(sec, i))
-			b.Deposit()
-			for range 2 {
-				if !b.Withdraw() {
-					break
-				}
-				n++
-			}
-		}
-		perSecond = append(perSecond, n)
-	}
+	healthyTenMinutes(b, clk)
+	perSecond := outage(b, clk)
 	t.Logf("retries granted per second of the outage: %v", perSecond)
 	if perSecond[0] > 90+10 {
 		t.Errorf("first second of the outage: %d retries granted, want ≤ 90 + the floor's 10/s", perSecond[0])
