@@ -55,7 +55,6 @@ type endpoint struct {
 	ejected atomic.Bool
 
 	// Guarded by outlierBalancer.mu.
-	addrs     []string // canonical addresses
 	buckets   []counts // ring of the window, indexed like outlierBalancer.head
 	ejectedAt time.Time
 	times     int       // ejections in a row (the multiplier)
@@ -150,12 +149,9 @@ func (b *outlierBalancer) updateEndpoints(rs resolver.State, cfg Config) {
 			}
 			ep = &endpoint{buckets: make([]counts, nb)}
 		}
-		ep.addrs = ep.addrs[:0]
 		for _, a := range e.Addresses {
-			k := canonicalAddr(a.Addr)
-			if _, dup := byAddr[k]; !dup {
+			if k := canonicalAddr(a.Addr); byAddr[k] == nil {
 				byAddr[k] = ep
-				ep.addrs = append(ep.addrs, k)
 			}
 		}
 		eps.Set(e, ep)

@@ -71,8 +71,8 @@ func Start(t testing.TB, args ...string) *Server {
 	return s
 }
 
-// StartMain is Start for TestMain: it returns the server and a stop func,
-// or an error.
+// StartMain is Start for TestMain, where no testing.T can stop the server:
+// it returns the server (the caller calls its Stop) or an error.
 func StartMain(dir string, args ...string) (*Server, error) { return start(dir, args) }
 
 func start(dir string, extra []string) (*Server, error) {
@@ -215,9 +215,6 @@ func (s *Server) signal(t testing.TB, sig os.Signal) {
 		t.Fatal(err)
 	}
 }
-
-// Dir returns the server's directory.
-func (s *Server) Dir() string { return s.dir }
 
 // Log returns the server's output so far.
 func (s *Server) Log() string {
