@@ -19,6 +19,7 @@ import (
 type Map[K comparable, V any] struct {
 	read     atomic.Pointer[map[K]V] // never modified once stored
 	npending atomic.Int32            // len(pending), readable without mu
+	full     atomic.Bool             // the map holds Max entries (for good: nothing is removed)
 
 	mu      sync.Mutex
 	pending map[K]V // keys not yet in read
@@ -53,12 +54,17 @@ func (c *Map[K, V]) Load(k K) (V, bool) {
 }
 
 // LoadOrCreate returns the value stored for k. If there is none, it calls
-// create(k) once, under the writers' lock, stores the result (unless the map
-// is full, see Max) and returns it. Concurrent callers for the same missing
-// key get the same stored value; create must not call back into c.
+// create(k) once, under the writers' lock, stores the result and returns
+// it: concurrent callers for the same missing key get the same stored
+// value. Once the map is full (see Max), a missing key's value is created
+// on every call, without the lock, and not kept. create must not call
+// back into c.
 func (c *Map[K, V]) LoadOrCreate(k K, create func(K) V) V {
 	if v, ok := c.Load(k); ok {
 		return v
+	}
+	if c.full.Load() {
+		return create(k)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -73,6 +79,7 @@ func (c *Map[K, V]) LoadOrCreate(k K, create func(K) V) V {
 	}
 	v := create(k)
 	if c.Max > 0 && c.lenLocked() >= c.Max {
+		c.full.Store(true)
 		return v
 	}
 	if c.pending == nil {

@@ -50,6 +50,9 @@ func TestMaxBoundsEntries(t *testing.T) {
 	if _, ok := m.Load("9"); ok {
 		t.Fatal("entry beyond Max was stored")
 	}
+	if v := m.LoadOrCreate("0", func(string) int { return -1 }); v != 0 {
+		t.Fatalf("a full map created %d for a stored key", v)
+	}
 	n := 0
 	m.Range(func(string, int) bool { n++; return true })
 	if n != 3 {
