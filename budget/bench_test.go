@@ -8,7 +8,7 @@ import (
 )
 
 // The pair a logical call with one retry costs: Deposit, then Withdraw, on
-// the real clock (time.Now).
+// the monotonic clock.
 func BenchmarkDepositWithdraw(b *testing.B) {
 	bg := budget.New(budget.Config{})
 	b.ReportAllocs()

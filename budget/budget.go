@@ -10,91 +10,104 @@ import (
 
 // Defaults applied to zero (or NaN/±Inf) Config fields.
 const (
-	DefaultRatio        = 0.1
-	DefaultTTL          = 10 * time.Second
-	DefaultMinPerSecond = 10.0
+	DefaultRatio = 0.1
+	DefaultBurst = 5
 )
 
 // Limits applied to large Config values.
 const (
 	// MaxRatio is the largest Ratio honoured; larger values are lowered to it.
 	MaxRatio = 1000.0
-	// MaxMinPerSecond is the largest MinPerSecond honoured; larger values are
-	// lowered to it.
-	MaxMinPerSecond = 1e9
+	// MaxBurst is the largest Burst honoured; larger values are lowered to it.
+	MaxBurst = 1_000_000
 )
 
-// ShortWindow is the no-bank window: when TTL is longer than ShortWindow, a
-// retry funded by the ratio needs credit both in the last TTL and in the
-// last ShortWindow. See the package documentation.
-const ShortWindow = time.Second
+// The times a Budget works with. They are fixed: the bounds in the package
+// documentation are stated in them.
+const (
+	// ShortWindow is the window whose requests set how much a Budget lends
+	// at most: Ratio × the requests of the last ShortWindow, or Burst if
+	// that is more.
+	ShortWindow = time.Second
+	// LendFor is how long a Budget lends in a failure: from the first
+	// retry or hedge it is asked for while it lends, for LendFor.
+	LendFor = 3 * time.Second
+	// JudgeWindow is the window a Budget that stopped lending looks back
+	// over before it lends again: it does once it is owed nothing and the
+	// retries and hedges asked for in the last JudgeWindow were at most
+	// Ratio × its requests.
+	JudgeWindow = 10 * time.Second
+)
+
+// MaxCredit is the most a Budget's requests bank, in retries: healthy
+// traffic leaves at most this much credit for a failure to spend. It is
+// two, not one, so that the calls that come while a failure waits to ask
+// for its retry (the next failure, or its backoff) are not credited for
+// nothing: with one, a client failing half its calls one after the other
+// would get 9% retries, not 10%.
+const MaxCredit = 2
 
 const (
 	unit       = 1_000_000 // micro-retries per retry: the fixed-point unit
-	longSlots  = 100       // slots in the TTL window
-	shortSlots = 10        // slots in the short window
-	maxPeriod  = int64(1) << 62
+	shortSlots = 10        // slots in ShortWindow
+	judgeSlots = 20        // slots in JudgeWindow
+	// bias keeps offsets positive for any time within about 126 years of
+	// a Budget's first; it is a whole number of seconds, so that slots
+	// start at the first time a Budget sees, whichever clock it is driven
+	// by (a simulation's runs are then the same).
+	bias = int64(4e18)
 )
 
 // Config configures a Budget. The zero Config is valid and means the
-// defaults: 10% retries, a 10 s TTL and a floor of ten retries per second
-// (with a burst of ten, so a fresh client's first failures are retried).
+// defaults: 10% retries, lent ahead up to 5 at a time (or up to 10% of the
+// last second's requests, if more) for at most 5 seconds.
 //
 // Fields are read once, by New (or NewRegistry); later changes to the Config
 // have no effect on Budgets already made.
 type Config struct {
 	// Ratio is the number of retries plus hedges allowed per request
-	// (Deposit), over the last TTL and, if TTL is longer, over the last
-	// ShortWindow (one second).
+	// (Deposit). Every Deposit credits Ratio of a retry; every granted
+	// Withdraw costs one.
 	//
 	// 0, NaN and ±Inf mean DefaultRatio (0.1). A negative Ratio means none:
-	// only the floor funds retries. Values above MaxRatio are lowered to it.
-	// Ratio is used in units of 1e-6 (rounded to the nearest), so 0.1 is
-	// exact and 50 deposits fund exactly 5 retries; a Ratio below 5e-7 rounds
-	// to none.
+	// requests credit nothing, so only what the Budget lends is granted,
+	// and, never repaid, it is lent once. Values above MaxRatio are lowered
+	// to it. Ratio is used in units of 1e-6 (rounded to the nearest), so
+	// 0.1 is exact and 50 deposits credit exactly 5 retries; a Ratio below
+	// 5e-7 rounds to none.
 	Ratio float64
 
-	// TTL is how long a request's deposit counts. Deposits are kept in 100
-	// slots of TTL/100 each (TTL slots of 1ns if TTL < 100ns), and a deposit
-	// stops counting when it is between TTL minus one slot and TTL old:
-	// never later than TTL.
+	// Burst is the least the Budget lends ahead of its credit: a fresh or
+	// quiet client may retry up to Burst failures before its requests have
+	// paid for them; later requests repay the loan before they fund
+	// anything else. A busy client may borrow more: up to Ratio × the
+	// requests of the last ShortWindow.
 	//
-	// 0 and negative values mean DefaultTTL (10 s).
-	TTL time.Duration
-
-	// MinPerSecond is the floor: a token bucket that refills at
-	// MinPerSecond retries per second and holds at most max(1,
-	// MinPerSecond), so a client sending one request a minute can still
-	// retry. It is a minimum, not an addition: every granted retry takes a
-	// token if there is one, and counts against the ratio's credit, whatever
-	// funded it; a retry the ratio refuses is granted only on a token. So
-	// the retries in a second are about max(Ratio × requests, MinPerSecond),
-	// and a burst of failures gets at most the floor's burst. The bucket
-	// starts full.
-	//
-	// 0, NaN and ±Inf mean DefaultMinPerSecond (10). A negative MinPerSecond
-	// means no floor. Values above MaxMinPerSecond are lowered to it.
-	MinPerSecond float64
-
-	// Now is the clock; nil means time.Now (of which a Budget then reads
-	// only the monotonic part). Now must be safe for concurrent use. Times
-	// earlier than the latest one the Budget has seen are treated as that
-	// latest time.
-	Now func() time.Time
+	// 0 means DefaultBurst (5). A negative Burst means the Budget lends only
+	// what the last ShortWindow's requests cover. Values above MaxBurst are
+	// lowered to it.
+	Burst int
 }
 
 // Stats is a snapshot of a Budget, for telemetry.
 type Stats struct {
-	Requests  uint64 // Deposit calls since the Budget was made
-	Granted   uint64 // Withdraw calls that returned true, FromFloor included
-	FromFloor uint64 // of Granted, those funded by the floor, not the ratio
-	Refused   uint64 // Withdraw calls that returned false
+	Requests uint64 // Deposit calls since the Budget was made
+	Granted  uint64 // Withdraw calls that returned true, Lent included
+	Lent     uint64 // of Granted, those lent: granted while the credit was below one retry
+	Refused  uint64 // Withdraw calls that returned false
 
+	// Credit is what the requests have paid for and not yet spent, in
+	// retries: at most MaxCredit (nothing more is banked), and negative
+	// while the Budget is owed what it lent.
+	Credit float64
+	// Lending reports whether the Budget would lend to a withdrawal made
+	// now (see the package documentation for when it stops and starts
+	// again).
+	Lending bool
 	// Balance is the number of Withdraw calls that would return true if they
 	// were made back to back at the time of the snapshot, with no Deposit in
-	// between: the larger of the ratio credit available in both windows, in
-	// whole retries, and the whole tokens in the floor. It is always a whole number; it is
-	// a float64 because it is meant for gauges.
+	// between. It is always a whole number; it is a float64 because it is
+	// meant for gauges.
 	Balance float64
 }
 
@@ -104,156 +117,120 @@ type Stats struct {
 // Withdraw once per retry and once per hedge; send the retry or hedge only
 // if Withdraw returned true.
 //
-// The zero value is a usable Budget with the default Config (time.Now as the
-// clock). A nil *Budget imposes no budget: Deposit does nothing, Withdraw
-// always returns true and Stats returns the zero Stats. All methods are safe
-// for concurrent use; none starts a goroutine. A Budget must not be copied
-// after first use.
+// The zero value is a usable Budget with the default Config. A nil *Budget
+// imposes no budget: Deposit does nothing, Withdraw always returns true and
+// Stats returns the zero Stats. All methods are safe for concurrent use;
+// none starts a goroutine. A Budget must not be copied after first use.
 type Budget struct {
-	// now and epoch are written only by New, before b is shared, so they
-	// are read without the lock. Times are handled as offsets: nanoseconds
-	// since epoch (since processEpoch when now is nil).
-	now   func() time.Time
-	epoch time.Time
-	_     [32]byte // keep the read-only line apart from the shared state
-
 	// Deposit's fast path, without the lock: while its time is before edge
 	// (the next slot boundary of either window, written under mu), a
-	// Deposit only adds 1 to pending; holders of mu count pending as part of
-	// the current slots and fold it into them before the slots move.
+	// Deposit only adds 1 to pending; holders of mu fold pending into the
+	// credit and the current slots before the slots move.
 	edge    atomic.Int64
 	pending atomic.Uint64
+	origin  atomic.Int64 // the first offset the Budget saw (0: none yet)
+	_       [48]byte     // keep the fast path's line apart from the locked state
 
-	// Everything below is guarded by mu, and ordered so that a call touches
-	// few cache lines: the state every call uses, then the slots.
-	mu       sync.Mutex
-	last     int64  // the latest offset seen; time never goes backwards
-	credit   uint64 // micro-retries credited per Deposit; 0: ratio off
-	ready    bool   // set up (false only in a zero Budget before first use)
-	useShort bool   // TTL > ShortWindow: the short window applies
-	floor    bool   // floor on
+	// Everything below is guarded by mu.
+	mu     sync.Mutex
+	last   int64 // the latest offset seen; time never goes backwards
+	ready  bool  // set up (false only in a zero Budget before first use)
+	credit int64 // micro-retries; at most MaxCredit units, negative while owed
+	per    int64 // micro-retries credited per Deposit; 0: none
+	burst  int64 // micro-retries lent at least (0: none)
 
-	requests, granted, fromFloor, refused uint64
+	// The Budget lends (lending) for LendFor from the first withdrawal
+	// it was asked for while lending (began, once started is true).
+	lending, started bool
+	began            int64
 
-	sw, lw window // short and TTL ("long") windows
+	requests, granted, lent, refused uint64
 
-	interval int64 // floor: nanoseconds per token (rounded up)
-	tau      int64 // floor: burst tolerance, (burst-1)*interval, rounded down
-	tat      int64 // floor: theoretical arrival time (GCRA)
-
-	short [shortSlots]slot
-	long  [longSlots]slot
+	sw, jw window
+	short  [shortSlots]slot
+	judge  [judgeSlots]slot
 }
 
-// slot counts the deposits and the ratio-funded withdrawals of one slot.
-type slot struct{ dep, grant uint64 }
+// slot counts the deposits and the withdrawals asked for in one slot.
+type slot struct{ dep, ask uint64 }
 
 // window is a ring of n slots of width ns each, ending at slot cur (an
-// absolute index: offset/width); dep and grant are the sums over the ring.
+// absolute index: offset/width); dep and ask are the sums over the ring.
 type window struct {
 	width, n, cur, idx int64
-	dep, grant         uint64
+	dep, ask           uint64
 }
 
-// processEpoch is the origin of offsets for Budgets on the default clock:
-// with it, reading the clock is time.Since, which reads only the monotonic
-// clock (time.Now reads two).
+// processEpoch is the origin of offsets. Times are read through
+// time.Since(processEpoch) by the methods without a time, which reads only
+// the monotonic clock.
 var processEpoch = time.Now()
 
 // New returns a Budget configured by c (see Config for the defaults and for
-// what invalid values mean). If c.Now is not nil, New calls it once, to
-// start the clock.
+// what invalid values mean).
 func New(c Config) *Budget {
-	b := &Budget{now: c.Now, epoch: processEpoch}
-	if c.Now != nil {
-		b.epoch = c.Now()
-	}
+	b := &Budget{}
 	b.setup(c)
 	return b
 }
 
-// clock reads the Budget's clock as an offset.
-func (b *Budget) clock() int64 {
-	if b.now == nil {
-		return int64(time.Since(processEpoch))
-	}
-	return int64(b.now().Sub(b.epoch))
-}
+// offset converts now to an offset: nanoseconds since processEpoch.
+func offset(now time.Time) int64 { return int64(now.Sub(processEpoch)) }
 
-// offset converts now to an offset.
-func (b *Budget) offset(now time.Time) int64 {
-	if b.now == nil {
-		return int64(now.Sub(processEpoch))
+// clock reads the monotonic clock as an offset.
+func clock() int64 { return int64(time.Since(processEpoch)) }
+
+// rel converts offset t to the Budget's time: nanoseconds since the first
+// time it saw, plus bias.
+func (b *Budget) rel(t int64) int64 {
+	o := b.origin.Load()
+	if o == 0 {
+		b.origin.CompareAndSwap(0, t|1) // never 0 once set
+		o = b.origin.Load()
 	}
-	return int64(now.Sub(b.epoch))
+	return max(0, satAdd(satAdd(t, -o), bias))
 }
 
 // setup applies c; b.mu must be held (or b not yet shared).
 func (b *Budget) setup(c Config) {
 	b.ready = true
+	b.lending = true
 
 	ratio := c.Ratio
 	if ratio == 0 || math.IsNaN(ratio) || math.IsInf(ratio, 0) {
 		ratio = DefaultRatio
 	}
 	if ratio > 0 {
-		b.credit = uint64(math.Round(math.Min(ratio, MaxRatio) * unit))
+		b.per = int64(math.Round(math.Min(ratio, MaxRatio) * unit))
 	}
+	burst := c.Burst
+	if burst == 0 {
+		burst = DefaultBurst
+	}
+	b.burst = int64(min(max(burst, 0), MaxBurst)) * unit
 
-	ttl := int64(c.TTL)
-	if ttl <= 0 {
-		ttl = int64(DefaultTTL)
-	}
-	b.lw = newWindow(ttl, longSlots)
-	b.sw = newWindow(min(ttl, int64(ShortWindow)), shortSlots)
-	b.useShort = ttl > int64(ShortWindow)
-	b.edge.Store(min(b.lw.width, b.sw.width))
-
-	rate := c.MinPerSecond
-	if rate == 0 || math.IsNaN(rate) || math.IsInf(rate, 0) {
-		rate = DefaultMinPerSecond
-	}
-	if rate > 0 {
-		rate = math.Min(rate, MaxMinPerSecond)
-		b.floor = true
-		// Round the interval up and the tolerance down, so the floor never
-		// grants more than MinPerSecond with a burst of max(1, MinPerSecond).
-		iv := math.Ceil(1e9 / rate)
-		if iv >= float64(maxPeriod) {
-			iv = float64(maxPeriod)
-		}
-		b.interval = max(1, int64(iv))
-		b.tau = int64(math.Floor((math.Max(1, rate) - 1) * float64(b.interval)))
-	}
-}
-
-// newWindow splits span nanoseconds into at most n slots whose total is at
-// most span, so a deposit never counts for longer than span.
-func newWindow(span, n int64) window {
-	if span < n {
-		return window{width: 1, n: span}
-	}
-	return window{width: span / n, n: n}
+	b.sw = window{width: int64(ShortWindow) / shortSlots, n: shortSlots}
+	b.jw = window{width: int64(JudgeWindow) / judgeSlots, n: judgeSlots}
+	b.edge.Store(0) // the first call takes the lock and places the windows
 }
 
 // Deposit records one logical call; call it once per call, before the first
-// attempt. It never refuses and never blocks for long. It reads the clock
-// (Config.Now); use DepositAt if you already have the time.
+// attempt. It never refuses and never blocks for long. It reads the
+// monotonic clock; use DepositAt if you already have the time.
 func (b *Budget) Deposit() {
 	if b == nil {
 		return
 	}
-	b.deposit(b.clock())
+	b.deposit(b.rel(clock()))
 }
 
-// DepositAt is Deposit at time now, which should come from the same clock as
-// Config.Now. A now earlier than the latest time the Budget has seen counts
-// as that latest time.
+// DepositAt is Deposit at time now. A now earlier than the latest time the
+// Budget has seen counts as that latest time.
 func (b *Budget) DepositAt(now time.Time) {
 	if b == nil {
 		return
 	}
-	b.deposit(b.offset(now))
+	b.deposit(b.rel(offset(now)))
 }
 
 func (b *Budget) deposit(t int64) {
@@ -272,140 +249,211 @@ func (b *Budget) deposit(t int64) {
 }
 
 // Withdraw asks for one retry or one hedge and reports whether it may be
-// sent. It is granted if the ratio has credit for it in both the TTL window
-// and the short window, or else if the floor has a token (a grant of
-// either kind takes a floor token when there is one); on false nothing is
-// withdrawn. It reads the clock (Config.Now); use WithdrawAt if you
-// already have the time.
+// sent. It is granted from the credit if the requests have paid for a whole
+// retry, or else lent if the Budget lends (see the package documentation);
+// on false nothing is withdrawn. It reads the monotonic clock; use
+// WithdrawAt if you already have the time.
 func (b *Budget) Withdraw() bool {
 	if b == nil {
 		return true
 	}
-	return b.withdraw(b.clock())
+	return b.withdraw(b.rel(clock()))
 }
 
-// WithdrawAt is Withdraw at time now, which should come from the same clock
-// as Config.Now. A now earlier than the latest time the Budget has seen
-// counts as that latest time.
+// WithdrawAt is Withdraw at time now. A now earlier than the latest time the
+// Budget has seen counts as that latest time.
 func (b *Budget) WithdrawAt(now time.Time) bool {
 	if b == nil {
 		return true
 	}
-	return b.withdraw(b.offset(now))
+	return b.withdraw(b.rel(offset(now)))
 }
 
 func (b *Budget) withdraw(t int64) bool {
 	b.mu.Lock()
 	t = b.advance(t)
-	p := b.pending.Load()
-	// The floor is a minimum, not an addition: every grant takes a floor
-	// token if one is there, so the floor funds a retry only when the
-	// ratio's own grants have fallen below its rate.
-	floorToken := false
-	if b.floor {
-		tat := max(b.tat, t)
-		if floorToken = tat-t <= b.tau; floorToken {
-			b.tat = satAdd(tat, b.interval)
+	ok := b.grantable(t)
+	b.ask()
+	if ok {
+		if b.credit < unit {
+			b.lent++
 		}
-	}
-	ratio := b.credit != 0 && b.funded(&b.lw, p) && (!b.useShort || b.funded(&b.sw, p))
-	if !ratio && !floorToken {
+		b.credit -= unit
+		b.granted++
+	} else {
 		b.refused++
-		b.mu.Unlock()
-		return false
-	}
-	// Every grant counts against the ratio's credit, including one the
-	// floor funded: a retry the floor let through early (before the
-	// deposits of a burst arrived) is not granted again by the ratio.
-	b.short[b.sw.idx].grant++
-	b.sw.grant++
-	b.long[b.lw.idx].grant++
-	b.lw.grant++
-	b.granted++
-	if !ratio {
-		b.fromFloor++
 	}
 	b.mu.Unlock()
-	return true
+	return ok
 }
 
-// Stats returns a snapshot of b's counters and balance at the time given by
-// Config.Now. For a nil *Budget it returns the zero Stats.
+// grantable decides a withdrawal at offset t: the credit pays for it, or
+// the Budget lends it. b.mu must be held.
+func (b *Budget) grantable(t int64) bool {
+	lend := b.lends(t)
+	switch {
+	case b.credit >= unit:
+		return true
+	case !lend:
+		return false
+	case b.credit-unit >= -b.limit():
+		return true
+	}
+	// It has lent all it may: it lends again only once repaid and judged
+	// (lends), so that a failure that outlasts the loan is funded by the
+	// ratio alone.
+	b.lending = false
+	return false
+}
+
+// lends reports whether the Budget lends at offset t to a withdrawal asked
+// for then, and records what that withdrawal starts (see lending). b.mu
+// must be held.
+func (b *Budget) lends(t int64) bool {
+	b.lending, b.started, b.began = b.lendingAt(t)
+	return b.lending
+}
+
+// lendingAt is the lending state a withdrawal asked for at offset t finds,
+// without changing b. The Budget lends for LendFor from the first
+// withdrawal asked for while it lends; then, and after it has lent all it
+// may, it lends again once it is owed nothing and the last JudgeWindow
+// asked for at most Ratio × its requests (the withdrawal not counted): a
+// client whose failures stay below the ratio lends again at once. b.mu
+// must be held.
+func (b *Budget) lendingAt(t int64) (lending, started bool, began int64) {
+	lending, started, began = b.lending, b.started, b.began
+	if lending && started && t-began >= int64(LendFor) {
+		lending = false
+	}
+	if !lending && b.credit >= 0 && b.judgedUnder() {
+		lending, started = true, false
+	}
+	if lending && !started {
+		started, began = true, t
+	}
+	return lending, started, began
+}
+
+// judgedUnder reports whether the withdrawals asked for in the last
+// JudgeWindow are at most Ratio × its deposits: ask × unit ≤ dep × per, in
+// 128 bits.
+func (b *Budget) judgedUnder() bool {
+	ah, al := bits.Mul64(b.jw.ask, unit)
+	dh, dl := bits.Mul64(b.jw.dep, uint64(b.per))
+	return ah < dh || (ah == dh && al <= dl)
+}
+
+// ask counts one withdrawal asked for in the current slots; b.mu must be
+// held.
+func (b *Budget) ask() {
+	b.short[b.sw.idx].ask++
+	b.sw.ask++
+	b.judge[b.jw.idx].ask++
+	b.jw.ask++
+}
+
+// limit is the most the Budget may be owed: Burst, or Ratio × the deposits
+// of the last ShortWindow if that is more.
+func (b *Budget) limit() int64 {
+	hi, lo := bits.Mul64(b.sw.dep, uint64(b.per))
+	if hi != 0 || lo > math.MaxInt64/2 {
+		return math.MaxInt64 / 2
+	}
+	return max(b.burst, int64(lo))
+}
+
+// PeekAt reports whether WithdrawAt(now) would be granted, without taking
+// anything, so that a caller need not wait (a backoff) for a retry that
+// would be refused. A false answer counts as the refused withdrawal it
+// stands for (Stats.Refused, and the demand the Budget judges before it
+// lends again). A nil *Budget always returns true.
+func (b *Budget) PeekAt(now time.Time) bool {
+	if b == nil {
+		return true
+	}
+	t := b.rel(offset(now))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t = b.advance(t)
+	if b.grantable(t) {
+		return true
+	}
+	b.ask()
+	b.refused++
+	return false
+}
+
+// Stats returns a snapshot of b's counters and balance now (on the
+// monotonic clock). For a nil *Budget it returns the zero Stats.
 func (b *Budget) Stats() Stats {
 	if b == nil {
 		return Stats{}
 	}
-	t := b.clock()
+	return b.stats(b.rel(clock()))
+}
+
+// StatsAt is Stats at time now. A now earlier than the latest time the
+// Budget has seen counts as that latest time.
+func (b *Budget) StatsAt(now time.Time) Stats {
+	if b == nil {
+		return Stats{}
+	}
+	return b.stats(b.rel(offset(now)))
+}
+
+func (b *Budget) stats(t int64) Stats {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	t = b.advance(t)
-	p := b.pending.Load()
-	bal := b.whole(&b.lw, p)
-	if b.useShort {
-		bal = min(bal, b.whole(&b.sw, p))
-	}
-	if b.floor {
-		// Ratio grants use floor tokens too: back to back, the floor adds
-		// only what it has beyond the ratio's credit.
-		if d := max(b.tat, t) - t; d <= b.tau {
-			bal = max(bal, uint64((b.tau-d)/b.interval)+1)
-		}
+	lend, _, _ := b.lendingAt(t) // as a withdrawal now would find it
+	bal := b.credit / unit
+	if lend {
+		bal = (b.credit + b.limit()) / unit
 	}
 	return Stats{
-		Requests:  b.requests + p,
-		Granted:   b.granted,
-		FromFloor: b.fromFloor,
-		Refused:   b.refused,
-		Balance:   float64(bal),
+		Requests: b.requests,
+		Granted:  b.granted,
+		Lent:     b.lent,
+		Refused:  b.refused,
+		Credit:   float64(b.credit) / unit,
+		Lending:  lend,
+		Balance:  float64(max(bal, 0)),
 	}
 }
 
-// funded reports whether w, with p more deposits in its current slot, has
-// the credit for one more ratio-funded withdrawal:
-// (grant+1)*unit <= (dep+p)*credit, in 128 bits.
-func (b *Budget) funded(w *window, p uint64) bool {
-	dh, dl := bits.Mul64(w.dep+p, b.credit)
-	gh, gl := bits.Mul64(w.grant+1, unit)
-	return dh > gh || (dh == gh && dl >= gl)
-}
-
-// whole is the number of whole retries w's ratio credit funds, with p more
-// deposits in its current slot.
-func (b *Budget) whole(w *window, p uint64) uint64 {
-	hi, lo := bits.Mul64(w.dep+p, b.credit)
-	var c uint64 = math.MaxUint64
-	if hi < unit {
-		c, _ = bits.Div64(hi, lo, unit)
-	}
-	if c <= w.grant {
-		return 0
-	}
-	return c - w.grant
-}
-
-// advance moves both windows to offset t, or to the latest offset seen if
-// that is later, and returns the offset it moved to; b.mu must be held.
+// advance folds the pending deposits in and moves both windows to offset t,
+// or to the latest offset seen if that is later, and returns the offset it
+// moved to; b.mu must be held.
 func (b *Budget) advance(t int64) int64 {
 	if !b.ready {
 		b.setup(Config{})
+	}
+	if p := b.pending.Swap(0); p != 0 {
+		// Fold the pending deposits into the slots they were made in
+		// (the current ones: a deposit at or after the edge takes the
+		// lock) and into the credit, which holds at most MaxCredit.
+		b.short[b.sw.idx].dep += p
+		b.sw.dep += p
+		b.judge[b.jw.idx].dep += p
+		b.jw.dep += p
+		b.requests += p
+		hi, lo := bits.Mul64(p, uint64(b.per))
+		if hi != 0 || lo > math.MaxInt64/2 {
+			b.credit = MaxCredit * unit // more than any debt: the credit is never below -MaxInt64/2
+		} else {
+			b.credit = min(b.credit+int64(lo), MaxCredit*unit)
+		}
 	}
 	if t <= b.last {
 		return b.last
 	}
 	b.last = t
 	if t >= b.edge.Load() {
-		// Fold the pending deposits into the slots they were made in.
-		if p := b.pending.Swap(0); p != 0 {
-			b.short[b.sw.idx].dep += p
-			b.sw.dep += p
-			b.long[b.lw.idx].dep += p
-			b.lw.dep += p
-			b.requests += p
-		}
 		b.sw.moveTo(t/b.sw.width, b.short[:])
-		b.lw.moveTo(t/b.lw.width, b.long[:])
+		b.jw.moveTo(t/b.jw.width, b.judge[:])
 		b.edge.Store(min(satAdd(satMul(b.sw.cur, b.sw.width), b.sw.width),
-			satAdd(satMul(b.lw.cur, b.lw.width), b.lw.width)))
+			satAdd(satMul(b.jw.cur, b.jw.width), b.jw.width)))
 	}
 	return t
 }
@@ -418,12 +466,12 @@ func (w *window) moveTo(s int64, slots []slot) {
 	}
 	if s-w.cur >= w.n {
 		clear(slots[:w.n])
-		w.dep, w.grant = 0, 0
+		w.dep, w.ask = 0, 0
 	} else {
 		for c := w.cur + 1; c <= s; c++ {
 			i := c % w.n
 			w.dep -= slots[i].dep
-			w.grant -= slots[i].grant
+			w.ask -= slots[i].ask
 			slots[i] = slot{}
 		}
 	}
@@ -431,10 +479,14 @@ func (w *window) moveTo(s int64, slots []slot) {
 }
 
 func satAdd(a, b int64) int64 {
-	if s := a + b; s >= a {
-		return s
+	s := a + b
+	switch {
+	case a > 0 && b > 0 && s < 0:
+		return math.MaxInt64
+	case a < 0 && b < 0 && s >= 0:
+		return math.MinInt64
 	}
-	return math.MaxInt64
+	return s
 }
 
 func satMul(a, b int64) int64 {

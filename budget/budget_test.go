@@ -7,415 +7,431 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/stormguard/stormguard/budget"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// base is the fake clock's zero; any fixed time will do.
-var base = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-
-// fakeClock is a concurrency-safe injected clock; tests move it, never sleep.
-type fakeClock struct{ ns atomic.Int64 }
-
-func (c *fakeClock) Now() time.Time          { return base.Add(time.Duration(c.ns.Load())) }
-func (c *fakeClock) Set(d time.Duration)     { c.ns.Store(int64(d)) }
-func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
-
-// newBudget returns a Budget on a fake clock at offset 0.
-func newBudget(c budget.Config) (*budget.Budget, *fakeClock) {
-	clk := new(fakeClock)
-	c.Now = clk.Now
-	return budget.New(c), clk
+// clocked drives a Budget on explicit times, as a simulation or an
+// interceptor does: at is the offset from base of every call it makes.
+type clocked struct {
+	*budget.Budget
+	at time.Duration
 }
 
-func deposit(b *budget.Budget, n int) {
+func newClocked(c budget.Config) *clocked { return &clocked{Budget: budget.New(c)} }
+
+func (c *clocked) now() time.Time { return base.Add(c.at) }
+
+func (c *clocked) deposit(n int) {
 	for range n {
-		b.Deposit()
+		c.DepositAt(c.now())
 	}
 }
 
-// withdraw calls Withdraw n times and returns how many were granted.
-func withdraw(b *budget.Budget, n int) int {
+// withdraw calls WithdrawAt n times and returns how many were granted.
+func (c *clocked) withdraw(n int) int {
 	got := 0
 	for range n {
-		if b.Withdraw() {
+		if c.WithdrawAt(c.now()) {
 			got++
 		}
 	}
 	return got
 }
 
-func TestExactFixedPoint(t *testing.T) {
+func (c *clocked) stats() budget.Stats { return c.StatsAt(c.now()) }
+
+// TestCreditAndLoanInFixedPoint: N deposits at once credit min(N × Ratio,
+// MaxCredit) and let the Budget lend N × Ratio more (Burst off), both
+// exactly: back to back, floor(min(N·Ratio, 2) + N·Ratio) retries.
+func TestCreditAndLoanInFixedPoint(t *testing.T) {
 	tests := []struct {
 		ratio    float64
 		deposits int
 		want     int
 	}{
-		{0, 50, 5}, // the default, 0.1
-		{0.1, 50, 5},
-		{0.1, 10, 1},
-		{0.1, 9, 0},
-		{0.1, 19, 1},
-		{0.1, 1000, 100},
-		{0.2, 50, 10},
-		{0.3, 10, 3}, // 10 × 0.3 is 2.9999999999999996 in float64
-		{0.7, 10, 7},
-		{0.05, 20, 1},
-		{0.001, 1000, 1},
-		{0.000001, 1_000_000, 1},
-		{1, 7, 7},
-		{2.5, 4, 10},
+		{0, 50, 7}, // the default, 0.1: 2 + 5
+		{0.1, 50, 7},
+		{0.1, 10, 2},
+		{0.1, 9, 1}, // 0.9 + 0.9
+		{0.1, 19, 3},
+		{0.1, 1000, 102},
+		{0.2, 50, 12},
+		{0.3, 10, 5}, // 10 × 0.3 is 2.9999999999999996 in float64
+		{0.7, 10, 9},
+		{0.05, 20, 2},
+		{0.001, 1000, 2},
+		{0.000001, 1_000_000, 2},
+		{1, 7, 9},
+		{2.5, 4, 12},
 	}
 	for _, tt := range tests {
-		// Floor off, so only the ratio counts.
-		b, _ := newBudget(budget.Config{Ratio: tt.ratio, MinPerSecond: -1})
-		deposit(b, tt.deposits)
-		if got := withdraw(b, tt.want+10); got != tt.want {
+		b := newClocked(budget.Config{Ratio: tt.ratio, Burst: -1})
+		b.deposit(tt.deposits)
+		if got := b.withdraw(tt.want + 10); got != tt.want {
 			t.Errorf("Ratio %v, %d deposits: %d withdrawals granted, want %d", tt.ratio, tt.deposits, got, tt.want)
 		}
-		// The float sum the fixed point avoids: make sure the case tests something.
 		if tt.ratio == 0.3 {
+			// The float sum the fixed point avoids: the case tests something.
 			sum := 0.0
 			for range tt.deposits {
 				sum += tt.ratio
 			}
-			if math.Floor(sum) == float64(tt.want) {
-				t.Errorf("float sum %v would also give %d; the case proves nothing", sum, tt.want)
+			if math.Floor(sum) == 3 {
+				t.Errorf("float sum %v would also lend 3; the case proves nothing", sum)
 			}
 		}
 	}
 }
 
+// TestCreditHoldsMaxCredit: healthy traffic banks nothing beyond MaxCredit.
+func TestCreditHoldsMaxCredit(t *testing.T) {
+	b := newClocked(budget.Config{Burst: -1})
+	for s := range 600 { // ten minutes at 100 calls a second
+		b.at = time.Duration(s) * time.Second
+		b.deposit(100)
+	}
+	// Two seconds of silence: nothing lent from the requests of the last
+	// second, only the credit of MaxCredit retries.
+	b.at += 2 * time.Second
+	if s := b.stats(); s.Credit != budget.MaxCredit || s.Balance != budget.MaxCredit {
+		t.Fatalf("after ten healthy minutes: %+v, want credit and balance %d", s, budget.MaxCredit)
+	}
+	if got := b.withdraw(10); got != budget.MaxCredit {
+		t.Fatalf("%d granted, want %d", got, budget.MaxCredit)
+	}
+}
+
+// TestRefusedWithdrawTakesNothing: a refusal changes neither the credit nor
+// the grants.
 func TestRefusedWithdrawTakesNothing(t *testing.T) {
-	b, _ := newBudget(budget.Config{MinPerSecond: -1})
-	deposit(b, 19)
-	if got := withdraw(b, 1); got != 1 {
-		t.Fatalf("19 deposits: %d granted, want 1", got)
+	b := newClocked(budget.Config{Burst: -1})
+	b.deposit(19) // credit 1.9, loan limit 1.9
+	if got := b.withdraw(3); got != 3 {
+		t.Fatalf("19 deposits: %d granted, want 3 (the credit, then loans)", got)
 	}
-	if got := withdraw(b, 100); got != 0 {
-		t.Fatalf("after the one retry: %d granted, want 0", got)
+	if got := b.withdraw(100); got != 0 {
+		t.Fatalf("after the loan: %d granted, want 0", got)
 	}
-	// The 100 refusals took nothing: one more deposit completes the second retry.
-	deposit(b, 1)
-	if got := withdraw(b, 5); got != 1 {
-		t.Fatalf("20th deposit: %d granted, want 1", got)
-	}
-	s := b.Stats()
-	want := budget.Stats{Requests: 20, Granted: 2, Refused: 104, Balance: 0}
-	if s != want {
+	want := budget.Stats{Requests: 19, Granted: 3, Lent: 2, Refused: 100, Credit: -1.1, Lending: false, Balance: 0}
+	if s := b.stats(); s != want {
 		t.Fatalf("Stats = %+v, want %+v", s, want)
 	}
+	// The refusals took nothing: 21 deposits repay the loan and credit one
+	// retry, no more.
+	b.deposit(21)
+	if got := b.withdraw(5); got != 1 {
+		t.Fatalf("after 21 more deposits: %d granted, want 1", got)
+	}
 }
 
-// step is one scripted moment: at offset at, make deposits, then withdrawals.
-type step struct {
-	at        time.Duration
-	deposits  int
-	withdraws int
-	want      int // withdrawals granted
+// TestFreshBudgetLendsItsBurst: a fresh Budget lends Burst retries before
+// its first deposit, then stops; its requests repay the loan before they
+// fund a retry.
+func TestFreshBudgetLendsItsBurst(t *testing.T) {
+	b := newClocked(budget.Config{})
+	if got := b.withdraw(100); got != budget.DefaultBurst {
+		t.Fatalf("fresh Budget, no deposit: %d of 100 granted, want %d", got, budget.DefaultBurst)
+	}
+	s := b.stats()
+	if s.Lent != budget.DefaultBurst || s.Credit != -budget.DefaultBurst || s.Lending {
+		t.Fatalf("Stats = %+v, want %d lent, credit %d, not lending", s, budget.DefaultBurst, -budget.DefaultBurst)
+	}
+	b.at = time.Millisecond
+	b.deposit(59) // repays 5.9
+	if got := b.withdraw(10); got != 0 {
+		t.Fatalf("after 59 deposits: %d granted, want 0 (the loan comes first)", got)
+	}
+	b.deposit(1)
+	if got := b.withdraw(10); got != 1 {
+		t.Fatalf("after 60 deposits: %d granted, want 1", got)
+	}
 }
 
-func runSteps(t *testing.T, name string, b *budget.Budget, clk *fakeClock, steps []step) {
-	t.Helper()
-	for i, s := range steps {
-		clk.Set(s.at)
-		deposit(b, s.deposits)
-		if got := withdraw(b, s.withdraws); got != s.want {
-			t.Errorf("%s: step %d (at %v, %d deposits): %d of %d withdrawals granted, want %d",
-				name, i, s.at, s.deposits, got, s.withdraws, s.want)
+// TestFirstCallersAreRescued: a fresh client's first callers fail once at
+// 10%, one after the other or all at once; every one is retried.
+func TestFirstCallersAreRescued(t *testing.T) {
+	t.Run("one by one, the first five of fifty", func(t *testing.T) {
+		b := newClocked(budget.Config{})
+		for i := range 50 {
+			b.at = time.Duration(i) * time.Millisecond
+			b.deposit(1)
+			if i < 5 && b.withdraw(1) != 1 {
+				t.Fatalf("call %d: its retry was refused", i+1)
+			}
+		}
+	})
+	t.Run("one by one, every tenth of a hundred", func(t *testing.T) {
+		b := newClocked(budget.Config{})
+		for i := range 100 {
+			b.at = time.Duration(i) * time.Millisecond
+			b.deposit(1)
+			if i%10 == 0 && b.withdraw(1) != 1 {
+				t.Fatalf("call %d: its retry was refused", i+1)
+			}
+		}
+	})
+	t.Run("all at once, ten of a hundred", func(t *testing.T) {
+		b := newClocked(budget.Config{})
+		b.deposit(100)
+		if got := b.withdraw(10); got != 10 {
+			t.Fatalf("%d of 10 retried", got)
+		}
+	})
+}
+
+// TestBusyClientRescuesADroppedBurst: a client at 1,000 calls a second
+// whose connection drops 50 calls at once retries all 50, repays them
+// within half a second, and keeps lending.
+func TestBusyClientRescuesADroppedBurst(t *testing.T) {
+	b := newClocked(budget.Config{})
+	for ms := range 10_000 {
+		b.at = time.Duration(ms) * time.Millisecond
+		b.deposit(1)
+	}
+	if got := b.withdraw(50); got != 50 {
+		t.Fatalf("%d of 50 dropped calls retried", got)
+	}
+	for ms := 10_000; ms < 10_500; ms++ {
+		b.at = time.Duration(ms) * time.Millisecond
+		b.deposit(1)
+	}
+	if s := b.stats(); s.Credit < 0 || !s.Lending {
+		t.Fatalf("half a second later: %+v, want the loan repaid and the Budget lending", s)
+	}
+}
+
+// TestLendingStopsAfterLendFor: a quiet client whose every call fails is
+// lent to for LendFor from its first loan, then funded by its own requests
+// alone, once it has repaid.
+func TestLendingStopsAfterLendFor(t *testing.T) {
+	b := newClocked(budget.Config{})
+	granted := make([]int, 60)
+	for s := range granted {
+		b.at = time.Duration(s) * time.Second
+		b.deposit(1)
+		granted[s] = b.withdraw(2) // attempts 2 and 3
+	}
+	t.Logf("retries granted per second: %v", granted)
+	lent := 0
+	for s := range int(budget.LendFor / time.Second) {
+		lent += granted[s]
+	}
+	// Seconds 0-2: up to Burst, limited by the loan limit of 5.
+	if lent != budget.DefaultBurst {
+		t.Errorf("first %v: %d retries, want the burst %d", budget.LendFor, lent, budget.DefaultBurst)
+	}
+	// Then nothing until the loan is repaid (credit 0.3 - 5 at 3 s: 47
+	// more seconds), then one retry per 10 calls.
+	after := 0
+	for s := int(budget.LendFor / time.Second); s < len(granted); s++ {
+		after += granted[s]
+	}
+	if after > 1 {
+		t.Errorf("from %v to 60 s: %d retries, want at most 1 (the loan is repaid at about 50 s)", budget.LendFor, after)
+	}
+	if s := b.stats(); float64(s.Granted) > 0.1*float64(s.Requests)+budget.MaxCredit {
+		t.Errorf("granted %d for %d requests: more than the ratio plus MaxCredit", s.Granted, s.Requests)
+	}
+}
+
+// TestLendsAgainWhenJudgedUnderTheRatio: after a failure, a Budget that has
+// been repaid lends again once the last JudgeWindow asked for at most Ratio
+// × its requests, and not before.
+func TestLendsAgainWhenJudgedUnderTheRatio(t *testing.T) {
+	b := newClocked(budget.Config{})
+	// One second at 100 calls a second, every call asking for two retries.
+	for ms := 0; ms < 1000; ms += 10 {
+		b.at = time.Duration(ms) * time.Millisecond
+		b.deposit(1)
+		b.withdraw(2)
+	}
+	if s := b.stats(); s.Lending {
+		t.Fatalf("after a second of failures: %+v, want the Budget not lending", s)
+	}
+	// Healthy again at 100 calls a second: it lends only once the failure
+	// has left the JudgeWindow (its 200 asks need 2,000 requests beside
+	// them in the window, more than it holds).
+	firstLending := time.Duration(-1)
+	for ms := 1000; ms < 30_000 && firstLending < 0; ms += 10 {
+		b.at = time.Duration(ms) * time.Millisecond
+		b.deposit(1)
+		if s := b.stats(); s.Lending {
+			firstLending = b.at
 		}
 	}
-}
-
-func TestTTLExpiry(t *testing.T) {
-	ms := time.Millisecond
-	tests := []struct {
-		name  string
-		cfg   budget.Config
-		steps []step
-	}{
-		{
-			// TTL 500ms: 100 slots of 5ms. A deposit counts for less than TTL, never more.
-			name: "short TTL, just before",
-			cfg:  budget.Config{TTL: 500 * ms, MinPerSecond: -1},
-			steps: []step{
-				{at: 0, deposits: 50},
-				{at: 499 * ms, withdraws: 10, want: 5},
-			},
-		},
-		{
-			name: "short TTL, at TTL",
-			cfg:  budget.Config{TTL: 500 * ms, MinPerSecond: -1},
-			steps: []step{
-				{at: 0, deposits: 50},
-				{at: 500 * ms, withdraws: 10, want: 0},
-			},
-		},
-		{
-			// A deposit made 3ms into its slot leaves with the slot: early, not late.
-			name: "short TTL, expiry is early by at most a slot",
-			cfg:  budget.Config{TTL: 500 * ms, MinPerSecond: -1},
-			steps: []step{
-				{at: 3 * ms, deposits: 50},
-				{at: 499 * ms, withdraws: 1, want: 1},
-				{at: 500 * ms, withdraws: 10, want: 0},
-			},
-		},
-		{
-			// Traffic from long ago funds nothing.
-			name: "long ago",
-			cfg:  budget.Config{MinPerSecond: -1},
-			steps: []step{
-				{at: 0, deposits: 10_000},
-				{at: 10 * time.Second, withdraws: 10, want: 0},
-				{at: time.Hour, withdraws: 10, want: 0},
-			},
-		},
-		{
-			// The TTL window remembers retries for TTL: 10 retries at 0.9s were
-			// funded by deposits at 0s; at 10s those deposits have expired but
-			// the retries still count, so the new deposits at 10s fund nothing
-			// until 10.9s, although the last second alone would allow 10.
-			name: "TTL window binds",
-			cfg:  budget.Config{MinPerSecond: -1},
-			steps: []step{
-				{at: 0, deposits: 100},
-				{at: 900 * ms, withdraws: 11, want: 10},
-				{at: 10 * time.Second, deposits: 100, withdraws: 5, want: 0},
-				{at: 10*time.Second + 899*ms, withdraws: 5, want: 0},
-				{at: 10*time.Second + 900*ms, withdraws: 11, want: 10},
-			},
-		},
-	}
-	for _, tt := range tests {
-		b, clk := newBudget(tt.cfg)
-		runSteps(t, tt.name, b, clk, tt.steps)
+	t.Logf("lending again at %v", firstLending)
+	// The window is 20 slots of 500 ms: the failure's asks leave it 9.5 to
+	// 11 s after they were made.
+	if firstLending < budget.JudgeWindow-500*time.Millisecond || firstLending > budget.JudgeWindow+time.Second+500*time.Millisecond {
+		t.Fatalf("lending again at %v, want about %v (when the failure leaves the window)", firstLending, budget.JudgeWindow)
 	}
 }
 
-func TestFloor(t *testing.T) {
-	ms := time.Millisecond
-	tests := []struct {
-		name  string
-		rate  float64
-		steps []step
-	}{
-		{"default is 10/s, burst 10", 0, []step{
-			{at: 0, withdraws: 15, want: 10},
-			{at: 99 * ms, withdraws: 15, want: 0},
-			{at: 100 * ms, withdraws: 15, want: 1},
-			{at: 999 * ms, withdraws: 15, want: 8},
-			{at: time.Second, withdraws: 15, want: 1},
-			{at: 10 * time.Second, withdraws: 15, want: 10}, // a rate, not a reserve
-		}},
-		{"1/s, burst 1", 1, []step{
-			{at: 0, withdraws: 5, want: 1},
-			{at: 999 * ms, withdraws: 5, want: 0},
-			{at: time.Second, withdraws: 5, want: 1},
-			{at: 10 * time.Second, withdraws: 5, want: 1}, // a rate, not a reserve
-		}},
-		{"5/s, burst 5", 5, []step{
-			{at: 0, withdraws: 10, want: 5},
-			{at: 200 * ms, withdraws: 10, want: 1},
-			{at: 399 * ms, withdraws: 10, want: 0},
-			{at: 400 * ms, withdraws: 10, want: 1},
-			{at: time.Hour, withdraws: 10, want: 5},
-		}},
-		{"3/s, burst 3 despite 1/3 s not being whole nanoseconds", 3, []step{
-			{at: 0, withdraws: 10, want: 3},
-			// The interval is rounded up to 333333334ns (never faster than
-			// the rate), so 3 tokens take 1s + 2ns to come back.
-			{at: time.Second + 1, withdraws: 10, want: 2},
-			{at: 2*time.Second + 4, withdraws: 10, want: 3},
-		}},
-		{"2.5/s, burst 2.5", 2.5, []step{
-			{at: 0, withdraws: 10, want: 2}, // half a token left
-			{at: 199 * ms, withdraws: 10, want: 0},
-			{at: 200 * ms, withdraws: 10, want: 1},
-			{at: 10 * time.Second, withdraws: 10, want: 2},
-		}},
-		{"0.5/s, burst 1", 0.5, []step{
-			{at: 0, withdraws: 5, want: 1},
-			{at: 1999 * ms, withdraws: 5, want: 0},
-			{at: 2 * time.Second, withdraws: 5, want: 1},
-		}},
-		{"negative: no floor", -1, []step{
-			{at: 0, withdraws: 5, want: 0},
-			{at: time.Hour, withdraws: 5, want: 0},
-		}},
-	}
-	for _, tt := range tests {
-		b, clk := newBudget(budget.Config{Ratio: -1, MinPerSecond: tt.rate})
-		runSteps(t, tt.name, b, clk, tt.steps)
-	}
-}
-
-func TestFloorOneRequestAMinute(t *testing.T) {
-	b, clk := newBudget(budget.Config{MinPerSecond: 1})
-	for i := range 60 {
-		clk.Set(time.Duration(i) * time.Minute)
-		b.Deposit() // 0.1 of a retry: the ratio alone never funds one
-		if !b.Withdraw() {
-			t.Fatalf("minute %d: retry refused", i)
-		}
-		if b.Withdraw() {
-			t.Fatalf("minute %d: second retry granted", i)
+// TestLendingStartsAtAWithdrawalNotAtStats: reading the Stats does not
+// start the LendFor of a failure; the first withdrawal does.
+func TestLendingStartsAtAWithdrawalNotAtStats(t *testing.T) {
+	b := newClocked(budget.Config{})
+	for s := range 10 {
+		b.at = time.Duration(s) * time.Second
+		if st := b.stats(); !st.Lending || st.Balance != budget.DefaultBurst {
+			t.Fatalf("at %v: %+v, want a fresh Budget lending its burst", b.at, st)
 		}
 	}
-	s := b.Stats()
-	if s.Granted != 60 || s.FromFloor != 60 || s.Refused != 60 {
-		t.Fatalf("Stats = %+v, want 60 granted, all from the floor, 60 refused", s)
+	if got := b.withdraw(2); got != 2 {
+		t.Fatalf("at %v: %d of 2 lent, want 2", b.at, got)
+	}
+	b.at += budget.LendFor - time.Millisecond
+	if got := b.withdraw(1); got != 1 {
+		t.Fatalf("within LendFor of the first withdrawal: %d of 1 lent", got)
+	}
+	b.at += time.Millisecond
+	if got := b.withdraw(1); got != 0 {
+		t.Fatalf("LendFor after the first withdrawal: %d of 1 lent, want 0", got)
 	}
 }
 
-func TestFloorBurstOfFailures(t *testing.T) {
-	tests := []struct {
-		rate     float64
-		deposits int
-		want     int
-	}{
-		{0, 0, 10},    // the default floor's burst only
-		{0, 100, 10},  // max(10 from the ratio, default burst 10): a minimum, not an addition
-		{0, 200, 20},  // max(20, default burst 10)
-		{1, 0, 1},     // floor burst only
-		{1, 100, 10},  // max(10 from the ratio, burst 1): a minimum, not an addition
-		{5, 100, 10},  // max(10, burst 5)
-		{20, 100, 20}, // max(10, burst 20)
-		{-1, 100, 10}, // ratio only
-		{0.2, 0, 1},   // burst is at least 1
-		{100, 0, 100}, // burst = rate
-		{-1, 0, 0},    // nothing funds anything
-		{0.2, 1000, 100},
-	}
-	for _, tt := range tests {
-		b, _ := newBudget(budget.Config{MinPerSecond: tt.rate})
-		deposit(b, tt.deposits)
-		if got := withdraw(b, 10_000); got != tt.want {
-			t.Errorf("MinPerSecond %v, %d deposits, 10000 failures at once: %d granted, want %d",
-				tt.rate, tt.deposits, got, tt.want)
+// TestFailuresBelowTheRatioKeepLending: a busy client whose calls fail at
+// 5%, each asking for a retry at once, is never refused one.
+func TestFailuresBelowTheRatioKeepLending(t *testing.T) {
+	b := newClocked(budget.Config{})
+	refused := 0
+	for ms := range 60_000 {
+		b.at = time.Duration(ms) * time.Millisecond
+		b.deposit(1)
+		if ms%20 == 7 && b.withdraw(1) == 0 {
+			refused++
+		}
+		if ms%1000 == 500 && ms%20 == 0 { // and a burst of 20 every few seconds
+			if ms%7000 == 500 {
+				refused += 20 - b.withdraw(20)
+			}
 		}
 	}
+	if s := b.stats(); refused != 0 || !s.Lending {
+		t.Fatalf("%d retries refused; %+v", refused, s)
+	}
 }
 
-// TestNoBank: 10 minutes of healthy traffic at 900 requests per second, then
-// every request fails and is retried up to twice. A budget that banked the
-// healthy deposits would grant up to 900 (0.1 × 9000 in the 10s TTL) at once.
+// TestNoBank: 10 minutes of healthy traffic at 900 requests a second, then
+// 30 s in which every request fails and asks for two retries. Healthy
+// traffic leaves a credit of MaxCredit, and the first second's loan is
+// repaid by the next second's requests: over the outage, the retries are
+// the ratio's plus MaxCredit.
 func TestNoBank(t *testing.T) {
-	b, clk := newBudget(budget.Config{MinPerSecond: 1})
-	healthyTenMinutes(b, clk)
-	clk.Set(600 * time.Second)
-	if s := b.Stats(); s.Balance > 90 || s.Granted != 0 {
-		t.Fatalf("after 10 healthy minutes: %+v, want a balance ≤ 90 (no bank)", s)
+	b := newClocked(budget.Config{})
+	const rps = 900
+	at := func(sec, i int) time.Duration {
+		return time.Duration(sec)*time.Second + time.Duration(i)*time.Second/rps
 	}
-	perSecond := outage(b, clk)
-	t.Logf("retries granted per second of the outage: %v", perSecond)
-	if perSecond[0] > 90+1 {
-		t.Errorf("first second of the outage: %d retries granted, want ≤ 90 + floor burst 1", perSecond[0])
-	}
-	if perSecond[0] != 90 {
-		t.Errorf("first second of the outage: %d retries granted, want exactly 90: the floor adds nothing when the ratio funds more", perSecond[0])
-	}
-	for i, n := range perSecond {
-		// Not more than Ratio × that second's requests (the floor, rate 1
-		// burst 1, is below it), and not much less either: the budget
-		// still works.
-		if n > 90 || n < 80 {
-			t.Errorf("second %d of the outage: %d retries granted, want 80..90", i, n)
+	for sec := range 600 {
+		for i := range rps {
+			b.at = at(sec, i)
+			b.deposit(1)
 		}
+	}
+	var perSecond []int
+	total := 0
+	for sec := 600; sec < 630; sec++ {
+		n := 0
+		for i := range rps {
+			b.at = at(sec, i)
+			b.deposit(1)
+			n += b.withdraw(2)
+		}
+		perSecond = append(perSecond, n)
+		total += n
+	}
+	t.Logf("retries granted per second of the outage: %v", perSecond)
+	// Second 0: the credit (2), a loan of up to 90 (a tenth of the last
+	// second's 900 requests) and what the deposits made while it lent
+	// credited. Then the loan is repaid, and the ratio funds 90 a second.
+	if perSecond[0] > 2+90+10 {
+		t.Errorf("first second: %d retries, want at most 102", perSecond[0])
+	}
+	for i, n := range perSecond[2:] {
+		if n > 90 || n < 89 {
+			t.Errorf("second %d: %d retries, want 89-90", i+2, n)
+		}
+	}
+	if limit := rps*30/10 + budget.MaxCredit; total > limit {
+		t.Errorf("outage: %d retries, want at most %d (Ratio × requests + MaxCredit)", total, limit)
 	}
 }
 
 func TestInvalidConfigIsClampedNotPanicking(t *testing.T) {
-	// Each case: 50 deposits at once, then 10000 withdrawals at once. The
-	// ratio and TTL cases pin a floor of 1/s (burst 1), below the ratio's 5,
-	// so that what the ratio grants shows.
+	// Each case: 50 deposits at once, then 10,000 withdrawals at once.
 	tests := []struct {
 		name string
 		cfg  budget.Config
 		want int
 	}{
-		{"zero config", budget.Config{}, 10}, // max(5 from the ratio, floor burst 10)
-		{"NaN ratio", budget.Config{Ratio: math.NaN(), MinPerSecond: 1}, 5},
-		{"+Inf ratio", budget.Config{Ratio: math.Inf(1), MinPerSecond: 1}, 5},
-		{"-Inf ratio", budget.Config{Ratio: math.Inf(-1), MinPerSecond: 1}, 5},
-		{"negative ratio: none", budget.Config{Ratio: -0.5, MinPerSecond: 1}, 0 + 1},
-		{"tiny ratio rounds to none", budget.Config{Ratio: 4e-7, MinPerSecond: 1}, 0 + 1},
-		{"huge ratio lowered to MaxRatio", budget.Config{Ratio: 1e300}, 10000},
-		{"NaN floor", budget.Config{MinPerSecond: math.NaN()}, 10},
-		{"+Inf floor", budget.Config{MinPerSecond: math.Inf(1)}, 10},
-		{"-Inf floor", budget.Config{MinPerSecond: math.Inf(-1)}, 10},
-		{"negative floor: none", budget.Config{MinPerSecond: -3}, 5},
-		{"both none", budget.Config{Ratio: -1, MinPerSecond: -1}, 0},
-		{"huge floor lowered to MaxMinPerSecond", budget.Config{Ratio: -1, MinPerSecond: 1e300}, 10000},
-		{"negative TTL: default", budget.Config{TTL: -time.Second, MinPerSecond: 1}, 5},
-		{"1ns TTL", budget.Config{TTL: 1, MinPerSecond: 1}, 5},
-		{"7ns TTL", budget.Config{TTL: 7, MinPerSecond: 1}, 5},
-		{"huge TTL", budget.Config{TTL: math.MaxInt64, MinPerSecond: 1}, 5},
+		{"zero config", budget.Config{}, 7},                                    // credit 2 + loan max(5, 5)
+		{"NaN ratio", budget.Config{Ratio: math.NaN(), Burst: -1}, 7},          // the default ratio
+		{"+Inf ratio", budget.Config{Ratio: math.Inf(1), Burst: -1}, 7},        // the default ratio
+		{"-Inf ratio", budget.Config{Ratio: math.Inf(-1), Burst: -1}, 7},       // the default ratio
+		{"negative ratio: none", budget.Config{Ratio: -0.5, Burst: 2}, 2},      // the burst alone
+		{"tiny ratio rounds to none", budget.Config{Ratio: 4e-7}, 5},           // the burst alone
+		{"huge ratio lowered to MaxRatio", budget.Config{Ratio: 1e300}, 10000}, // loan limit 50 × 1000
+		{"negative burst: none", budget.Config{Burst: -3}, 7},
+		{"both none", budget.Config{Ratio: -1, Burst: -1}, 0},
+		{"huge burst lowered to MaxBurst", budget.Config{Ratio: -1, Burst: math.MaxInt}, 10000},
 	}
 	for _, tt := range tests {
-		b, clk := newBudget(tt.cfg)
-		deposit(b, 50)
-		if got := withdraw(b, 10000); got != tt.want {
+		b := newClocked(tt.cfg)
+		b.deposit(50)
+		if got := b.withdraw(10000); got != tt.want {
 			t.Errorf("%s: %d granted, want %d", tt.name, got, tt.want)
 		}
 		// Time jumps do not panic either.
 		for _, d := range []time.Duration{time.Hour, -time.Hour, math.MaxInt64, math.MinInt64, 0} {
-			clk.Set(d)
+			b.at = d
+			b.deposit(1)
+			b.withdraw(1)
+			_ = b.stats()
+			_ = b.Stats()
 			b.Deposit()
 			b.Withdraw()
-			_ = b.Stats()
 		}
 	}
 }
 
 func TestClockGoingBackwardsStandsStill(t *testing.T) {
-	b, clk := newBudget(budget.Config{Ratio: -1, MinPerSecond: 1}) // floor only: 1/s, burst 1
-	clk.Set(10 * time.Second)
-	if !b.Withdraw() {
-		t.Fatal("first floor retry refused")
+	b := newClocked(budget.Config{Burst: -1})
+	b.at = 10 * time.Second
+	b.deposit(10) // credit 1, loan limit 1
+	if got := b.withdraw(2); got != 2 {
+		t.Fatalf("%d granted, want the credit and one loan", got)
 	}
-	clk.Set(5 * time.Second) // backwards: treated as 10s, so no refill
-	if b.Withdraw() {
-		t.Fatal("granted after the clock went backwards")
+	b.at = 9 * time.Second // backwards: treated as 10 s
+	b.deposit(10)          // repays the loan, in the slot of 10 s
+	if s := b.stats(); s.Credit != 0 || s.Balance != 2 {
+		t.Fatalf("after the clock went back: %+v, want credit 0, balance 2 (20 deposits in the last second)", s)
 	}
-	clk.Set(10*time.Second + 999*time.Millisecond)
-	if b.Withdraw() {
-		t.Fatal("granted before a second had passed")
+	b.at = 10*time.Second + 850*time.Millisecond // a deposit counts for 0.9-1 s (slots of 100 ms)
+	if s := b.stats(); s.Balance != 2 {
+		t.Fatalf("within the second: %+v, want balance 2", s)
 	}
-	clk.Set(11 * time.Second)
-	if !b.Withdraw() {
-		t.Fatal("refused a second later")
-	}
-}
-
-func TestAtFormsUseTheGivenTime(t *testing.T) {
-	var calls atomic.Int32
-	b := budget.New(budget.Config{MinPerSecond: -1, Now: func() time.Time { calls.Add(1); return base }})
-	calls.Store(0)
-	for range 10 {
-		b.DepositAt(base.Add(time.Second))
-	}
-	if !b.WithdrawAt(base.Add(time.Second)) || b.WithdrawAt(base.Add(time.Second)) {
-		t.Fatal("10 deposits should fund exactly one retry")
-	}
-	if b.WithdrawAt(base.Add(2 * time.Second)) {
-		t.Fatal("a retry was granted after the deposits left the short window")
-	}
-	if n := calls.Load(); n != 0 {
-		t.Fatalf("the At forms called Config.Now %d times", n)
+	b.at = 11*time.Second + 100*time.Millisecond
+	if s := b.stats(); s.Balance != 0 {
+		t.Fatalf("a second later: %+v, want balance 0 (the deposits left the short window)", s)
 	}
 }
 
 func TestZeroValueUsesDefaults(t *testing.T) {
 	var b budget.Budget
-	deposit(&b, 50)
-	if got := withdraw(&b, 100); got != 10 {
-		t.Fatalf("zero Budget: %d granted after 50 deposits, want max(5, floor burst 10) = 10", got)
+	for range 50 {
+		b.Deposit()
 	}
-	if s := b.Stats(); s.Requests != 50 || s.Granted != 10 || s.FromFloor != 5 || s.Refused != 90 {
+	got := 0
+	for range 100 {
+		if b.Withdraw() {
+			got++
+		}
+	}
+	if got != 7 {
+		t.Fatalf("zero Budget: %d granted after 50 deposits, want credit 2 + loan 5 = 7", got)
+	}
+	if s := b.Stats(); s.Requests != 50 || s.Granted != 7 || s.Lent != 5 || s.Refused != 93 {
 		t.Fatalf("zero Budget Stats = %+v", s)
 	}
 }
@@ -429,44 +445,35 @@ func TestNilBudgetImposesNoBudget(t *testing.T) {
 			t.Fatal("nil Budget refused")
 		}
 	}
-	if s := b.Stats(); s != (budget.Stats{}) {
-		t.Fatalf("nil Budget Stats = %+v", s)
+	if s, sa := b.Stats(), b.StatsAt(base); s != (budget.Stats{}) || sa != (budget.Stats{}) {
+		t.Fatalf("nil Budget Stats = %+v, %+v", s, sa)
 	}
 }
 
-func TestStatsBalance(t *testing.T) {
-	b, clk := newBudget(budget.Config{MinPerSecond: 2})
-	if s := b.Stats(); s.Balance != 2 {
-		t.Fatalf("new Budget: Balance %v, want the floor burst 2", s.Balance)
+func TestStatsBalanceIsWhatWithdrawGrants(t *testing.T) {
+	b := newClocked(budget.Config{Burst: 2})
+	steps := []struct {
+		at       time.Duration
+		deposits int
+		ask      int
+	}{
+		{0, 0, 1}, {0, 57, 3}, {100 * time.Millisecond, 3, 10}, {3 * time.Second, 30, 1}, {20 * time.Second, 200, 40},
 	}
-	deposit(b, 57)
-	if s := b.Stats(); s.Balance != 5 {
-		t.Fatalf("after 57 deposits: Balance %v, want max(5, 2)", s.Balance)
-	}
-	if got := withdraw(b, 7); got != 5 {
-		t.Fatalf("Balance said 5, %d granted", got)
-	}
-	if s := b.Stats(); s.Balance != 0 || withdraw(b, 1) != 0 {
-		t.Fatalf("drained: Balance %v", s.Balance)
-	}
-	clk.Set(500 * time.Millisecond) // the floor refills 1
-	deposit(b, 3)                   // 60 deposits in the window: 6 retries, 5 used
-	s := b.Stats()
-	// The five ratio grants took the floor's two tokens; one has come
-	// back. Ratio credit 1, floor 1: back to back, the ratio's grant takes
-	// the floor's token, so one retry in all.
-	want := budget.Stats{Requests: 60, Granted: 5, FromFloor: 0, Refused: 3, Balance: 1}
-	if s != want {
-		t.Fatalf("Stats = %+v, want %+v", s, want)
-	}
-	if got := withdraw(b, 5); got != 1 {
-		t.Fatalf("Balance said 1, %d granted", got)
+	for i, s := range steps {
+		b.at = s.at
+		b.deposit(s.deposits)
+		bal := b.stats().Balance
+		got := b.withdraw(int(bal) + s.ask)
+		if float64(got) != bal {
+			t.Errorf("step %d: Balance said %v, %d granted", i, bal, got)
+		}
 	}
 }
 
 func TestConcurrentUse(t *testing.T) {
 	const workers, calls = 8, 2000
-	b, clk := newBudget(budget.Config{MinPerSecond: 1})
+	b := budget.New(budget.Config{})
+	var clk atomic.Int64
 	var granted atomic.Int64
 	var wg sync.WaitGroup
 	for range workers {
@@ -475,90 +482,48 @@ func TestConcurrentUse(t *testing.T) {
 			defer wg.Done()
 			for i := range calls {
 				if i%100 == 0 {
-					clk.Advance(time.Millisecond)
+					clk.Add(int64(time.Millisecond))
 				}
-				b.Deposit()
+				now := base.Add(time.Duration(clk.Load()))
+				b.DepositAt(now)
 				for range 2 {
-					if b.Withdraw() {
+					if b.WithdrawAt(now) {
 						granted.Add(1)
 					}
 				}
-				_ = b.Stats()
+				_ = b.StatsAt(now)
 			}
 		}()
 	}
 	wg.Wait()
-	s := b.Stats()
+	s := b.StatsAt(base.Add(time.Duration(clk.Load())))
 	if s.Requests != workers*calls || s.Granted+s.Refused != 2*workers*calls {
 		t.Fatalf("Stats = %+v: lost updates", s)
 	}
 	if int64(s.Granted) != granted.Load() {
 		t.Fatalf("Stats.Granted %d, callers saw %d", s.Granted, granted.Load())
 	}
-	// All in well under a TTL: ratio 0.1 of the requests + floor burst 1 + 1/s.
-	elapsed := time.Duration(clk.ns.Load()).Seconds()
-	if limit := 0.1*float64(s.Requests) + 1 + elapsed; float64(s.Granted) > limit {
+	// Ratio × requests + the credit + what it is owed.
+	if limit := 0.1*float64(s.Requests) + budget.MaxCredit - math.Min(s.Credit, 0); float64(s.Granted) > limit {
 		t.Fatalf("granted %d > %v", s.Granted, limit)
 	}
-	if s.Granted < 100 {
+	if s.Granted < 1000 {
 		t.Fatalf("granted only %d of 0.1 × %d", s.Granted, s.Requests)
 	}
 }
 
-// A burst of failures that begins before the burst's deposits have all
-// arrived: the floor lets the first retry through, and the ratio does not
-// grant it again. 50 calls, 5 retries in all, however they interleave.
-func TestFloorGrantCountsAgainstTheRatio(t *testing.T) {
-	b, _ := newBudget(budget.Config{MinPerSecond: 1})
-	deposit(b, 1)
-	if got := withdraw(b, 1); got != 1 {
-		t.Fatalf("first failure: %d granted, want the floor's 1", got)
+// TestMonotonicForms: the methods without a time read the monotonic clock
+// and agree with the At forms given time.Now.
+func TestMonotonicForms(t *testing.T) {
+	b := budget.New(budget.Config{Burst: -1})
+	for range 10 {
+		b.Deposit()
 	}
-	deposit(b, 49)
-	if got := withdraw(b, 100); got != 4 {
-		t.Fatalf("after 50 deposits: %d more granted, want 4 (5 in all)", got)
+	b.DepositAt(time.Now())
+	if !b.Withdraw() || !b.Withdraw() || b.WithdrawAt(time.Now()) {
+		t.Fatal("11 deposits: want the credit (1.1) and one loan (1.1), then a refusal")
 	}
-	if s := b.Stats(); s.Granted != 5 || s.FromFloor != 1 {
+	if s := b.Stats(); s.Requests != 11 || s.Granted != 2 {
 		t.Fatalf("Stats = %+v", s)
 	}
-}
-
-// noBankRPS is the request rate of the no-bank tests.
-const noBankRPS = 900
-
-// noBankAt is the time of request i of second sec.
-func noBankAt(sec, i int) time.Duration {
-	return time.Duration(sec)*time.Second + time.Duration(i)*time.Second/noBankRPS
-}
-
-// healthyTenMinutes deposits noBankRPS requests a second for 10 minutes.
-func healthyTenMinutes(b *budget.Budget, clk *fakeClock) {
-	for sec := range 600 {
-		for i := range noBankRPS {
-			clk.Set(noBankAt(sec, i))
-			b.Deposit()
-		}
-	}
-}
-
-// outage follows healthyTenMinutes with 30 s in which every request fails
-// and asks for up to two retries, and returns the retries granted in each
-// second.
-func outage(b *budget.Budget, clk *fakeClock) []int {
-	var perSecond []int
-	for sec := 600; sec < 630; sec++ {
-		n := 0
-		for i := range noBankRPS {
-			clk.Set(noBankAt(sec, i))
-			b.Deposit()
-			for range 2 { // attempts 2 and 3
-				if !b.Withdraw() {
-					break
-				}
-				n++
-			}
-		}
-		perSecond = append(perSecond, n)
-	}
-	return perSecond
 }

@@ -1,7 +1,8 @@
 // Package budget implements a per-target retry budget: it caps the retries
 // and hedges a client sends to one target at a fraction of the requests it
 // sends there, so that a failing dependency sees about 1.1 times its normal
-// load, not three times.
+// load, not three times, whether that load comes from one busy client or
+// from a fleet of quiet ones.
 //
 // Each logical call makes one Deposit before its first attempt (never
 // refused); each retry and each hedge makes one Withdraw and is sent only if
@@ -16,52 +17,83 @@
 //		}
 //	}
 //
-// # What a retry is funded by
+// # Credit and loans
 //
-// A Withdraw is granted if either of these has room for it:
+// Every Deposit credits Ratio of a retry (in fixed point: units of 1e-6 of
+// a retry, so 0.1 is exactly 100000 units and 50 deposits credit exactly 5
+// retries); every granted Withdraw costs one retry. A Withdraw is granted:
 //
-//   - The ratio. Every Deposit credits Ratio retries (in fixed point: units
-//     of 1e-6 of a retry, so 0.1 is exactly 100000 units and 50 deposits fund
-//     exactly 5 retries). A ratio-funded retry needs credit in two windows at
-//     once: in the last TTL, Ratio × deposits − ratio-funded retries ≥ 1; and
-//     the same in the last ShortWindow (one second), if TTL is longer.
-//   - The floor: a token bucket that refills at MinPerSecond and holds at
-//     most max(1, MinPerSecond) tokens, starting full. Every granted retry
-//     takes a token if there is one, and counts against the ratio's credit,
-//     whatever funded it; a retry the ratio refuses is granted only on a
-//     token. The floor is a minimum, not an addition: a second's retries
-//     are about max(Ratio × requests, MinPerSecond), never the sum. (With
-//     the defaults, 50 callers failing at once get max(5, 10) = 10
-//     retries; an additive floor would give them 15.)
+//   - from the credit, when the requests have paid for a whole retry. The
+//     credit holds at most MaxCredit (two retries): healthy traffic banks
+//     nothing more that a failure could spend later;
+//   - else as a loan, when the Budget lends: its credit may go down to
+//     minus max(Burst, Ratio × the requests of the last ShortWindow), and
+//     the requests that follow repay the loan before they fund anything
+//     else. A fresh client can so retry its first failures (up to Burst,
+//     5 by default), and a client at 1,000 requests per second whose
+//     connection drops 50 calls at once can retry all 50 (up to 100).
 //
-// On false nothing is withdrawn from either.
+// A Budget lends only in the first LendFor (3 s) of a failure, which
+// begins at the first retry or hedge asked for since its credit was last
+// full (MaxCredit), and only until it has lent all it may; it lends again
+// once the requests have repaid the loans and filled the credit, which
+// takes a stretch of calls that need fewer retries than Ratio. So a failure
+// that asks for more than Ratio is funded by loans for at most its first
+// LendFor and by the ratio alone after, while a client whose failures stay
+// below Ratio keeps lending for its bursts.
+//
+// On false nothing is withdrawn.
 //
 // # Guarantees
 //
-// Deposits expire after TTL, and a ratio-funded retry also needs credit
-// from the last second: healthy traffic banks nothing that an outage could
-// spend at once, and the retries granted in any one second stay near Ratio
-// × that second's requests. Over any interval of length L, granted ≤ Ratio
-// × deposits (in the interval extended min(TTL, ShortWindow) into the past)
-// + MinPerSecond × L + max(1, MinPerSecond); the property test checks
-// exactly this. README.md explains why two windows and a floor, with the
-// measurements behind them.
+// With credit c(t) (in retries: at most MaxCredit, and at least minus the
+// loan limit), over any interval [a, b] the grants are at most
+//
+//	Ratio × deposits + c(a) − c(b) < Ratio × deposits + MaxCredit + owed(b)
+//
+// where owed(b) = max(0, −c(b)). During a failure that asks for more than
+// Ratio, the Budget lends only in the failure's first LendFor, and is
+// repaid by the requests that follow. So, for one client, its retries and
+// hedges are less than Ratio × its requests plus MaxCredit (the credit it
+// may hold when the interval begins): from LendFor into the failure on,
+// and over the whole failure once it is repaid; before that, plus what it
+// owes, at most max(Burst, Ratio × the last second's requests).
+//
+// A fleet of N clients, each with its own Budget (the common shape of a
+// microservice dependency), sums this up. With the defaults, every cell of
+// the fleet test (20 to 1,000 clients at 1 to 50 calls a second, and one
+// client at 1,000 and 2,000, fresh or warm, attempts failing with
+// probability 0.3 to 1 for 30 s) sends at most 1.10× its calls from 5 s on
+// (to one attempt in 25,000: the credits the clients hold at 5 s), and over
+// the whole 30 s at most 1.10× plus 3 retries per client: the start-up
+// burst of a client at one call a second, which has not repaid its loan of
+// five. A per-client floor of retries per second, as Finagle's and
+// Linkerd's budgets have, cannot give such a bound: a fleet of clients
+// that each send fewer requests than the floor gets every retry it asks
+// for.
+//
+// # Time
+//
+// A Budget needs the time to place deposits in its windows and to age its
+// loans. Deposit, Withdraw and Stats read the monotonic clock; DepositAt,
+// WithdrawAt and StatsAt take the time as an argument, so that a caller
+// that already read the clock (an interceptor) or a simulation can drive
+// the Budget. Times earlier than the latest one the Budget has seen are
+// treated as that latest time: a clock that goes backwards stands still.
 //
 // # Invalid configuration
 //
 // Nothing panics, at New or later. In Config, 0 means the default; NaN and
-// ±Inf are treated like 0; a negative Ratio means "no ratio" and a negative
-// MinPerSecond "no floor", so Config{Ratio: -1, MinPerSecond: -1} grants
-// nothing; a TTL ≤ 0 means the default; very large Ratio and MinPerSecond
-// are lowered to MaxRatio and MaxMinPerSecond. A clock that goes backwards is
-// treated as standing still.
+// ±Inf Ratio are treated like 0; a negative Ratio means "no credit" and a
+// negative Burst "no minimum loan", so Config{Ratio: -1, Burst: -1} grants
+// nothing; very large Ratio and Burst are lowered to MaxRatio and MaxBurst.
 //
 // # Cost
 //
-// Deposit and Withdraw take one short mutex-protected critical section, read
-// the clock once (DepositAt and WithdrawAt not at all) and do not allocate.
-// On the default clock they read only the monotonic clock. Where the caller
-// already has the time, as an interceptor does, the At forms save that read.
-// No method starts a goroutine; there is no background work: windows are
-// moved forward lazily by the calls themselves.
+// Deposit takes no lock while its slot does not change (one atomic add);
+// Withdraw and Stats take one short mutex-protected critical section. None
+// allocates. Deposit, Withdraw and Stats read the monotonic clock once;
+// the At forms do not read it. No method starts a goroutine; there is no
+// background work: windows are moved forward lazily by the calls
+// themselves.
 package budget

@@ -8,52 +8,71 @@ import (
 )
 
 func Example() {
-	// A fixed clock: everything below happens in the same instant.
+	// Explicit times, so that the example does not depend on the clock:
+	// everything below happens in the same instant.
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	// The defaults: 10%, a 10s TTL, a floor of 10/s with a burst of 10.
-	b := budget.New(budget.Config{Now: func() time.Time { return now }})
+	b := budget.New(budget.Config{}) // 10%, lending at least 5
 
 	for range 50 {
-		b.Deposit() // one per logical call, before its first attempt
+		b.DepositAt(now) // one per logical call, before its first attempt
 	}
 	retries := 0
-	for b.Withdraw() { // one per retry or hedge
+	for b.WithdrawAt(now) { // one per retry or hedge
 		retries++
 	}
-	fmt.Println("retries granted:", retries) // max(10% of 50, 10): a minimum, not a sum
-	fmt.Printf("%+v\n", b.Stats())
+	// Two retries of credit (the most it banks), then a loan of 10% of the
+	// last second's calls, which the next calls repay.
+	fmt.Println("retries granted:", retries)
+	fmt.Printf("%+v\n", b.StatsAt(now))
 	// Output:
-	// retries granted: 10
-	// {Requests:50 Granted:10 FromFloor:5 Refused:1 Balance:0}
+	// retries granted: 7
+	// {Requests:50 Granted:7 Lent:5 Refused:1 Credit:-5 Lending:false Balance:0}
 }
 
 func ExampleRegistry() {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	budgets := budget.NewRegistry(budget.Config{
-		Ratio:        0.2,
-		MinPerSecond: -1, // no floor: only the ratio funds retries
-		Now:          func() time.Time { return now },
+		Ratio: 0.2,
+		Burst: -1, // no minimum loan: only the requests fund retries
 	})
 	for range 10 {
-		budgets.For("payments:443").Deposit()
+		budgets.For("payments:443").DepositAt(now)
 	}
-	fmt.Println(budgets.For("payments:443").Withdraw(), budgets.For("payments:443").Withdraw(),
-		budgets.For("payments:443").Withdraw())
-	fmt.Println(budgets.For("ledger:443").Withdraw()) // another target: no credit of its own
+	b := budgets.For("payments:443")
+	fmt.Println(b.WithdrawAt(now), b.WithdrawAt(now), b.WithdrawAt(now), b.WithdrawAt(now), b.WithdrawAt(now))
+	fmt.Println(budgets.For("ledger:443").WithdrawAt(now)) // another target: no credit of its own
 	fmt.Println(budgets.Len(), "targets")
 	// Output:
-	// true true false
+	// true true true true false
 	// false
 	// 2 targets
 }
 
 func ExampleConfig_none() {
-	// Negative Ratio and MinPerSecond mean none: this budget refuses every
-	// retry, however many requests it sees.
-	b := budget.New(budget.Config{Ratio: -1, MinPerSecond: -1})
+	// Negative Ratio and Burst mean none: this budget refuses every retry,
+	// however many requests it sees.
+	b := budget.New(budget.Config{Ratio: -1, Burst: -1})
 	for range 1000 {
 		b.Deposit()
 	}
 	fmt.Println(b.Withdraw())
 	// Output: false
+}
+
+// A fresh client's first failures are lent for, and repaid by the calls
+// that follow: the start-up burst.
+func ExampleBudget_WithdrawAt() {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	b := budget.New(budget.Config{})
+	granted := make([]bool, 8)
+	for i := range granted {
+		now := start.Add(time.Duration(i) * 100 * time.Millisecond)
+		b.DepositAt(now)
+		granted[i] = b.WithdrawAt(now) // every call fails once
+	}
+	fmt.Println(granted)
+	fmt.Printf("owed %.1f retries\n", -b.StatsAt(start.Add(time.Second)).Credit)
+	// Output:
+	// [true true true true true false false false]
+	// owed 4.2 retries
 }

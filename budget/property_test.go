@@ -2,7 +2,6 @@ package budget_test
 
 import (
 	"math"
-	"slices"
 	"testing"
 	"time"
 
@@ -11,195 +10,172 @@ import (
 	"github.com/stormguard/stormguard/budget"
 )
 
-// history is what a random run did: the times (ns offsets) of each deposit
-// and of each granted withdrawal, in order.
-type history struct {
-	deposits, grants []int64
-	refused          int
+// The properties of the package documentation, over random interleavings
+// of deposits, withdrawals and time: the model below records what was
+// done, and each step is checked against what the documentation promises.
+
+// record is what a run did, with times as offsets from base.
+type record struct {
+	deposits, asks []time.Duration
 }
 
-// drive runs a random interleaving of deposits, withdrawals, clock advances
-// and Balance probes against b, and records it. A probe checks that Balance
-// is exactly the number of back-to-back withdrawals granted.
-func drive(t *rapid.T, b *budget.Budget, clk *fakeClock, ttl time.Duration) history {
-	var h history
-	now := int64(0)
-	try := func() bool {
-		if b.Withdraw() {
-			h.grants = append(h.grants, now)
-			return true
-		}
-		h.refused++
-		return false
-	}
-	advance := rapid.OneOf(
-		rapid.Int64Range(0, int64(10*time.Millisecond)),
-		rapid.Int64Range(0, int64(1200*time.Millisecond)),
-		rapid.Int64Range(0, int64(2*ttl)),
-		rapid.SampledFrom([]int64{0, 1, int64(time.Second), int64(ttl), int64(ttl) - 1}),
-	)
-	steps := rapid.IntRange(1, 150).Draw(t, "steps")
-	for range steps {
-		switch rapid.IntRange(0, 3).Draw(t, "op") {
-		case 0:
-			for range rapid.IntRange(1, 40).Draw(t, "deposits") {
-				b.Deposit()
-				h.deposits = append(h.deposits, now)
-			}
-		case 1:
-			for range rapid.IntRange(1, 15).Draw(t, "withdrawals") {
-				try()
-			}
-		case 2:
-			now += advance.Draw(t, "advance")
-			clk.Set(time.Duration(now))
-		case 3:
-			bal := b.Stats().Balance
-			if bal != math.Trunc(bal) || bal < 0 {
-				t.Fatalf("Balance %v is not a whole number", bal)
-			}
-			for i := range int(bal) {
-				if !try() {
-					t.Fatalf("Balance %v, but withdrawal %d was refused", bal, i+1)
-				}
-			}
-			if try() {
-				t.Fatalf("Balance %v, but withdrawal %d was granted", bal, int(bal)+1)
-			}
+// in counts the times in (from, to].
+func in(times []time.Duration, from, to time.Duration) int {
+	n := 0
+	for _, t := range times {
+		if t > from && t <= to {
+			n++
 		}
 	}
-	s := b.Stats()
-	if s.Requests != uint64(len(h.deposits)) || s.Granted != uint64(len(h.grants)) || s.Refused != uint64(h.refused) {
-		t.Fatalf("Stats %+v, history has %d deposits, %d granted, %d refused",
-			s, len(h.deposits), len(h.grants), h.refused)
-	}
-	return h
+	return n
 }
 
-// count returns how many of the sorted times lie in [from, to).
-func count(times []int64, from, to int64) int {
-	i, _ := slices.BinarySearch(times, from)
-	j, _ := slices.BinarySearch(times, to)
-	return j - i
+// drawConfig draws a Config, and its Ratio and Burst as the documentation
+// says they are applied.
+func drawConfig(t *rapid.T) (c budget.Config, ratio float64, burst int) {
+	c.Ratio = rapid.SampledFrom([]float64{-1, 0, 0.05, 0.1, 0.25, 1, 2.5}).Draw(t, "ratio")
+	c.Burst = rapid.SampledFrom([]int{-1, 0, 1, 5, 20}).Draw(t, "burst")
+	switch {
+	case c.Ratio == 0:
+		ratio = budget.DefaultRatio
+	case c.Ratio > 0:
+		ratio = c.Ratio
+	}
+	switch {
+	case c.Burst == 0:
+		burst = budget.DefaultBurst
+	case c.Burst > 0:
+		burst = c.Burst
+	}
+	return c, ratio, burst
 }
 
-// checkWindows checks, for every window [x, x+l), that
-//
-//	granted ≤ ratio × deposits in [x-lookback, x+l) + rate × l + burst,
-//
-// where lookback = min(TTL, ShortWindow) is how far back a deposit can fund a
-// retry. The two sides are step functions of x, so it is enough to try every
-// x where an event enters or leaves either window.
-func checkWindows(t *rapid.T, h history, creditMicro, rate, burst float64, l, lookback int64) {
-	var xs []int64
-	add := func(e int64) { xs = append(xs, e-1, e, e+1) }
-	for _, e := range h.grants {
-		add(e)
-		add(e - l)
-	}
-	for _, e := range h.deposits {
-		add(e - l)
-		add(e + lookback)
-	}
-	slices.Sort(xs)
-	xs = slices.Compact(xs)
-	for _, x := range xs {
-		g := count(h.grants, x, x+l)
-		d := count(h.deposits, x-lookback, x+l)
-		limit := float64(d)*creditMicro/1e6 + rate*float64(l)/1e9 + burst
-		if float64(g) > limit+1e-9 {
-			t.Fatalf("window [%v, %v): %d granted > %v (%d deposits since %v, ratio %v, rate %v, burst %v)",
-				time.Duration(x), time.Duration(x+l), g, limit, d, time.Duration(x-lookback),
-				creditMicro/1e6, rate, burst)
-		}
-	}
-}
-
-// TestPropertyGrantedWithinRatioAndFloor: over random interleavings, in every
-// window of length TTL (and of one second), granted ≤ Ratio × deposits +
-// MinPerSecond × window + burst, with deposits counted from ShortWindow (or
-// TTL, if shorter) before the window: that is how far back a deposit can fund
-// a retry. (Counting only the deposits inside the window cannot hold for any
-// budget in which a deposit funds a later retry: 100 deposits at 0s and 10
-// retries at 0.5s put 10 retries and no deposits in [0.25s, 0.25s+TTL).)
-func TestPropertyGrantedWithinRatioAndFloor(t *testing.T) {
+func TestPropertyCreditLoansAndLending(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		ratio := rapid.SampledFrom([]float64{-1, 0, 0.05, 0.1, 0.25, 0.3, 1, 2.5}).Draw(t, "ratio")
-		rate := rapid.SampledFrom([]float64{-1, 0, 0.3, 1, 2.5, 5}).Draw(t, "minPerSecond")
-		ttl := rapid.OneOf(
-			rapid.SampledFrom([]time.Duration{5 * time.Millisecond, 300 * time.Millisecond,
-				time.Second, 1500 * time.Millisecond, 10 * time.Second}),
-			rapid.Custom(func(t *rapid.T) time.Duration {
-				return time.Duration(rapid.Int64Range(1, int64(20*time.Second)).Draw(t, "ttlNs"))
-			}),
-		).Draw(t, "ttl")
-
-		b, clk := newBudget(budget.Config{Ratio: ratio, TTL: ttl, MinPerSecond: rate})
-		h := drive(t, b, clk, ttl)
-
-		// The documented meaning of the Config.
-		credit := 0.0 // micro-retries per deposit
-		switch {
-		case ratio == 0:
-			credit = 1e5
-		case ratio > 0:
-			credit = math.Round(ratio * 1e6)
-		}
-		burst := 0.0
-		switch {
-		case rate == 0:
-			rate, burst = budget.DefaultMinPerSecond, budget.DefaultMinPerSecond
-		case rate > 0:
-			burst = math.Max(1, rate)
-		default:
-			rate = 0
-		}
-		lookback := min(int64(ttl), int64(budget.ShortWindow))
-		for _, l := range []int64{int64(ttl), int64(time.Second), lookback, int64(ttl)/7 + 1} {
-			checkWindows(t, h, credit, rate, burst, l, lookback)
+		cfg, ratio, burst := drawConfig(t)
+		b := newClocked(cfg)
+		var rec record
+		lend := lendModel{period: -1, fresh: true}
+		steps := rapid.IntRange(1, 200).Draw(t, "steps")
+		for range steps {
+			b.at += rapid.SampledFrom([]time.Duration{0, time.Millisecond, 50 * time.Millisecond,
+				400 * time.Millisecond, time.Second, 3 * time.Second, 11 * time.Second}).Draw(t, "dt")
+			for range rapid.IntRange(0, 30).Draw(t, "deposits") {
+				b.deposit(1)
+				rec.deposits = append(rec.deposits, b.at)
+			}
+			for range rapid.IntRange(0, 8).Draw(t, "withdrawals") {
+				before := b.stats()
+				lend.ask(t, b.at, before, ratio, rec)
+				ok := b.withdraw(1) == 1
+				rec.asks = append(rec.asks, b.at)
+				after := b.stats()
+				checkStep(t, b.at, before, after, ok, ratio, burst, rec)
+			}
 		}
 	})
 }
 
-// TestPropertyNoneGrantsNothing: with Ratio and MinPerSecond both "none"
+// checkStep checks one withdrawal at offset at.
+// lendModel follows the Budget's lending periods as the package
+// documentation states them: a period lasts LendFor from its first
+// withdrawal; once it has ended (or the Budget stopped lending) the Budget
+// lends again only when it is owed nothing and judged under the ratio.
+type lendModel struct {
+	period time.Duration // the first withdrawal of the current period; -1: none
+	fresh  bool          // no period yet: a new Budget lends without being judged
+}
+
+// ask checks the lending state before a withdrawal at offset at.
+func (m *lendModel) ask(t *rapid.T, at time.Duration, before budget.Stats, ratio float64, rec record) {
+	if !before.Lending {
+		m.period = -1
+		return
+	}
+	if m.period >= 0 && at-m.period < budget.LendFor {
+		return // the period goes on
+	}
+	if !m.fresh {
+		// A new period after one that ended: only when owed nothing and
+		// judged under the ratio over the last JudgeWindow (slots of
+		// 500 ms: 9.5-10 s of asks and deposits).
+		asks := in(rec.asks, at-budget.JudgeWindow+500*time.Millisecond, at)
+		deps := in(rec.deposits, at-budget.JudgeWindow-500*time.Millisecond, at)
+		if before.Credit < 0 || float64(asks) > ratio*float64(deps)+1e-6 {
+			t.Fatalf("at %v: lending again with credit %v and %d asks for %d deposits in the last %v", at, before.Credit, asks, deps, budget.JudgeWindow)
+		}
+	}
+	m.period, m.fresh = at, false
+}
+
+func checkStep(t *rapid.T, at time.Duration, before, after budget.Stats, ok bool, ratio float64, burst int, rec record) {
+	// Nothing is banked beyond MaxCredit, and the grants never exceed the
+	// credit the requests paid for, less what is left of it.
+	if after.Credit > budget.MaxCredit {
+		t.Fatalf("at %v: credit %v, want ≤ %d", at, after.Credit, budget.MaxCredit)
+	}
+	if g := float64(after.Granted) + after.Credit; g > ratio*float64(after.Requests)+1e-6 {
+		t.Fatalf("at %v: granted %d + credit %v > Ratio × %d requests", at, after.Granted, after.Credit, after.Requests)
+	}
+	if !ok {
+		// A refusal takes nothing.
+		if after.Credit != before.Credit || after.Granted != before.Granted {
+			t.Fatalf("at %v: a refused withdrawal changed %+v into %+v", at, before, after)
+		}
+		return
+	}
+	if before.Credit >= 1 {
+		return // paid for: not a loan
+	}
+	// A loan: within the limit, and within LendFor of the failure's start.
+	if after.Lent != before.Lent+1 {
+		t.Fatalf("at %v: granted below one retry of credit but not counted as lent: %+v → %+v", at, before, after)
+	}
+	// The limit counts the deposits of the last 0.9-1 s (slots of 100 ms).
+	limit := math.Max(float64(burst), ratio*float64(in(rec.deposits, at-budget.ShortWindow, at)))
+	if -after.Credit > limit+1e-6 {
+		t.Fatalf("at %v: owed %v after a loan, want ≤ max(Burst %d, Ratio × last second's deposits) = %v", at, -after.Credit, burst, limit)
+	}
+	if !before.Lending {
+		t.Fatalf("at %v: lent while the Budget said it did not lend: %+v", at, before)
+	}
+}
+
+// TestPropertyNoneGrantsNothing: with Ratio and Burst both "none"
 // (negative), no interleaving is ever granted anything.
 func TestPropertyNoneGrantsNothing(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		ratio := -rapid.Float64Range(1e-9, 1e9).Draw(t, "-ratio")
-		rate := -rapid.Float64Range(1e-9, 1e9).Draw(t, "-minPerSecond")
-		ttl := time.Duration(rapid.Int64Range(-int64(time.Second), int64(20*time.Second)).Draw(t, "ttl"))
-		b, clk := newBudget(budget.Config{Ratio: ratio, TTL: ttl, MinPerSecond: rate})
-		effTTL := ttl
-		if effTTL <= 0 {
-			effTTL = budget.DefaultTTL
-		}
-		h := drive(t, b, clk, effTTL)
-		if len(h.grants) != 0 {
-			t.Fatalf("Ratio %v, MinPerSecond %v: %d withdrawals granted", ratio, rate, len(h.grants))
+		burst := -rapid.IntRange(1, math.MaxInt).Draw(t, "-burst")
+		b := newClocked(budget.Config{Ratio: ratio, Burst: burst})
+		for range rapid.IntRange(1, 100).Draw(t, "steps") {
+			b.at += time.Duration(rapid.Int64Range(0, int64(20*time.Second)).Draw(t, "dt"))
+			b.deposit(rapid.IntRange(0, 50).Draw(t, "deposits"))
+			if b.withdraw(rapid.IntRange(0, 5).Draw(t, "withdrawals")) != 0 {
+				t.Fatalf("Ratio %v, Burst %d: a withdrawal was granted", ratio, burst)
+			}
 		}
 	})
 }
 
-// TestWindowPropertyNeedsLookback shows why the property counts deposits from
-// before the window: the counterexample from the comment above. The default
-// budget (floor off) rightly grants the 10 retries, and the window
-// [0.25s, 0.25s+TTL) then holds 10 grants and no deposits.
-func TestWindowPropertyNeedsLookback(t *testing.T) {
-	b, clk := newBudget(budget.Config{MinPerSecond: -1})
-	deposit(b, 100)
-	clk.Set(500 * time.Millisecond)
-	if got := withdraw(b, 20); got != 10 {
-		t.Fatalf("%d granted, want 10", got)
-	}
-	h := history{deposits: make([]int64, 100), grants: make([]int64, 10)}
-	for i := range h.grants {
-		h.grants[i] = int64(500 * time.Millisecond)
-	}
-	x, l := int64(250*time.Millisecond), int64(budget.DefaultTTL)
-	if g, d := count(h.grants, x, x+l), count(h.deposits, x, x+l); g != 10 || d != 0 {
-		t.Fatalf("window [0.25s, 10.25s): %d granted, %d deposits; want 10 and 0", g, d)
-	}
-	if d := count(h.deposits, x-int64(budget.ShortWindow), x+l); d != 100 {
-		t.Fatalf("with the lookback: %d deposits, want 100", d)
-	}
+// TestPropertyFleetNeverOwesMoreThanItsBurst: in a fleet of quiet clients
+// at random rates and failure probabilities, each client's retries beyond
+// Ratio × its calls are at most its credit at the start (MaxCredit) plus
+// what it owes at the end, which is at most its Burst; so the fleet's
+// attempts stay within 1.10× its calls plus Burst + MaxCredit per client.
+func TestPropertyFleetNeverOwesMoreThanItsBurst(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		c := fleetCell{
+			n:    rapid.IntRange(1, 20).Draw(t, "clients"),
+			rate: rapid.Float64Range(0.2, 50).Draw(t, "rate"),
+			p:    rapid.Float64Range(0, 1).Draw(t, "p"),
+			dur:  time.Duration(rapid.Int64Range(int64(time.Second), int64(40*time.Second)).Draw(t, "dur")),
+			warm: rapid.Bool().Draw(t, "warm"),
+			seed: rapid.Uint64().Draw(t, "seed"),
+		}
+		res := runFleet(c)
+		if limit := 1.1*float64(res.calls) + float64(c.n)*(budget.DefaultBurst+budget.MaxCredit); float64(res.attempts) > limit+1e-6 {
+			t.Fatalf("%+v: %d attempts for %d calls, more than 1.10× + %d per client", c, res.attempts, res.calls, budget.DefaultBurst+budget.MaxCredit)
+		}
+	})
 }

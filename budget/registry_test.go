@@ -4,28 +4,26 @@ import (
 	"fmt"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/stormguard/stormguard/budget"
 )
 
 func TestRegistrySameBudgetPerTarget(t *testing.T) {
-	clk := new(fakeClock)
-	r := budget.NewRegistry(budget.Config{MinPerSecond: -1, Now: clk.Now})
-	a, b := r.For("a:443"), r.For("b:443")
-	if a == nil || b == nil || a == b {
-		t.Fatalf("For: a=%p b=%p, want two distinct Budgets", a, b)
+	r := budget.NewRegistry(budget.Config{Burst: -1})
+	a, b := &clocked{Budget: r.For("a:443")}, &clocked{Budget: r.For("b:443")}
+	if a.Budget == nil || b.Budget == nil || a.Budget == b.Budget {
+		t.Fatalf("For: a=%p b=%p, want two distinct Budgets", a.Budget, b.Budget)
 	}
-	if r.For("a:443") != a || r.For("b:443") != b {
+	if r.For("a:443") != a.Budget || r.For("b:443") != b.Budget {
 		t.Fatal("For returned a different Budget for the same target")
 	}
 	// Per target: a's deposits do not fund b's retries.
-	deposit(a, 50)
-	if got := withdraw(b, 10); got != 0 {
+	a.deposit(50)
+	if got := b.withdraw(10); got != 0 {
 		t.Fatalf("b granted %d retries funded by a", got)
 	}
-	if got := withdraw(a, 10); got != 5 {
-		t.Fatalf("a granted %d, want 5 (the Registry's Config: floor off)", got)
+	if got := a.withdraw(10); got != 7 {
+		t.Fatalf("a granted %d, want 7 (credit 2, loan 5: the Registry's Config, no minimum loan)", got)
 	}
 	if r.Len() != 2 {
 		t.Fatalf("Len = %d, want 2", r.Len())
@@ -96,10 +94,10 @@ func TestRegistryRange(t *testing.T) {
 
 func TestRegistryZeroAndNil(t *testing.T) {
 	var z budget.Registry
-	b := z.For("x")
-	deposit(b, 50)
-	if got := withdraw(b, 100); got != 10 || z.For("x") != b {
-		t.Fatalf("zero Registry: %d granted, want the defaults' max(5, 10) = 10", got)
+	b := &clocked{Budget: z.For("x")}
+	b.deposit(50)
+	if got := b.withdraw(100); got != 7 || z.For("x") != b.Budget {
+		t.Fatalf("zero Registry: %d granted, want the defaults' credit 2 + loan 5 = 7", got)
 	}
 
 	var n *budget.Registry
@@ -109,18 +107,5 @@ func TestRegistryZeroAndNil(t *testing.T) {
 	n.Range(func(string, *budget.Budget) bool { t.Fatal("nil Registry called f"); return false })
 	if !n.For("x").Withdraw() {
 		t.Fatal("the nil Budget of a nil Registry refused")
-	}
-}
-
-func TestRegistryUsesTheClock(t *testing.T) {
-	clk := new(fakeClock)
-	r := budget.NewRegistry(budget.Config{Ratio: -1, MinPerSecond: 1, Now: clk.Now})
-	b := r.For("x")
-	if !b.Withdraw() || b.Withdraw() {
-		t.Fatal("floor burst is 1")
-	}
-	clk.Advance(time.Second)
-	if !b.Withdraw() {
-		t.Fatal("the floor did not refill on the Registry's clock")
 	}
 }

@@ -301,12 +301,7 @@ func (c *call) withdraw(ctx context.Context, now time.Time) (Reason, bool) {
 	if b == nil {
 		return "", true
 	}
-	var ok bool
-	if c.client.budgetAt {
-		ok = b.WithdrawAt(now)
-	} else {
-		ok = b.Withdraw()
-	}
+	ok := b.WithdrawAt(now)
 	if !ok && c.client.o.shadow {
 		c.wouldRefuse(ctx, ReasonBudget)
 		return ReasonBudget, true

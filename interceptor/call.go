@@ -186,13 +186,7 @@ func removeOutgoing(ctx context.Context, key string) context.Context {
 
 // startCall deposits into the budget and starts the call span.
 func (c *call) startCall(ctx context.Context) context.Context {
-	if b := c.route.budget; b != nil {
-		if c.client.budgetAt {
-			b.DepositAt(c.start)
-		} else {
-			b.Deposit()
-		}
-	}
+	c.route.budget.DepositAt(c.start) // a nil budget does nothing
 	c.timed = c.route.lat != nil || c.client.tel.duration.Enabled(ctx)
 	if t := c.client.tel.tracer; t != nil {
 		ctx, c.span = t.Start(ctx, c.route.tel.name, c.route.tel.callSpan...)

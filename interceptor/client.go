@@ -49,12 +49,13 @@ type Client struct {
 	hedgeQ    float64
 	routes    cowmap.Map[routeKey, *route]
 	endpoints cowmap.Map[string, *endpoints] // per canonical target
-	// budgetAt and breakerAt are true when the budgets and breakers run on
-	// this Client's clock, so that the times it reads anyway can be passed
-	// to them instead of their reading the clock again.
-	budgetAt, breakerAt bool
-	closeOnce           sync.Once
-	closeErr            error
+	// breakerAt is true when the breakers run on this Client's clock, so
+	// that the times it reads anyway can be passed to them instead of
+	// their reading the clock again. Budgets always take the Client's
+	// times.
+	breakerAt bool
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // NewClient returns a Client configured by opts. Nil options are ignored.
@@ -81,9 +82,6 @@ func NewClient(opts ...ClientOption) *Client {
 			c.budgets = o.budgets
 		} else {
 			cfg := o.budgetCfg
-			if cfg.Now == nil { // the budget runs on the Client's clock
-				cfg.Now, c.budgetAt = o.now, true
-			}
 			c.budgets = budget.NewRegistry(cfg)
 			if cfg.Ratio > 0 && !math.IsInf(cfg.Ratio, 0) {
 				ratio = cfg.Ratio

@@ -120,7 +120,7 @@ func refusedReason(t *testing.T, e *env, err error) interceptor.Reason {
 }
 
 // Issue 16 item 7: in shadow mode the budget and the breaker decide and
-// record what they would refuse, without refusing. The budget (no floor)
+// record what they would refuse, without refusing. The budget (no burst)
 // would refuse every retry; the first attempts of a, b and c, the ones it
 // would have sent, fail, so the breaker (3 attempts) opens and would
 // refuse d's.
@@ -129,7 +129,7 @@ func TestShadowModeRecordsWithoutRefusing(t *testing.T) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer mp.Shutdown(context.Background())
 	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithShadowMode(), interceptor.WithMeterProvider(mp),
-		interceptor.WithBudget(budgetNoFloor()), interceptor.WithBreaker(breaker.Config{MinAttempts: 3}))
+		interceptor.WithBudget(budgetNoBurst()), interceptor.WithBreaker(breaker.Config{MinAttempts: 3}))
 	for _, id := range []string{"a", "b", "c", "d"} {
 		_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: id})
 		assert.Equal(t, codes.Unavailable, status.Code(err))

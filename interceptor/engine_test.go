@@ -82,7 +82,7 @@ func TestRetryRefusedByAnEmptyBudgetDoesNotWait(t *testing.T) {
 	clk, opts := fakeClock()
 	inv := &invoker{clk: clk, script: failFirstN(1)}
 	ic := interceptor.NewClient(append(opts, append(noopProviders(),
-		interceptor.WithBudget(budgetNoFloor()), interceptor.WithoutBreaker())...)...).Unary()
+		interceptor.WithBudget(budgetNoBurst()), interceptor.WithoutBreaker())...)...).Unary()
 	cc := dialPassthrough(t)
 	err := ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
 	assert.Equal(t, codes.Unavailable, status.Code(err))
@@ -98,7 +98,7 @@ func TestRetryRefusedByAnEmptyBudgetDoesNotWait(t *testing.T) {
 func TestBudgetIsNotSpentOnARetryThatIsNotSent(t *testing.T) {
 	clk, opts := fakeClock()
 	inv := &invoker{clk: clk, script: failFirstN(1)}
-	budgets := budget.NewRegistry(budget.Config{Now: clk.Now})
+	budgets := budget.NewRegistry(budget.Config{})
 	ic := interceptor.NewClient(append(opts, append(noopProviders(),
 		interceptor.WithBudgets(budgets), interceptor.WithoutBreaker(),
 		interceptor.WithBackoff(80*time.Millisecond, 80*time.Millisecond),
@@ -123,7 +123,7 @@ func TestBudgetIsNotSpentOnAHedgeThatIsNotSent(t *testing.T) {
 	clk, opts := fakeClock()
 	hold := make(chan struct{})
 	inv := &invoker{clk: clk, script: func(n int) reply { return reply{hold: hold} }}
-	budgets := budget.NewRegistry(budget.Config{Now: clk.Now})
+	budgets := budget.NewRegistry(budget.Config{})
 	var refusals []interceptor.RefusalEvent
 	ic := interceptor.NewClient(append(opts, append(noopProviders(),
 		interceptor.WithBudgets(budgets), interceptor.WithoutBreaker(),

@@ -45,6 +45,6 @@ func newEnv(t testing.TB, script origin.Script, opts ...interceptor.ClientOption
 	return e
 }
 
-// budgetNoFloor is the default budget without its floor, so that a single
-// call cannot retry.
-func budgetNoFloor() budget.Config { return budget.Config{MinPerSecond: -1} }
+// budgetNoBurst is the default budget without its start-up burst, so that
+// a single call cannot retry.
+func budgetNoBurst() budget.Config { return budget.Config{Burst: -1} }

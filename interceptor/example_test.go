@@ -124,15 +124,15 @@ func ExampleWithHedging() {
 }
 
 // RefusedBy tells why a failed call was not retried: here the budget, for
-// a lone call whose deposit (0.1 of a retry) funds none, with the floor
-// turned off.
+// a lone call whose deposit (0.1 of a retry) funds none, with the budget's
+// start-up burst turned off.
 func ExampleRefusedBy() {
 	h := &health{}
 	h.fail.Store(1 << 30) // down
 	dialer, stop := serve(h)
 	defer stop()
 
-	guard := interceptor.NewClient(interceptor.WithIdempotent(check), interceptor.WithBudget(budget.Config{MinPerSecond: -1}))
+	guard := interceptor.NewClient(interceptor.WithIdempotent(check), interceptor.WithBudget(budget.Config{Burst: -1}))
 	conn, _ := grpc.NewClient("passthrough:///health",
 		append(guard.DialOptions(), dialer, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	defer conn.Close()
@@ -165,7 +165,7 @@ func ExampleNewServer() {
 	defer stopDown()
 
 	// The middle service calls the dead one through its own Client.
-	guard := interceptor.NewClient(interceptor.WithIdempotent(check), interceptor.WithBudget(budget.Config{MinPerSecond: -1}))
+	guard := interceptor.NewClient(interceptor.WithIdempotent(check), interceptor.WithBudget(budget.Config{Burst: -1}))
 	downConn, _ := grpc.NewClient("passthrough:///down",
 		append(guard.DialOptions(), dialDown, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	defer downConn.Close()

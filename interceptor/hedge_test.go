@@ -146,7 +146,7 @@ func TestHedgingStopsWhenTheCallerCancels(t *testing.T) {
 
 func TestHedgeRefusedByBudget(t *testing.T) {
 	e := newEnv(t, firstAttemptStalls, interceptor.WithHedging(time.Millisecond, 2),
-		interceptor.WithBudget(budgetNoFloor()))
+		interceptor.WithBudget(budgetNoBurst()))
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
 	_, err := e.echo.Put(ctx, &echov1.PutRequest{RequestId: "b"})

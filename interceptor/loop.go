@@ -99,7 +99,8 @@ func (c *call) decide(ctx context.Context, err error, tr metadata.MD, a *attempt
 // fundable returns why a retry or hedge could not be paid for now (the
 // breaker is open, or the budget has no token), or "" if it could. It
 // withdraws nothing (begin does, when the attempt is sent), so that a
-// caller is not made to wait a backoff for a retry that is refused anyway.
+// caller is not made to wait a backoff for a retry that is refused anyway;
+// a refusal is counted by the budget as the withdrawal it stands for.
 // In shadow mode it refuses nothing: begin records what it would refuse,
 // when the retry is due.
 func (c *call) fundable(now time.Time) Reason {
@@ -108,7 +109,7 @@ func (c *call) fundable(now time.Time) Reason {
 		return ""
 	case c.route.breaker != nil && (c.route.breaker.RetryAfter() > 0 || c.deadForSure(now)):
 		return ReasonBreaker
-	case c.route.budget != nil && !c.failover && !c.prepaid && c.route.budget.Stats().Balance < 1:
+	case c.route.budget != nil && !c.failover && !c.prepaid && !c.route.budget.PeekAt(now):
 		return ReasonBudget
 	}
 	return ""

@@ -85,7 +85,9 @@ func WithMaxAttempts(n int) ClientOption {
 }
 
 // WithBudget gives each target a retry budget configured by c (default:
-// budget.Config{}, 10% of requests). Ignored when WithBudgets is also given.
+// budget.Config{}: 10% of requests, lent ahead up to 5 at a time). The
+// budgets run on the Client's clock (WithClock). Ignored when WithBudgets
+// is also given.
 func WithBudget(c budget.Config) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.budgetCfg = c; o.noBudget = false })
 }

@@ -117,13 +117,7 @@ func (p *perTry) refusal(now time.Time) Reason {
 		}
 	}
 	if b := p.route.budget; b != nil && !shadow {
-		ok := false
-		if p.client.budgetAt {
-			ok = b.WithdrawAt(now)
-		} else {
-			ok = b.Withdraw()
-		}
-		if !ok {
+		if !b.WithdrawAt(now) {
 			return ReasonBudget
 		}
 	}

@@ -29,7 +29,7 @@ import (
 func TestPerAttemptTimeoutSendsARetryBesideTheSlowAttempt(t *testing.T) {
 	clk, opts := fakeClock()
 	inv := &invoker{clk: clk, sent: make(chan int, 4), script: func(n int) reply { return reply{block: n == 1} }}
-	budgets := budget.NewRegistry(budget.Config{Now: clk.Now})
+	budgets := budget.NewRegistry(budget.Config{})
 	ic := interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithBudgets(budgets),
 		interceptor.WithPerAttemptTimeout(100*time.Millisecond))...)...).Unary()
 	cc := dialPassthrough(t)
@@ -107,7 +107,7 @@ func TestPerAttemptTimeoutKeepsAnAttemptNoRetryCanFollow(t *testing.T) {
 		call   []grpc.CallOption
 		fires  interceptor.Reason
 	}{
-		{name: "budget empty", method: put, opts: []interceptor.ClientOption{interceptor.WithBudget(budgetNoFloor())}, fires: interceptor.ReasonBudget},
+		{name: "budget empty", method: put, opts: []interceptor.ClientOption{interceptor.WithBudget(budgetNoBurst())}, fires: interceptor.ReasonBudget},
 		{name: "last attempt", method: put, call: []grpc.CallOption{interceptor.MaxAttempts(1)}},
 		{name: "not idempotent", method: notify},
 		{name: "retryIf refuses timeouts", method: put, opts: []interceptor.ClientOption{interceptor.WithRetryIf(func(_ context.Context, _ string, err error) bool {
@@ -184,7 +184,7 @@ func TestPerAttemptTimeoutDoesNoHarmOnASlowServer(t *testing.T) {
 		budget   interceptor.ClientOption
 		attempts int // per call
 	}{
-		{"no token", interceptor.WithBudget(budgetNoFloor()), 1},
+		{"no token", interceptor.WithBudget(budgetNoBurst()), 1},
 		{"tokens", interceptor.WithBudget(budget.Config{}), 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -18,7 +18,7 @@ import (
 )
 
 // midTier is a service B whose handlers call a dead origin C through the
-// suite's client (with no floor in its budget, so B's retry is refused).
+// suite's client (with no start-up burst in its budget, so B's retry is refused).
 // Callers reach B with plain grpc clients built from dialOpts.
 func midTier(t *testing.T, serverOpts ...interceptor.ServerOption) (dial func(grpcRetries bool, opts ...grpc.DialOption) echov1.EchoServiceClient, handled func() int, dead *origin.Origin) {
 	t.Helper()
@@ -26,7 +26,7 @@ func midTier(t *testing.T, serverOpts ...interceptor.ServerOption) (dial func(gr
 	dl := origin.Bufconn()
 	ds := origin.Serve(dl, dead)
 	t.Cleanup(ds.Stop)
-	guard := interceptor.NewClient(fast, interceptor.WithBudget(budgetNoFloor()))
+	guard := interceptor.NewClient(fast, interceptor.WithBudget(budgetNoBurst()))
 	cc, err := dl.Dial(grpc.WithChainUnaryInterceptor(guard.Unary()))
 	require.NoError(t, err)
 	t.Cleanup(func() { cc.Close() })
@@ -106,7 +106,7 @@ func TestServerPushbackForPropagatedRefusal(t *testing.T) {
 	l := origin.Bufconn()
 	s := origin.Serve(l, o, grpc.ChainUnaryInterceptor(srv.Unary(),
 		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-			guard := interceptor.NewClient(interceptor.WithBudget(budgetNoFloor()), fast)
+			guard := interceptor.NewClient(interceptor.WithBudget(budgetNoBurst()), fast)
 			// A call refused by the budget, made from inside the handler.
 			inner := origin.New(origin.Always(codes.Unavailable))
 			il := origin.Bufconn()

@@ -23,11 +23,13 @@ type TargetState struct {
 
 // BudgetState is a target's retry budget (see budget.Stats).
 type BudgetState struct {
-	Balance   float64 `json:"balance"` // retries or hedges it would grant now
-	Requests  uint64  `json:"requests"`
-	Granted   uint64  `json:"granted"`
-	FromFloor uint64  `json:"from_floor"`
-	Refused   uint64  `json:"refused"`
+	Balance  float64 `json:"balance"` // retries or hedges it would grant now
+	Credit   float64 `json:"credit"`  // negative while it is owed what it lent
+	Lending  bool    `json:"lending"`
+	Requests uint64  `json:"requests"`
+	Granted  uint64  `json:"granted"`
+	Lent     uint64  `json:"lent"`
+	Refused  uint64  `json:"refused"`
 }
 
 // BreakerState is a target's circuit breaker (see breaker.Stats).
@@ -62,10 +64,12 @@ func (c *Client) Targets() []TargetState {
 		byTarget[t] = s
 		return s
 	}
+	now := c.now()
 	if c.budgets != nil {
 		c.budgets.Range(func(t string, b *budget.Budget) bool {
-			st := b.Stats()
-			get(t).Budget = &BudgetState{Balance: st.Balance, Requests: st.Requests, Granted: st.Granted, FromFloor: st.FromFloor, Refused: st.Refused}
+			st := b.StatsAt(now)
+			get(t).Budget = &BudgetState{Balance: st.Balance, Credit: st.Credit, Lending: st.Lending,
+				Requests: st.Requests, Granted: st.Granted, Lent: st.Lent, Refused: st.Refused}
 			return true
 		})
 	}
@@ -80,7 +84,6 @@ func (c *Client) Targets() []TargetState {
 			return true
 		})
 	}
-	now := c.now()
 	c.endpoints.Range(func(t string, e *endpoints) bool {
 		get(t).Endpoints = e.snapshot(now)
 		return true

@@ -204,8 +204,9 @@ func registerGauges(m metric.Meter, c *Client) metric.Registration {
 			})
 		}
 		if c.budgets != nil {
+			now := c.now()
 			c.budgets.Range(func(target string, b *budget.Budget) bool {
-				o.ObserveFloat64(balance, b.Stats().Balance, metric.WithAttributes(targetAttrs(target)...))
+				o.ObserveFloat64(balance, b.StatsAt(now).Balance, metric.WithAttributes(targetAttrs(target)...))
 				return true
 			})
 		}

@@ -133,7 +133,7 @@ func TestRefusalEventsAndMetrics(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithBudget(budgetNoFloor()), interceptor.WithMeterProvider(mp))
+	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithBudget(budgetNoBurst()), interceptor.WithMeterProvider(mp))
 	_, _ = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "a"})
 	_, _ = e.echo.Notify(t.Context(), &echov1.NotifyRequest{RequestId: "b"})
 	_, _ = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "c"}, interceptor.MaxAttempts(1))

@@ -87,16 +87,15 @@ func TestMaxAttempts(t *testing.T) {
 // A refused retry returns the last attempt's status unchanged, with an
 // ErrorInfo saying why.
 func TestBudgetRefusalKeepsOriginalStatus(t *testing.T) {
-	now := time.Unix(1000, 0)
 	e := newEnv(t, func(c origin.Call) origin.Reply {
 		return origin.Reply{Code: codes.Unavailable, Message: "origin down: " + c.RequestID}
-	}, interceptor.WithBudget(budget.Config{Ratio: 0.1, MinPerSecond: -1, Now: func() time.Time { return now }}))
+	}, interceptor.WithBudget(budgetNoBurst()))
 	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "x"})
 	st := status.Convert(err)
 	assert.Equal(t, codes.Unavailable, st.Code())
 	assert.Equal(t, "origin down: x", st.Message())
 	assert.Equal(t, interceptor.ReasonBudget, interceptor.RefusedBy(err))
-	assert.Equal(t, 1, e.origin.Total(), "one deposit at 10% funds no retry and there is no floor")
+	assert.Equal(t, 1, e.origin.Total(), "one deposit at 10% funds no retry and there is no burst")
 	var info *errdetails.ErrorInfo
 	for _, d := range st.Details() {
 		if i, ok := d.(*errdetails.ErrorInfo); ok {
@@ -299,8 +298,7 @@ func TestDeadlineFailFast(t *testing.T) {
 }
 
 func TestBudgetsAreSharedPerTargetAcrossConns(t *testing.T) {
-	now := time.Unix(1000, 0)
-	reg := budget.NewRegistry(budget.Config{Now: func() time.Time { return now }})
+	reg := budget.NewRegistry(budget.Config{})
 	guard := interceptor.NewClient(interceptor.WithBudgets(reg), fast)
 	o := origin.New(nil)
 	l := origin.Bufconn()

@@ -15,9 +15,9 @@
 //  2. outage (ticks 300-1699, 14 s): orders fails every attempt. For
 //     3 s the target's recent window (the last 3 to 4 s) still holds the
 //     flaky phase's successes, so every call is sent and the budget pays
-//     for the retries: the floor's burst first (two retries each for five
-//     Puts, then max_attempts), then 10 retries/s, refusing the rest
-//     (budget). Then the target has served nothing lately: retries are
+//     for the retries: its credit and its loan first (two retries each
+//     for five Puts, then max_attempts), then a tenth of the calls,
+//     refusing the rest (budget). Then the target has served nothing lately: retries are
 //     refused (breaker), first attempts still sent. Once the breaker's own
 //     10 s window holds failures only (tick 1200) it opens, and calls are
 //     refused without being sent (breaker); its probes after 1 s and 2 s

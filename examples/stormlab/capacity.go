@@ -135,12 +135,12 @@ func capPolicy(p policy) (capClient, func(int)) {
 		t := newGRPCThrottle(10, 0.1)
 		c.failed, c.succeeded = t.throttle, t.successfulRPC
 	case suiteBudget, suiteDefaults:
-		b := budget.New(budget.Config{Now: clock})
-		c.request = b.Deposit
-		c.mayRetry = b.Withdraw
+		b := budget.New(budget.Config{})
+		c.request = func() { b.DepositAt(clock()) }
+		c.mayRetry = func() bool { return b.WithdrawAt(clock()) }
 		if p.key == suiteDefaults {
 			br := breaker.New(breaker.Config{Now: clock, Rand: func() float64 { return 0 }})
-			c.mayRetry = func() bool { return br.RetryAfter() <= 0 && b.Withdraw() }
+			c.mayRetry = func() bool { return br.RetryAfter() <= 0 && b.WithdrawAt(clock()) }
 			c.admit = func() (func(bool), bool) {
 				done, err := br.Allow()
 				return done, err == nil

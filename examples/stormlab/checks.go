@@ -31,10 +31,13 @@ const (
 	maxTailLoad     = 1.10
 	// Issue 14: independent failures, and one backend of N dead.
 	maxIndependentLoad = 1.10
-	minDeadOKPct       = 97.0 // the suite's defaults
-	maxDeadRatio       = 1.10 // requests at the dead backend ÷ no retries'
-	minOutlierOKPct    = 99.0 // the suite with the outlier policy
-	maxOutlierLoad     = 1.10
+	// At p = 0.5 the suite's ratio of 10% must rescue what it pays for:
+	// at least 54% of the calls succeed (no retries: 50%).
+	minIndependentOKAt05 = 54.0
+	minDeadOKPct         = 97.0 // the suite's defaults
+	maxDeadRatio         = 1.10 // requests at the dead backend ÷ no retries'
+	minOutlierOKPct      = 99.0 // the suite with the outlier policy
+	maxOutlierLoad       = 1.10
 	// The metastable scenario (issue 18): the suite's defaults are back to
 	// full goodput within 2 s of the trigger's end, the naive row takes
 	// at least five times as long (at least 5 steps when the suite takes
@@ -137,6 +140,10 @@ func checkBounds(results []*Result, tailP99 time.Duration) []Check {
 				}
 				add(r, suiteDefaults, fmt.Sprintf("independent %s: load", row.Variant), fmt.Sprintf("≤ %.2f×", maxIndependentLoad),
 					fmt.Sprintf("%.2f×", row.Amplification), row.Amplification <= maxIndependentLoad+1e-9)
+				if row.Variant == "p=0.5" {
+					add(r, suiteDefaults, "independent p=0.5: ok", fmt.Sprintf("≥ %.0f%%", minIndependentOKAt05),
+						fmt.Sprintf("%.1f%%", row.okPercent()), row.okPercent() >= minIndependentOKAt05)
+				}
 			}
 		case "backend-dead":
 			for _, row := range r.Rows {

@@ -7,7 +7,7 @@
 // events of each call in time order among its attempts.
 //
 //  1. retried-twice: Put fails twice with UNAVAILABLE, then succeeds.
-//  2. budget-refused: Put fails; the retry budget (no floor) refuses the retry.
+//  2. budget-refused: Put fails; the retry budget (no start-up burst) refuses the retry.
 //  3. hedged: Put's first attempt stalls; a hedge sent after 50ms wins.
 //  4. breaker-open: three failures in a row open the target's breaker; the
 //     next call is refused without being sent.

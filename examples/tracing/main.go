@@ -181,15 +181,15 @@ var scenarios = []scenario{
 	{
 		name:  "retried-twice",
 		about: "Put fails twice with UNAVAILABLE, then succeeds: three attempts, two retries scheduled",
-		// A floor of 5 retries per second (burst 5) lets one lone call
-		// retry twice; the default floor (1) would fund only one retry.
-		client: []interceptor.ClientOption{interceptor.WithBudget(budget.Config{MinPerSecond: 5})},
+		// The budget's start-up burst (it lends 5 retries ahead of the
+		// calls that will pay for them) lets one lone call retry twice.
+		client: []interceptor.ClientOption{},
 		calls:  []func(context.Context, echov1.EchoServiceClient) (string, codes.Code, error){putCall(idRetried, codes.OK)},
 	},
 	{
 		name:   "budget-refused",
-		about:  "Put fails; a budget without a floor has no token for one lone call: the retry is refused",
-		client: []interceptor.ClientOption{interceptor.WithBudget(budget.Config{MinPerSecond: -1})},
+		about:  "Put fails; a budget without its start-up burst has no credit for one lone call: the retry is refused",
+		client: []interceptor.ClientOption{interceptor.WithBudget(budget.Config{Burst: -1})},
 		calls:  []func(context.Context, echov1.EchoServiceClient) (string, codes.Code, error){putCall(idBudget, codes.Unavailable)},
 	},
 	{
