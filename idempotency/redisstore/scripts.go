@@ -127,30 +127,25 @@ end
 -- room evicts completed records until id can take n more entries and size
 -- more bytes within its share, and the store n more entries and total more
 -- bytes; it returns nil, or {wait, reason} when a record younger than the
--- horizon (or an entry in flight) holds the room.
+-- horizon (or an entry in flight) holds the room. It counts evictions, not
+-- refusals: a refused claim counts as busy or quota, a record that does not
+-- fit as ov.
 local function room(id, n, size, total)
   local idn, idb = idcounts(id)
   if idn then
     while idn + n > maxNID or idb + size > maxBID do
       local w = evictOldest(ikey(id))
-      if w then
-        redis.call('HINCRBY', G, 'quota', 1)
-        return {w, 'q'}
-      end
+      if w then return {w, 'q'} end
       idn, idb = idcounts(id)
       if not idn then idn, idb = 0, 0 end
     end
   elseif n > maxNID or size > maxBID then
-    redis.call('HINCRBY', G, 'quota', 1)
     return {busy, 'q'}
   end
   local gn, gb = counts()
   while gn + n > maxN or gb + total > maxB do
     local w = evictOldest(D)
-    if w then
-      redis.call('HINCRBY', G, 'busy', 1)
-      return {w, 'b'}
-    end
+    if w then return {w, 'b'} end
     gn, gb = counts()
   end
   return nil
@@ -204,7 +199,10 @@ end
 local total = size
 if not redis.call('HGET', IN, id) then total = total + idcost(id) end
 local r = room(id, 1, size, total)
-if r then return {'R', epoch, r[1], r[2]} end
+if r then
+  if r[2] == 'q' then redis.call('HINCRBY', G, 'quota', 1) else redis.call('HINCRBY', G, 'busy', 1) end
+  return {'R', epoch, r[1], r[2]}
+end
 create(tok, id, key, method, hash, leaseEnd, size)
 return {'O', epoch}
 `)

@@ -731,7 +731,9 @@ type Stats struct {
 	// MaxBytes.
 	Bytes int64
 	// Evictions, Expirations, Oversized, Busy and OverQuota count what
-	// the fields of the same names in dedupe.MemoryStats count.
+	// the fields of the same names in dedupe.MemoryStats count: Busy and
+	// OverQuota, refused claims only; Oversized, records kept as
+	// tombstones.
 	Evictions, Expirations, Oversized, Busy, OverQuota uint64
 	// LeaseEnds counts claims dropped because their lease ended.
 	LeaseEnds uint64
