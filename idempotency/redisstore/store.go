@@ -39,7 +39,8 @@ type Store struct {
 	maxBytes, maxBytesPerID     int64
 	ttl, horizon, lease, margin time.Duration
 	fence, heartbeat, poll, op  time.Duration
-	now                         func() time.Time
+	now                         func() time.Time // this replica's clock: deadlines, local bookkeeping
+	redisNow                    func() time.Time // replaces Redis's TIME in tests; nil: TIME
 	br                          *breaker.Breaker
 
 	tokPrefix string
@@ -73,11 +74,12 @@ type ownedClaim struct {
 // token is a Claim's Token.
 type token struct {
 	store    *Store
-	tok      string // the execution's token in Redis
-	epoch    string // the epoch the claim was made in
-	key      string // the entry's Redis key
-	leaseEnd int64  // ms; owned claims only
-	size     int64  // the entry's size; owned claims only
+	tok      string    // the execution's token in Redis
+	epoch    string    // the epoch the claim was made in
+	key      string    // the entry's Redis key
+	leaseEnd int64     // ms on Redis's clock; owned claims only
+	until    time.Time // the lease's end on this replica's clock, at the earliest; owned and orphaned claims
+	size     int64     // the entry's size; owned claims only
 }
 
 // New returns a Store on c.Client configured by c. It does not talk to
@@ -98,6 +100,7 @@ func New(c Config) (*Store, error) {
 		ttl: c.TTL, horizon: c.RetryHorizon, lease: c.Lease, margin: c.LeaseMargin,
 		fence: c.Fence, heartbeat: c.Heartbeat, poll: c.PollInterval, op: c.OpTimeout,
 		now:       c.Now,
+		redisNow:  c.redisNow,
 		br:        breaker.New(c.Breaker),
 		tokPrefix: newTokenPrefix(),
 		waiters:   map[string][]chan struct{}{},
@@ -200,14 +203,17 @@ func recordCost(n int, method string) int64 {
 	return int64(n)
 }
 
-// ms returns t in milliseconds since the epoch.
-func ms(t time.Time) int64 { return t.UnixMilli() }
-
-// header returns the arguments every script starts with.
-func (s *Store) header(now int64, tok string, extra int) []any {
+// header returns the arguments every script starts with. The scripts
+// read the time from Redis (TIME), so that every replica's operations are
+// measured on one clock, whatever the replicas' own clocks say; only a
+// test's clock (Config.redisNow) is passed in.
+func (s *Store) header(tok string, extra int) []any {
 	a := make([]any, headerLen, headerLen+extra)
 	a[argPrefix] = s.prefix
-	a[argNow] = now
+	a[argNow] = ""
+	if s.redisNow != nil {
+		a[argNow] = s.redisNow().UnixMilli()
+	}
 	a[argNewEpoch] = tok
 	a[argFence] = s.fence.Milliseconds()
 	a[argIDBase] = identityBase
@@ -317,20 +323,24 @@ func (s *Store) Claim(ctx context.Context, scope dedupe.Scope, fp dedupe.Fingerp
 	if err != nil {
 		return dedupe.Claim{}, err
 	}
+	// The lease is sent as a duration: Redis ends it on its own clock.
+	// The time left before the deadline is measured on this replica's
+	// clock, the one the deadline was set with.
 	now := s.now()
-	leaseEnd := now.Add(s.lease)
+	lease := s.lease
 	if dl, ok := ctx.Deadline(); ok {
-		leaseEnd = dl.Add(s.margin)
+		lease = dl.Sub(now) + s.margin
 	}
-	leaseMs := max(ms(leaseEnd), ms(now)+1)
+	leaseMs := max(lease.Milliseconds(), 1)
+	until := now.Add(time.Duration(leaseMs) * time.Millisecond) // Redis starts it later
 	tok := s.newToken()
 	ek := s.entryKey(scope)
 	size := entryCost(scope, fp.Method)
-	args := append(s.header(ms(now), tok, 7), scope.Identity, scope.Key, fp.Method, fp.RequestHash[:], tok, leaseMs, size)
+	args := append(s.header(tok, 7), scope.Identity, scope.Key, fp.Method, fp.RequestHash[:], tok, leaseMs, size)
 	v, err := s.run(ctx, &tk, "claim", claimScript, ek, args)
 	if err != nil {
 		if status.Code(err) != codes.ResourceExhausted { // not refused for want of memory: it may have been applied
-			s.orphans.Store(tok, &token{store: s, tok: tok, key: ek, leaseEnd: leaseMs})
+			s.orphans.Store(tok, &token{store: s, tok: tok, key: ek, until: until})
 		}
 		return dedupe.Claim{}, err
 	}
@@ -338,7 +348,14 @@ func (s *Store) Claim(ctx context.Context, scope dedupe.Scope, fp dedupe.Fingerp
 	c := dedupe.Claim{Scope: scope}
 	switch v[0] {
 	case "O":
-		t := &token{store: s, tok: tok, epoch: epoch, key: ek, leaseEnd: leaseMs, size: size}
+		if len(v) < 3 {
+			break
+		}
+		leaseEnd, ok := v[2].(int64)
+		if !ok {
+			break
+		}
+		t := &token{store: s, tok: tok, epoch: epoch, key: ek, leaseEnd: leaseEnd, until: until, size: size}
 		s.owned.Store(tok, &ownedClaim{t: t, scope: scope, fp: fp, epoch: epoch})
 		s.nOwned.Add(1)
 		c.State, c.Holder, c.Token = dedupe.Owned, fp, t
@@ -478,7 +495,7 @@ func (s *Store) Complete(ctx context.Context, c dedupe.Claim, rec *dedupe.Record
 
 // completeOnce runs completeScript once for the call nonce.
 func (s *Store) completeOnce(ctx context.Context, t *token, c dedupe.Claim, data []byte, size int64, nonce string) ([]any, error) {
-	args := append(s.header(ms(s.now()), nonce, 11), t.tok, t.epoch, c.Scope.Identity, c.Scope.Key,
+	args := append(s.header(nonce, 11), t.tok, t.epoch, c.Scope.Identity, c.Scope.Key,
 		c.Holder.Method, c.Holder.RequestHash[:], t.leaseEnd, t.size, data, size, s.channel)
 	return s.run(ctx, nil, "complete", completeScript, t.key, args)
 }
@@ -492,7 +509,7 @@ func (s *Store) Release(ctx context.Context, c dedupe.Claim) error {
 	}
 	defer s.forget(t.tok)
 	for attempt := 1; ; attempt++ {
-		args := append(s.header(ms(s.now()), s.newToken(), 3), t.tok, t.epoch, s.channel)
+		args := append(s.header(s.newToken(), 3), t.tok, t.epoch, s.channel)
 		v, err := s.run(ctx, nil, "release", releaseScript, t.key, args)
 		if err == nil {
 			if v[0] == "C" || attempt > 1 { // after a lost reply, an earlier attempt may have released it
@@ -547,7 +564,7 @@ func (s *Store) Wait(ctx context.Context, c dedupe.Claim) (*dedupe.Record, error
 		if err != nil {
 			return nil, err
 		}
-		args := append(s.header(ms(s.now()), s.newToken(), 2), t.tok, t.epoch)
+		args := append(s.header(s.newToken(), 2), t.tok, t.epoch)
 		v, err := s.run(ctx, &tk, "wait", waitScript, t.key, args)
 		if err != nil {
 			return nil, err
@@ -659,10 +676,10 @@ func (s *Store) watch() {
 // broken connection): Redis may have applied them, and would then hold
 // their scopes, for nobody, until their leases end.
 func (s *Store) releaseOrphans() {
-	now := ms(s.now())
+	now := s.now()
 	var orphans []*token
 	s.orphans.Range(func(k, v any) bool {
-		if t := v.(*token); t.leaseEnd > now {
+		if t := v.(*token); now.Before(t.until) {
 			orphans = append(orphans, t)
 		} else {
 			s.orphans.Delete(k) // its lease ended: Redis drops it
@@ -671,7 +688,7 @@ func (s *Store) releaseOrphans() {
 	})
 	for _, t := range orphans {
 		ctx, cancel := context.WithTimeout(context.Background(), s.op)
-		args := append(s.header(ms(s.now()), s.newToken(), 3), t.tok, "", s.channel)
+		args := append(s.header(s.newToken(), 3), t.tok, "", s.channel)
 		_, err := s.run(ctx, nil, "release", releaseScript, t.key, args)
 		cancel()
 		if err != nil {
@@ -683,10 +700,10 @@ func (s *Store) releaseOrphans() {
 
 // retake takes back the claims of this process that Redis lost.
 func (s *Store) retake() {
-	now := ms(s.now())
+	now := s.now()
 	var claims []*ownedClaim
 	s.owned.Range(func(k, v any) bool {
-		if o := v.(*ownedClaim); o.t.leaseEnd > now {
+		if o := v.(*ownedClaim); now.Before(o.t.until) {
 			claims = append(claims, o)
 		} else {
 			s.forget(k.(string)) // its lease ended: it is not ours any more
@@ -706,7 +723,7 @@ func (s *Store) retake() {
 		if o.epoch == cur { // only this goroutine reads and writes o.epoch after Claim
 			continue
 		}
-		args := append(s.header(ms(s.now()), s.newToken(), 7), o.t.tok, o.scope.Identity, o.scope.Key,
+		args := append(s.header(s.newToken(), 7), o.t.tok, o.scope.Identity, o.scope.Key,
 			o.fp.Method, o.fp.RequestHash[:], o.t.leaseEnd, o.t.size)
 		ctx, cancel := context.WithTimeout(context.Background(), s.op)
 		v, err := s.run(ctx, nil, "retake", retakeScript, o.t.key, args)
