@@ -323,16 +323,7 @@ func (s *Store) Claim(ctx context.Context, scope dedupe.Scope, fp dedupe.Fingerp
 	if err != nil {
 		return dedupe.Claim{}, err
 	}
-	// The lease is sent as a duration: Redis ends it on its own clock.
-	// The time left before the deadline is measured on this replica's
-	// clock, the one the deadline was set with.
-	now := s.now()
-	lease := s.lease
-	if dl, ok := ctx.Deadline(); ok {
-		lease = dl.Sub(now) + s.margin
-	}
-	leaseMs := max(lease.Milliseconds(), 1)
-	until := now.Add(time.Duration(leaseMs) * time.Millisecond) // Redis starts it later
+	leaseMs, until := s.leaseOf(ctx)
 	tok := s.newToken()
 	ek := s.entryKey(scope)
 	size := entryCost(scope, fp.Method)
@@ -400,6 +391,23 @@ func (s *Store) Claim(ctx context.Context, scope dedupe.Scope, fp dedupe.Fingerp
 			"the request did not run; try again in "+wait.Round(time.Millisecond).String(), wait)
 	}
 	return dedupe.Claim{}, status.Errorf(codes.Unavailable, "redisstore: claim: unexpected reply %v", v)
+}
+
+// leaseOf returns the lease of a claim made now with ctx, in
+// milliseconds (at least 1): the time left before ctx's deadline plus
+// LeaseMargin, or Lease without a deadline. The lease is sent as a
+// duration, and Redis ends it on its own clock; the time left is measured
+// on this replica's clock, the one the deadline was set with. until is the
+// lease's end on this replica's clock, at the earliest: Redis starts it
+// once the claim arrives.
+func (s *Store) leaseOf(ctx context.Context) (ms int64, until time.Time) {
+	now := s.now()
+	lease := s.lease
+	if dl, ok := ctx.Deadline(); ok {
+		lease = dl.Sub(now) + s.margin
+	}
+	ms = max(lease.Milliseconds(), 1)
+	return ms, now.Add(time.Duration(ms) * time.Millisecond)
 }
 
 // msArg returns v[i] as a duration in milliseconds, at least 1 ms.
