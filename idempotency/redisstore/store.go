@@ -46,6 +46,7 @@ type Store struct {
 	tokPrefix string
 	tokSeq    atomic.Uint64
 
+	lost    atomic.Uint64          // outcomes Complete gave up recording
 	owned   sync.Map               // token -> *ownedClaim: this process's claims in flight
 	nOwned  atomic.Int64           // entries of owned
 	orphans sync.Map               // token -> *token: claims whose reply was lost; Redis may hold them
@@ -458,14 +459,34 @@ func (s *Store) ownedToken(c dedupe.Claim) (*token, error) {
 	return t, nil
 }
 
-// finishAttempts is how many times Complete and Release try: their
-// handler ran, and an outcome lost to one failed round trip would let a
-// retry run it again once the lease ends.
-const finishAttempts = 3
+// releaseAttempts is how many times Release tries. A release lost to
+// failed round trips costs no second execution (the handler's outcome was
+// not to be stored): the scope is held for nobody until its lease ends.
+const releaseAttempts = 3
+
+// Complete's backoff between tries: it starts at completeBackoff and
+// doubles up to maxCompleteBackoff, so that once Redis answers again the
+// outcome is recorded within about half a second.
+const (
+	completeBackoff    = 20 * time.Millisecond
+	maxCompleteBackoff = 500 * time.Millisecond
+)
 
 // Complete implements [dedupe.Store]. A record that does not fit is kept
-// as a tombstone. Complete is not refused by the breaker, and tries up to
-// three times.
+// as a tombstone. Complete is not refused by the breaker.
+//
+// The handler ran: if its outcome were not recorded, a retry would run it
+// again once the claim's lease ended. So while Redis does not answer (each
+// try bounded by OpTimeout), Complete keeps trying, with backoff, for as
+// long as the lease lasts, as this replica measures it from before the
+// claim was sent (Redis ends it no earlier). Meanwhile the request's
+// duplicates find it in flight and wait, or, while Redis does not answer
+// them either, are refused with codes.Unavailable and a pushback; the
+// caller of this execution gets its response once the outcome is recorded.
+// Once the lease has ended (or the Store is closed), Complete gives up
+// with codes.Unavailable, saying that the outcome is lost, and counts it
+// in Stats.LostOutcomes. A Complete whose call Redis ran more than once
+// (a reply lost, then a retry) succeeds: every try carries one nonce.
 func (s *Store) Complete(ctx context.Context, c dedupe.Claim, rec *dedupe.Record) error {
 	if rec == nil {
 		return status.Error(codes.Internal, "redisstore: Complete with a nil record")
@@ -483,8 +504,9 @@ func (s *Store) Complete(ctx context.Context, c dedupe.Claim, rec *dedupe.Record
 	if t.size+size > s.maxBytesPerID {
 		data = nil // a tombstone: do not send what cannot be kept
 	}
-	nonce := s.newToken() // the same for every attempt: see completeScript
-	for attempt := 1; ; attempt++ {
+	nonce := s.newToken() // the same for every try: see completeScript
+	backoff := completeBackoff
+	for tries := 1; ; tries++ {
 		v, err := s.completeOnce(ctx, t, c, data, size, nonce)
 		if err == nil {
 			if v[0] == "C" {
@@ -492,12 +514,21 @@ func (s *Store) Complete(ctx context.Context, c dedupe.Claim, rec *dedupe.Record
 			}
 			return status.Errorf(codes.Internal, "redisstore: Complete: the claim is %v", v[2:])
 		}
-		if attempt == finishAttempts || ctx.Err() != nil || status.Code(err) == codes.ResourceExhausted {
+		if ctx.Err() != nil || status.Code(err) == codes.ResourceExhausted {
 			return err
 		}
-		if !sleep(ctx, s.stop, time.Duration(attempt)*20*time.Millisecond) {
-			return err
+		left := t.until.Sub(s.now())
+		if left <= 0 || !sleep(ctx, s.stop, min(backoff, left)) {
+			s.lost.Add(1)
+			why := "before the claim's lease ended"
+			if left > 0 {
+				why = "before the store was closed"
+			}
+			return status.Error(codes.Unavailable, "redisstore: Complete: Redis did not answer "+strconv.Itoa(tries)+
+				" tries "+why+": the outcome is lost, and a retry with the same key will run the request again; last error: "+
+				err.Error())
 		}
+		backoff = min(2*backoff, maxCompleteBackoff)
 	}
 }
 
@@ -525,7 +556,7 @@ func (s *Store) Release(ctx context.Context, c dedupe.Claim) error {
 			}
 			return status.Error(codes.Internal, "redisstore: Release: the claim is already finished, or its lease ended")
 		}
-		if attempt == finishAttempts || ctx.Err() != nil {
+		if attempt == releaseAttempts || ctx.Err() != nil {
 			return err
 		}
 		if !sleep(ctx, s.stop, time.Duration(attempt)*20*time.Millisecond) {
@@ -765,6 +796,11 @@ type Stats struct {
 	// Fenced counts claims refused during a fence; Retaken, claims taken
 	// back by their owners after Redis lost its data.
 	Fenced, Retaken uint64
+	// LostOutcomes counts the outcomes this Store gave up recording
+	// because Redis did not answer before their claims' leases ended (or
+	// before Close): their requests run again if retried. It is this
+	// Store's own count, not shared.
+	LostOutcomes uint64
 	// Breaker is the state of this Store's breaker (not shared).
 	Breaker breaker.State
 }
@@ -793,7 +829,7 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 		Entries: int(n(0)), Bytes: n(1), InFlight: int(inFlight.Val()), Identities: int(ids.Val()),
 		Evictions: uint64(n(2)), Expirations: uint64(n(3)), Oversized: uint64(n(4)), Busy: uint64(n(5)),
 		OverQuota: uint64(n(6)), LeaseEnds: uint64(n(7)), Fenced: uint64(n(8)), Retaken: uint64(n(9)),
-		Breaker: s.br.State(),
+		LostOutcomes: s.lost.Load(), Breaker: s.br.State(),
 	}, nil
 }
 
