@@ -129,7 +129,7 @@ func TestRedisDownFailsClosed(t *testing.T) {
 // process is paused, and loses nothing) just as a Charge's handler
 // returns, so the store's first tries to record the outcome time out
 // (OpTimeout 200 ms). The stall is far shorter than the claim's lease (the
-// call's 3 s deadline plus LeaseMargin): the outcome must be recorded. A
+// call's 5 s deadline plus LeaseMargin): the outcome must be recorded. A
 // retry with the same key, sent during the stall and again after each
 // pushback as a client would, never runs the Charge a second time: it
 // gets the first execution's outcome.
@@ -154,7 +154,7 @@ func TestRedisPausedDuringCompleteRunsOnce(t *testing.T) {
 
 	first := make(chan *status.Status, 1)
 	go func() {
-		st, _ := keyedCharge(t, c, "order-stall", 3*time.Second)
+		st, _ := keyedCharge(t, c, "order-stall", 5*time.Second)
 		first <- st
 	}()
 	<-stalled
