@@ -105,15 +105,17 @@ type MemoryStats struct {
 	// Expirations counts completed entries dropped at their TTL.
 	Expirations uint64
 	// Oversized counts records kept as a tombstone because they did not
-	// fit.
+	// fit: larger than the identity's share, or their room held by entries
+	// in flight and records younger than RetryHorizon. Their calls were
+	// answered; they count neither as Busy nor as OverQuota.
 	Oversized uint64
 	// Busy counts Claims refused with ResourceExhausted because the
 	// store's bounds were taken by entries in flight and records younger
-	// than RetryHorizon.
+	// than RetryHorizon. It counts refused Claims only.
 	Busy uint64
 	// OverQuota counts Claims refused with ResourceExhausted because the
 	// caller's identity held its share in entries in flight and records
-	// younger than RetryHorizon.
+	// younger than RetryHorizon. It counts refused Claims only.
 	OverQuota uint64
 }
 
@@ -250,8 +252,13 @@ func (m *MemoryStore) Claim(_ context.Context, scope Scope, fp Fingerprint) (Cla
 	if id == nil {
 		total += identityCost(scope.Identity)
 	}
-	if err := m.roomLocked(id, 1, size, total, now); err != nil {
-		return Claim{}, err
+	if r := m.roomLocked(id, 1, size, total, now); r != nil {
+		if r.quota {
+			m.stats.OverQuota++
+		} else {
+			m.stats.Busy++
+		}
+		return Claim{}, r.err()
 	}
 	if id = m.ids[scope.Identity]; id == nil { // new, or emptied to make room
 		id = &identity{name: scope.Identity, cost: identityCost(scope.Identity)}
@@ -275,26 +282,24 @@ func (m *MemoryStore) add(id *identity, entries int, bytes int64) {
 // roomLocked evicts completed entries until id (nil for an identity that
 // holds nothing yet) can take n more entries and size more bytes within
 // its share, and the store n more entries and total more bytes within its
-// bounds. It evicts the identity's own oldest
-// records for its share, and the oldest of all for the store's bounds, but
-// never a record younger than the retry horizon: then it returns a
-// ResourceExhausted status error with the time until one is old enough.
-func (m *MemoryStore) roomLocked(id *identity, n int, size, total int64, now time.Time) error {
+// bounds. It evicts the identity's own oldest records for its share, and
+// the oldest of all for the store's bounds, but never a record younger
+// than the retry horizon: then it returns the refusal, with the time until
+// one is old enough. It counts evictions, not refusals: a refused Claim
+// counts as Busy or OverQuota, a record that does not fit as Oversized.
+func (m *MemoryStore) roomLocked(id *identity, n int, size, total int64, now time.Time) *refusal {
 	if id != nil {
 		for id.entries+n > m.maxEntriesPerID || id.bytes+size > m.maxBytesPerID {
-			if err := m.evictOldestLocked(&id.root, idList, now); err != nil {
-				m.stats.OverQuota++
-				return full("this caller holds its share of the store", err)
+			if wait, ok := m.evictOldestLocked(&id.root, idList, now); !ok {
+				return &refusal{quota: true, wait: wait}
 			}
 		}
 	} else if int64(n) > int64(m.maxEntriesPerID) || size > m.maxBytesPerID {
-		m.stats.OverQuota++
-		return full("this caller holds its share of the store", errNothing)
+		return &refusal{quota: true, wait: busyPushback}
 	}
 	for len(m.entries)+n > m.maxEntries || m.bytes+total > m.maxBytes {
-		if err := m.evictOldestLocked(&m.root, allList, now); err != nil {
-			m.stats.Busy++
-			return full("the store is full", err)
+		if wait, ok := m.evictOldestLocked(&m.root, allList, now); !ok {
+			return &refusal{wait: wait}
 		}
 	}
 	return nil
@@ -304,40 +309,41 @@ func (m *MemoryStore) roomLocked(id *identity, n int, size, total int64, now tim
 // flight hold the room: they usually finish well within a second.
 const busyPushback = time.Second
 
-// tooYoung says that the oldest completed record of the list that must
-// make room is younger than the retry horizon by wait; errNothing, that
-// the list has none.
-type tooYoung struct{ wait time.Duration }
+// refusal says why roomLocked found no room: the identity's share (quota)
+// or the store's bounds are held by entries in flight and records younger
+// than the retry horizon, and when to come back.
+type refusal struct {
+	quota bool
+	wait  time.Duration
+}
 
-func (tooYoung) Error() string { return "records too young to evict" }
-
-var errNothing = tooYoung{wait: busyPushback}
+// err returns the ResourceExhausted status of a claim refused for r.
+func (r *refusal) err() error {
+	why := "the store is full"
+	if r.quota {
+		why = "this caller holds its share of the store"
+	}
+	return resourceExhausted("dedupe: "+why+" in requests in flight and records younger than the retry horizon; "+
+		"the request did not run; try again in "+r.wait.Round(time.Millisecond).String(), r.wait)
+}
 
 // evictOldestLocked drops the oldest completed entry of list l (whose
-// sentinel is root), unless it is younger than the retry horizon.
-func (m *MemoryStore) evictOldestLocked(root *entry, l int, now time.Time) error {
+// sentinel is root), unless it is younger than the retry horizon or the
+// list is empty: then it says false, and how long until the oldest is old
+// enough (busyPushback for an empty list).
+func (m *MemoryStore) evictOldestLocked(root *entry, l int, now time.Time) (time.Duration, bool) {
 	e := root.links[l].next
 	if e == root {
-		return errNothing
+		return busyPushback, false
 	}
 	if m.horizon > 0 {
 		if wait := e.completed.Add(m.horizon).Sub(now); wait > 0 {
-			return tooYoung{wait: wait}
+			return wait, false
 		}
 	}
 	m.dropLocked(e)
 	m.stats.Evictions++
-	return nil
-}
-
-// full returns the ResourceExhausted status of a refused claim.
-func full(why string, err error) error {
-	wait := busyPushback
-	if ty, ok := err.(tooYoung); ok {
-		wait = ty.wait
-	}
-	return resourceExhausted("dedupe: "+why+" in requests in flight and records younger than the retry horizon; "+
-		"the request did not run; try again in "+wait.Round(time.Millisecond).String(), wait)
+	return 0, true
 }
 
 // tooLarge is the message of a tombstone's replay.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +19,8 @@ import (
 
 	"github.com/stormguard/stormguard/idempotency"
 	"github.com/stormguard/stormguard/idempotency/dedupe"
+	"github.com/stormguard/stormguard/internal/origin"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
 type fakeClock struct {
@@ -584,4 +587,49 @@ func TestMemoryStoreProtectsYoungRecordsAcrossIdentities(t *testing.T) {
 		assert.Equal(t, dedupe.Done, state(k[0], k[1]), "%v", k)
 	}
 	assert.Equal(t, dedupe.Owned, state("x", "x1"), "x's own oldest made room")
+}
+
+// TestMemoryStoreCountsRefusalsOnly: Busy and OverQuota count claims the
+// store refused, and nothing else. Three callers make 60 keyed Charges
+// whose 60 KiB receipts soon fill each caller's share (100 KiB) and the
+// store (160 KiB) with records younger than the retry horizon: every call
+// is answered OK (a claim always finds room; a record that does not fit is
+// kept as a tombstone), so nothing was refused, and only Oversized counts
+// the tombstones.
+func TestMemoryStoreCountsRefusalsOnly(t *testing.T) {
+	receipt := strings.Repeat("r", 60<<10)
+	o := origin.New(func(origin.Call) origin.Reply { return origin.Reply{Trailer: metadata.Pairs("x-receipt", receipt)} })
+	store := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxBytes: 160 << 10, MaxBytesPerIdentity: 100 << 10, Now: newClock().Now})
+	s := dedupe.NewServer(dedupe.Config{Store: store, Identity: func(ctx context.Context) string {
+		md, _ := metadata.FromIncomingContext(ctx)
+		return strings.Join(md.Get("x-caller"), "")
+	}})
+	c := startEcho(t, o, dedupeOpts(s))
+	for i := range 60 {
+		ctx := metadata.AppendToOutgoingContext(keyed(t.Context(), "order-"+strconv.Itoa(i)), "x-caller", "caller-"+strconv.Itoa(i%3))
+		_, err := c.Charge(ctx, &echov1.ChargeRequest{RequestId: "order-" + strconv.Itoa(i)})
+		require.NoError(t, err, "call %d", i)
+	}
+	st := store.Stats()
+	t.Logf("%+v", st)
+	require.Equal(t, uint64(60), s.Stats().Misses, "every call ran once")
+	require.Positive(t, st.Oversized, "records were kept as tombstones")
+	assert.Equal(t, uint64(60), uint64(st.Entries)+st.Evictions, "every key kept or evicted")
+	assert.Zero(t, st.Busy, "no claim was refused for the store's bounds")
+	assert.Zero(t, st.OverQuota, "no claim was refused for a caller's share")
+	assert.Zero(t, s.Stats().Full)
+
+	// A claim refused counts: another caller's claims in flight fill
+	// what room is left.
+	refused := 0
+	for i := 0; refused == 0 && i < 1000; i++ {
+		_, err := store.Claim(bg, dedupe.Scope{Identity: "dave", Key: strconv.Itoa(i)}, fingerprint(chargeMethod, "r"))
+		if err != nil {
+			require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+			refused++
+		}
+	}
+	require.Equal(t, 1, refused, "the store filled up")
+	assert.Equal(t, uint64(1), store.Stats().Busy, "the refused claim")
+	assert.Zero(t, store.Stats().OverQuota)
 }

@@ -155,8 +155,11 @@ type Store interface {
 	// too large, and nothing else; the scope is never freed before its TTL
 	// once its request may have run. Complete fails for a claim that is
 	// not an owned claim of the store, is finished, or whose lease ended;
-	// the outcome is then lost. The server passes a context that is not
-	// cancelled when the caller leaves.
+	// the outcome is then lost. A store that cannot reach its backend
+	// keeps trying while the claim's lease lasts, so that a handler that
+	// completed never runs again because the store was briefly
+	// unreachable. The server passes a context that is not cancelled when
+	// the caller leaves.
 	Complete(ctx context.Context, c Claim, rec *Record) error
 	// Release gives the owned claim c up without an outcome (the handler
 	// failed with a code not to store, or panicked): it frees the scope

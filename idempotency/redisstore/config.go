@@ -20,7 +20,7 @@ const (
 	DefaultLease = 5 * time.Minute
 	// DefaultLeaseMargin is how long past its request's deadline a claim
 	// is held: time for a handler that ends at its deadline to store its
-	// outcome, and for the clocks of replicas to disagree.
+	// outcome, even through a short stall of Redis.
 	DefaultLeaseMargin = 5 * time.Second
 	// DefaultFence is how long the store refuses new claims after Redis
 	// lost its data (and on first use): time for the owners of claims lost
@@ -109,10 +109,16 @@ type Config struct {
 	// handler already ran.
 	Breaker breaker.Config
 
-	// Now is the clock every TTL, horizon, lease and fence is measured
-	// with; nil: time.Now. Replicas sharing a store should have clocks
-	// within LeaseMargin of each other.
+	// Now is this replica's clock; nil: time.Now. It measures the time
+	// left before a request's deadline (the claim's lease is that plus
+	// LeaseMargin), and how long this replica keeps trying to record an
+	// outcome. It decides nothing between replicas: every lease end,
+	// completion time, TTL, retry horizon and fence is measured by Redis's
+	// clock (TIME), so replicas' clocks may disagree.
 	Now func() time.Time
+
+	// redisNow, set by tests only, replaces Redis's clock; nil: TIME.
+	redisNow func() time.Time
 }
 
 // withDefaults returns c with every zero (or, where the field says so,

@@ -27,7 +27,9 @@
 //   - When Redis does not answer within OpTimeout, or the breaker in
 //     front of it is open, Claim and Wait fail, and the dedupe server
 //     refuses the request with codes.Unavailable and
-//     grpc-retry-pushback-ms: the handler never runs unguarded.
+//     grpc-retry-pushback-ms: the handler never runs unguarded. Complete,
+//     whose handler ran, keeps trying while the claim's lease lasts, so
+//     that a stall of Redis shorter than the lease never runs it again.
 //   - When Redis has lost the store's data (a restart without
 //     persistence, a failover to an empty replica, a flush), new claims
 //     are refused for Fence (5 s, also on first use) while the owners of

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 
 	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/idempotency/redisstore"
 	"github.com/stormguard/stormguard/idempotency/redisstore/internal/redistest"
 	"github.com/stormguard/stormguard/internal/origin"
@@ -121,4 +123,97 @@ func TestRedisDownFailsClosed(t *testing.T) {
 	})
 	_, charges := o.Balance("acct-order-down")
 	assert.Equal(t, 1, charges)
+}
+
+// TestRedisPausedDuringCompleteRunsOnce: Redis stalls for 1.5 s (the
+// process is paused, and loses nothing) just as a Charge's handler
+// returns, so the store's first tries to record the outcome time out
+// (OpTimeout 200 ms). The stall is far shorter than the claim's lease (the
+// call's 5 s deadline plus LeaseMargin): the outcome must be recorded. A
+// retry with the same key, sent during the stall and again after each
+// pushback as a client would, never runs the Charge a second time: it
+// gets the first execution's outcome.
+func TestRedisPausedDuringCompleteRunsOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	stalled := make(chan struct{})
+	var once sync.Once
+	o := origin.New(func(c origin.Call) origin.Reply {
+		if c.Method == chargeMethod {
+			once.Do(func() {
+				srv.PauseFor(t, 1500*time.Millisecond) // as the handler returns: during Complete
+				close(stalled)
+			})
+		}
+		return origin.Reply{}
+	})
+	f := startFleet(t, o, 1, func(int) redisstore.Config {
+		return redisstore.Config{Client: client(t, srv.Addr), Prefix: prefix(t), OpTimeout: 200 * time.Millisecond,
+			LeaseMargin: 500 * time.Millisecond}
+	}, nil)
+	c := rawClient(t, f.replicas[0].addr)
+
+	first := make(chan *status.Status, 1)
+	go func() {
+		st, _ := keyedCharge(t, c, "order-stall", 5*time.Second)
+		first <- st
+	}()
+	<-stalled
+	// The retry, as a client makes it: again while the server answers
+	// Unavailable, after the pushback it says.
+	var st *status.Status
+	for try := 0; ; try++ {
+		var tr metadata.MD
+		st, tr = keyedCharge(t, c, "order-stall", 20*time.Second)
+		if st.Code() != codes.Unavailable || try == 20 {
+			break
+		}
+		require.Equal(t, []string{"1000"}, tr.Get("grpc-retry-pushback-ms"), "refused with a pushback: %v", st)
+		time.Sleep(time.Second)
+	}
+	require.Equal(t, codes.OK, st.Code(), "the retry: %v", st)
+	require.Equal(t, codes.OK, (<-first).Code(), "the first call")
+	_, charges := o.Balance("acct-order-stall")
+	assert.Equal(t, 1, charges, "a completed Charge runs once, whatever Redis's stall shorter than the lease")
+	assert.Equal(t, uint64(1), f.replicas[0].dedupe.Stats().Misses)
+	stats, err := f.replicas[0].store.Stats(t.Context())
+	require.NoError(t, err)
+	assert.Zero(t, stats.LostOutcomes, "the outcome was recorded")
+}
+
+// TestCompleteGivesUpOnlyWhenTheLeaseEnds: Redis stalls for longer than a
+// claim's lease (a 300 ms deadline plus a 200 ms LeaseMargin). Complete
+// keeps trying until the lease ends, then says the outcome is lost, and
+// Stats counts it. A Complete still trying when its Store is closed stops,
+// and says so too.
+func TestCompleteGivesUpOnlyWhenTheLeaseEnds(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg := redisstore.Config{Client: client(t, srv.Addr), Prefix: prefix(t), OpTimeout: 100 * time.Millisecond,
+		LeaseMargin: 200 * time.Millisecond}
+	s := primed(t, cfg)
+	rec := &dedupe.Record{Fingerprint: fp("req"), Response: []byte("charged")}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	c, err := s.Claim(ctx, dedupe.Scope{Identity: "alice", Key: "order-1"}, fp("req"))
+	require.NoError(t, err)
+	srv.Pause(t)
+	err = s.Complete(context.Background(), c, rec)
+	srv.Resume(t)
+	assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	assert.Contains(t, err.Error(), "before the claim's lease ended: the outcome is lost")
+	st, err := s.Stats(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), st.LostOutcomes)
+
+	closing := primed(t, cfg)
+	c, err = closing.Claim(t.Context(), dedupe.Scope{Identity: "alice", Key: "order-2"}, fp("req")) // a 5 min lease
+	require.NoError(t, err)
+	srv.Pause(t)
+	done := make(chan error, 1)
+	go func() { done <- closing.Complete(context.Background(), c, rec) }()
+	require.NoError(t, closing.Close())
+	err = <-done
+	srv.Resume(t)
+	assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	assert.Contains(t, err.Error(), "before the store was closed: the outcome is lost")
 }

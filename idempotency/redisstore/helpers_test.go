@@ -9,10 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
-	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/idempotency/redisstore"
 )
 
@@ -54,35 +51,25 @@ type skewClock struct {
 
 func (c *skewClock) Now() time.Time { return c.base().Add(time.Duration(c.off.Load())) }
 
-// primed returns a Store of c whose first-use fence is already over: it
-// claims once with its clock set back by more than the fence (on an empty
-// store, the claim is fenced: it creates the store's state), then sets the
-// clock right.
-// Every time the store compares afterwards is taken from c.Now as it is.
+// primed returns a Store of c whose first-use fence is already over, as
+// if the store had been in use for long: unless the store's state is in
+// Redis already, it writes it there, with a fence that ended at the
+// epoch's start (ms 0).
 func primed(t testing.TB, c redisstore.Config) *redisstore.Store {
 	t.Helper()
-	base := c.Now
-	if base == nil {
-		base = time.Now
+	p := c.Prefix
+	if p == "" {
+		p = redisstore.DefaultPrefix
 	}
-	clock := &skewClock{base: base}
-	fence := c.Fence
-	if fence == 0 {
-		fence = redisstore.DefaultFence
-	}
-	clock.off.Store(int64(-fence - time.Second))
-	c.Now = clock.Now
-	s := newStore(t, c)
 	ctx := context.Background()
-	pc, err := s.Claim(ctx, dedupe.Scope{Identity: "prime", Key: "prime"}, dedupe.Fingerprint{Method: "/prime/Prime"})
-	switch {
-	case err == nil && pc.State == dedupe.Owned: // another store on the prefix primed it, and the fence is over
-		if err := s.Release(ctx, pc); err != nil {
+	made, err := c.Client.HSetNX(ctx, p+"g", "epoch", "primed").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if made {
+		if err := c.Client.HSet(ctx, p+"g", "fence", 0, "n", 0, "b", 0).Err(); err != nil {
 			t.Fatal(err)
 		}
-	case status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "first use"):
-		t.Fatalf("first claim: %v %v, want the fence's Unavailable", pc.State, err)
 	}
-	clock.off.Store(0)
-	return s
+	return newStore(t, c)
 }

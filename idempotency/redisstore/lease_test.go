@@ -16,12 +16,13 @@ import (
 // with a 30 s deadline and dies without finishing. Until the deadline plus
 // LeaseMargin, replica B finds the scope in flight; then B's waiter is
 // told the lease ended (nil, nil), B's claim owns the scope, and A's late
-// Complete fails. The stores' clock is moved by the test.
+// Complete fails. The test moves the clock, the replicas' and Redis's.
 func TestLeaseEndsWhenTheOwnerDies(t *testing.T) {
 	p := prefix(t)
 	t0 := time.Now()
 	clock := &skewClock{base: func() time.Time { return t0 }} // moves only when the test moves it
-	cfg := redisstore.Config{Client: client(t, sharedAddr(t)), Prefix: p, Now: clock.Now, PollInterval: 10 * time.Millisecond}
+	cfg := redisstore.WithRedisClock(redisstore.Config{Client: client(t, sharedAddr(t)), Prefix: p, Now: clock.Now,
+		PollInterval: 10 * time.Millisecond}, clock.Now)
 	a, b := primed(t, cfg), primed(t, cfg)
 	sc := dedupe.Scope{Identity: "alice", Key: "order-1"}
 	deadline := clock.Now().Add(30 * time.Second)

@@ -17,9 +17,12 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/stormguard/stormguard/idempotency"
 	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/idempotency/redisstore"
 	"github.com/stormguard/stormguard/idempotency/redisstore/internal/redistest"
+	"github.com/stormguard/stormguard/internal/origin"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
 // usedMemory returns INFO memory's used_memory.
@@ -87,6 +90,12 @@ func TestMemoryBoundedUnderAFlood(t *testing.T) {
 	rc := client(t, srv.Addr)
 	const maxBytes = 4 << 20
 	s := primed(t, redisstore.Config{Client: rc, Prefix: prefix(t), MaxBytes: maxBytes, RetryHorizon: -1})
+	// What Redis sets up for the store's first operations (its script
+	// cache, the first claim's) is not what the entries hold.
+	require.NoError(t, redisstore.LoadScripts(t.Context(), rc))
+	wc, err := s.Claim(t.Context(), dedupe.Scope{Identity: "warm-up", Key: "k"}, fp("warm-up"))
+	require.NoError(t, err)
+	require.NoError(t, s.Release(t.Context(), wc))
 	base := usedMemory(t, rc)
 
 	// Below the bound: what the store counts against what Redis holds.
@@ -115,7 +124,8 @@ func TestMemoryBoundedUnderAFlood(t *testing.T) {
 }
 
 // TestRecordsExpire: records expire at their TTL by the store's clock
-// (the test moves it; nothing sleeps), and leave nothing in Redis; every
+// (the test's, in place of Redis's, and moved; nothing sleeps), and leave
+// nothing in Redis; every
 // entry also carries a Redis TTL, so that Redis drops what no claim comes
 // to expire; an entry Redis dropped on its own is accounted for at its
 // TTL.
@@ -124,7 +134,7 @@ func TestRecordsExpire(t *testing.T) {
 	p := prefix(t)
 	clock := &skewClock{base: time.Now}
 	const ttl = time.Hour
-	s := primed(t, redisstore.Config{Client: rc, Prefix: p, TTL: ttl, Now: clock.Now})
+	s := primed(t, redisstore.WithRedisClock(redisstore.Config{Client: rc, Prefix: p, TTL: ttl}, clock.Now))
 	ctx := t.Context()
 	for i := range 10 {
 		sc := dedupe.Scope{Identity: "alice", Key: fmt.Sprint("k", i)}
@@ -197,4 +207,52 @@ func TestRedisOutOfMemoryRefusesClaims(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, st.InFlight, "every claim that was made completed")
 	t.Logf("%d claims refused; %d entries held; used_memory %d", refused, st.Entries, usedMemory(t, rc))
+}
+
+// TestStatsCountRefusalsOnly: Busy and OverQuota count claims the store
+// refused, and nothing else, as dedupe.MemoryStats says. Three callers
+// make 60 keyed Charges whose 60 KiB receipts soon fill each caller's
+// share (100 KiB) and the store (180 KiB) with records younger than the
+// retry horizon: every call is answered OK (a claim always finds room; a
+// record that does not fit is kept as a tombstone), so nothing was
+// refused, and only Oversized counts the tombstones.
+func TestStatsCountRefusalsOnly(t *testing.T) {
+	receipt := strings.Repeat("r", 60<<10)
+	o := origin.New(func(origin.Call) origin.Reply { return origin.Reply{Trailer: metadata.Pairs("x-receipt", receipt)} })
+	p := prefix(t)
+	f := startFleet(t, o, 1, func(int) redisstore.Config {
+		return redisstore.Config{Client: client(t, sharedAddr(t)), Prefix: p, MaxBytes: 180 << 10, MaxBytesPerIdentity: 100 << 10}
+	}, nil)
+	for i := range 60 {
+		ctx, cancel := context.WithTimeout(as(t.Context(), "caller-"+strconv.Itoa(i%3)), 10*time.Second)
+		key := "order-" + strconv.Itoa(i)
+		_, err := f.client.Charge(ctx, &echov1.ChargeRequest{RequestId: key, Account: "acct", AmountCents: 1}, idempotency.CallKey(key))
+		cancel()
+		require.NoError(t, err, "call %d", i)
+	}
+	st, err := f.replicas[0].store.Stats(t.Context())
+	require.NoError(t, err)
+	t.Logf("%+v", st)
+	require.Equal(t, uint64(60), f.replicas[0].dedupe.Stats().Misses, "every call ran once")
+	require.Positive(t, st.Oversized, "records were kept as tombstones")
+	assert.Equal(t, 60, st.Entries, "every key kept")
+	assert.Zero(t, st.Busy, "no claim was refused for the store's bounds")
+	assert.Zero(t, st.OverQuota, "no claim was refused for a caller's share")
+
+	// A claim refused counts: another caller's claims in flight fill
+	// what room is left.
+	store := f.replicas[0].store
+	refused := 0
+	for i := 0; refused == 0 && i < 1000; i++ {
+		_, err := store.Claim(t.Context(), dedupe.Scope{Identity: "dave", Key: strconv.Itoa(i)}, fp("r"))
+		if err != nil {
+			require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+			refused++
+		}
+	}
+	require.Equal(t, 1, refused, "the store filled up")
+	st, err = store.Stats(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), st.Busy, "the refused claim")
+	assert.Zero(t, st.OverQuota)
 }

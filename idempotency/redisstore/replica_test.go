@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -254,4 +255,43 @@ func TestReplicasRunConcurrentDuplicatesOnce(t *testing.T) {
 	cents, charges = o.Balance("acct-7")
 	assert.Equal(t, 2, charges, "alice's charge and bob's")
 	assert.Equal(t, int64(2500), cents)
+}
+
+// TestReplicaClocksDecideNothing: replicas' clocks disagree; the store's
+// decisions between them (the fence, lease ends) do not. Without a fence
+// (Fence: -1), replica B, whose clock is 50 ms behind A's, owns the
+// scopes it claims after A made the store's state; replica C, whose clock
+// is 10 s ahead, finds A's claim of a request with a 1 s deadline in
+// flight (its lease is the deadline plus LeaseMargin), rather than ended.
+func TestReplicaClocksDecideNothing(t *testing.T) {
+	p := prefix(t)
+	at := func(skew time.Duration) *redisstore.Store {
+		return newStore(t, redisstore.Config{Client: client(t, sharedAddr(t)), Prefix: p, Fence: -1,
+			Now: func() time.Time { return time.Now().Add(skew) }})
+	}
+	a, b, c := at(0), at(-50*time.Millisecond), at(10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+
+	first, err := a.Claim(ctx, dedupe.Scope{Identity: "alice", Key: "order-a"}, fp("a"))
+	require.NoError(t, err, "A makes the store's state, without a fence")
+	require.Equal(t, dedupe.Owned, first.State)
+	for i := range 3 {
+		key := fmt.Sprint("order-b", i)
+		cl, err := b.Claim(ctx, dedupe.Scope{Identity: "alice", Key: key}, fp(key))
+		require.NoError(t, err, "B's claim %d, its clock 50 ms behind A's", i)
+		assert.Equal(t, dedupe.Owned, cl.State)
+		require.NoError(t, b.Release(ctx, cl))
+	}
+
+	short, cancelShort := context.WithTimeout(ctx, time.Second)
+	defer cancelShort()
+	owner, err := a.Claim(short, dedupe.Scope{Identity: "alice", Key: "order-c"}, fp("c"))
+	require.NoError(t, err)
+	require.Equal(t, dedupe.Owned, owner.State)
+	dup, err := c.Claim(ctx, dedupe.Scope{Identity: "alice", Key: "order-c"}, fp("c"))
+	require.NoError(t, err)
+	assert.Equal(t, dedupe.InFlight, dup.State, "C, its clock 10 s ahead, finds A's claim in flight: its lease has not ended")
+	require.NoError(t, a.Complete(ctx, owner, &dedupe.Record{Fingerprint: fp("c"), Response: []byte("A's")}))
+	require.NoError(t, a.Complete(ctx, first, &dedupe.Record{Fingerprint: fp("a")}))
 }

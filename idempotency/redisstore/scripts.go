@@ -18,8 +18,11 @@ import "github.com/redis/go-redis/v9"
 //	              c completion time, z size, r record, k tombstone, w a
 //	              waiter waits, n the nonce of the Complete that completed it
 //
-// Every script starts with the prelude: it reads the epoch, and creates it
-// (with a fence) when the store's state is gone.
+// Every script starts with the prelude: it reads the time from Redis's
+// clock (TIME), in milliseconds, so that every time the store compares is
+// on one clock whichever replica runs the script (a test passes its own
+// clock's time instead); then it reads the epoch, and creates it (with a
+// fence) when the store's state is gone.
 
 // argv indexes of the common header (Lua is 1-based).
 const (
@@ -43,6 +46,10 @@ const (
 const prelude = `
 local P = ARGV[1]
 local now = tonumber(ARGV[2])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local G, E = KEYS[1], KEYS[2]
 local M, D, L, IN, IB = P..'m', P..'d', P..'l', P..'in', P..'ib'
 local ttl, horizon = tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -127,30 +134,25 @@ end
 -- room evicts completed records until id can take n more entries and size
 -- more bytes within its share, and the store n more entries and total more
 -- bytes; it returns nil, or {wait, reason} when a record younger than the
--- horizon (or an entry in flight) holds the room.
+-- horizon (or an entry in flight) holds the room. It counts evictions, not
+-- refusals: a refused claim counts as busy or quota, a record that does not
+-- fit as ov.
 local function room(id, n, size, total)
   local idn, idb = idcounts(id)
   if idn then
     while idn + n > maxNID or idb + size > maxBID do
       local w = evictOldest(ikey(id))
-      if w then
-        redis.call('HINCRBY', G, 'quota', 1)
-        return {w, 'q'}
-      end
+      if w then return {w, 'q'} end
       idn, idb = idcounts(id)
       if not idn then idn, idb = 0, 0 end
     end
   elseif n > maxNID or size > maxBID then
-    redis.call('HINCRBY', G, 'quota', 1)
     return {busy, 'q'}
   end
   local gn, gb = counts()
   while gn + n > maxN or gb + total > maxB do
     local w = evictOldest(D)
-    if w then
-      redis.call('HINCRBY', G, 'busy', 1)
-      return {w, 'b'}
-    end
+    if w then return {w, 'b'} end
     gn, gb = counts()
   end
   return nil
@@ -174,21 +176,21 @@ end
 `
 
 // claimScript: ARGV after the header: identity, key, method, hash, token,
-// lease end, entry size. Replies:
+// lease (ms, from now), entry size. Replies:
 //
-//	{"O", epoch}                          owned
+//	{"O", epoch, lease end}               owned
 //	{"F", epoch, token, method, hash}     in flight
 //	{"D", epoch, token, method, hash, record, tombstone}
 //	{"X", epoch, ms}                      fenced for ms more
 //	{"R", epoch, ms, "q"|"b"}             no room: quota or store
 var claimScript = redis.NewScript("#!lua\n" + prelude + `
 local id, key, method, hash = ARGV[A+1], ARGV[A+2], ARGV[A+3], ARGV[A+4]
-local tok, leaseEnd, size = ARGV[A+5], tonumber(ARGV[A+6]), tonumber(ARGV[A+7])
+local tok, leaseEnd, size = ARGV[A+5], now + tonumber(ARGV[A+6]), tonumber(ARGV[A+7])
 expire()
-local e = redis.call('HMGET', E, 't', 's', 'm', 'h', 'c', 'r', 'k')
+local e = redis.call('HMGET', E, 't', 's', 'm', 'h', 'c', 'r', 'k', 'l')
 if e[1] then
   if e[2] == 'f' then
-    if e[1] == tok then return {'O', epoch} end
+    if e[1] == tok then return {'O', epoch, tonumber(e[8])} end
     return {'F', epoch, e[1], e[3], e[4]}
   end
   if now < tonumber(e[5]) + ttl then
@@ -204,9 +206,12 @@ end
 local total = size
 if not redis.call('HGET', IN, id) then total = total + idcost(id) end
 local r = room(id, 1, size, total)
-if r then return {'R', epoch, r[1], r[2]} end
+if r then
+  if r[2] == 'q' then redis.call('HINCRBY', G, 'quota', 1) else redis.call('HINCRBY', G, 'busy', 1) end
+  return {'R', epoch, r[1], r[2]}
+end
 create(tok, id, key, method, hash, leaseEnd, size)
-return {'O', epoch}
+return {'O', epoch, leaseEnd}
 `)
 
 // completeScript: ARGV after the header: token, the claim's epoch,

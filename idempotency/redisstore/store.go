@@ -39,12 +39,14 @@ type Store struct {
 	maxBytes, maxBytesPerID     int64
 	ttl, horizon, lease, margin time.Duration
 	fence, heartbeat, poll, op  time.Duration
-	now                         func() time.Time
+	now                         func() time.Time // this replica's clock: deadlines, local bookkeeping
+	redisNow                    func() time.Time // replaces Redis's TIME in tests; nil: TIME
 	br                          *breaker.Breaker
 
 	tokPrefix string
 	tokSeq    atomic.Uint64
 
+	lost    atomic.Uint64          // outcomes Complete gave up recording
 	owned   sync.Map               // token -> *ownedClaim: this process's claims in flight
 	nOwned  atomic.Int64           // entries of owned
 	orphans sync.Map               // token -> *token: claims whose reply was lost; Redis may hold them
@@ -73,11 +75,12 @@ type ownedClaim struct {
 // token is a Claim's Token.
 type token struct {
 	store    *Store
-	tok      string // the execution's token in Redis
-	epoch    string // the epoch the claim was made in
-	key      string // the entry's Redis key
-	leaseEnd int64  // ms; owned claims only
-	size     int64  // the entry's size; owned claims only
+	tok      string    // the execution's token in Redis
+	epoch    string    // the epoch the claim was made in
+	key      string    // the entry's Redis key
+	leaseEnd int64     // ms on Redis's clock; owned claims only
+	until    time.Time // the lease's end on this replica's clock, at the earliest; owned and orphaned claims
+	size     int64     // the entry's size; owned claims only
 }
 
 // New returns a Store on c.Client configured by c. It does not talk to
@@ -98,6 +101,7 @@ func New(c Config) (*Store, error) {
 		ttl: c.TTL, horizon: c.RetryHorizon, lease: c.Lease, margin: c.LeaseMargin,
 		fence: c.Fence, heartbeat: c.Heartbeat, poll: c.PollInterval, op: c.OpTimeout,
 		now:       c.Now,
+		redisNow:  c.redisNow,
 		br:        breaker.New(c.Breaker),
 		tokPrefix: newTokenPrefix(),
 		waiters:   map[string][]chan struct{}{},
@@ -200,14 +204,17 @@ func recordCost(n int, method string) int64 {
 	return int64(n)
 }
 
-// ms returns t in milliseconds since the epoch.
-func ms(t time.Time) int64 { return t.UnixMilli() }
-
-// header returns the arguments every script starts with.
-func (s *Store) header(now int64, tok string, extra int) []any {
+// header returns the arguments every script starts with. The scripts
+// read the time from Redis (TIME), so that every replica's operations are
+// measured on one clock, whatever the replicas' own clocks say; only a
+// test's clock (Config.redisNow) is passed in.
+func (s *Store) header(tok string, extra int) []any {
 	a := make([]any, headerLen, headerLen+extra)
 	a[argPrefix] = s.prefix
-	a[argNow] = now
+	a[argNow] = ""
+	if s.redisNow != nil {
+		a[argNow] = s.redisNow().UnixMilli()
+	}
 	a[argNewEpoch] = tok
 	a[argFence] = s.fence.Milliseconds()
 	a[argIDBase] = identityBase
@@ -317,20 +324,15 @@ func (s *Store) Claim(ctx context.Context, scope dedupe.Scope, fp dedupe.Fingerp
 	if err != nil {
 		return dedupe.Claim{}, err
 	}
-	now := s.now()
-	leaseEnd := now.Add(s.lease)
-	if dl, ok := ctx.Deadline(); ok {
-		leaseEnd = dl.Add(s.margin)
-	}
-	leaseMs := max(ms(leaseEnd), ms(now)+1)
+	leaseMs, until := s.leaseOf(ctx)
 	tok := s.newToken()
 	ek := s.entryKey(scope)
 	size := entryCost(scope, fp.Method)
-	args := append(s.header(ms(now), tok, 7), scope.Identity, scope.Key, fp.Method, fp.RequestHash[:], tok, leaseMs, size)
+	args := append(s.header(tok, 7), scope.Identity, scope.Key, fp.Method, fp.RequestHash[:], tok, leaseMs, size)
 	v, err := s.run(ctx, &tk, "claim", claimScript, ek, args)
 	if err != nil {
 		if status.Code(err) != codes.ResourceExhausted { // not refused for want of memory: it may have been applied
-			s.orphans.Store(tok, &token{store: s, tok: tok, key: ek, leaseEnd: leaseMs})
+			s.orphans.Store(tok, &token{store: s, tok: tok, key: ek, until: until})
 		}
 		return dedupe.Claim{}, err
 	}
@@ -338,7 +340,14 @@ func (s *Store) Claim(ctx context.Context, scope dedupe.Scope, fp dedupe.Fingerp
 	c := dedupe.Claim{Scope: scope}
 	switch v[0] {
 	case "O":
-		t := &token{store: s, tok: tok, epoch: epoch, key: ek, leaseEnd: leaseMs, size: size}
+		if len(v) < 3 {
+			break
+		}
+		leaseEnd, ok := v[2].(int64)
+		if !ok {
+			break
+		}
+		t := &token{store: s, tok: tok, epoch: epoch, key: ek, leaseEnd: leaseEnd, until: until, size: size}
 		s.owned.Store(tok, &ownedClaim{t: t, scope: scope, fp: fp, epoch: epoch})
 		s.nOwned.Add(1)
 		c.State, c.Holder, c.Token = dedupe.Owned, fp, t
@@ -383,6 +392,23 @@ func (s *Store) Claim(ctx context.Context, scope dedupe.Scope, fp dedupe.Fingerp
 			"the request did not run; try again in "+wait.Round(time.Millisecond).String(), wait)
 	}
 	return dedupe.Claim{}, status.Errorf(codes.Unavailable, "redisstore: claim: unexpected reply %v", v)
+}
+
+// leaseOf returns the lease of a claim made now with ctx, in
+// milliseconds (at least 1): the time left before ctx's deadline plus
+// LeaseMargin, or Lease without a deadline. The lease is sent as a
+// duration, and Redis ends it on its own clock; the time left is measured
+// on this replica's clock, the one the deadline was set with. until is the
+// lease's end on this replica's clock, at the earliest: Redis starts it
+// once the claim arrives.
+func (s *Store) leaseOf(ctx context.Context) (ms int64, until time.Time) {
+	now := s.now()
+	lease := s.lease
+	if dl, ok := ctx.Deadline(); ok {
+		lease = dl.Sub(now) + s.margin
+	}
+	ms = max(lease.Milliseconds(), 1)
+	return ms, now.Add(time.Duration(ms) * time.Millisecond)
 }
 
 // msArg returns v[i] as a duration in milliseconds, at least 1 ms.
@@ -433,14 +459,34 @@ func (s *Store) ownedToken(c dedupe.Claim) (*token, error) {
 	return t, nil
 }
 
-// finishAttempts is how many times Complete and Release try: their
-// handler ran, and an outcome lost to one failed round trip would let a
-// retry run it again once the lease ends.
-const finishAttempts = 3
+// releaseAttempts is how many times Release tries. A release lost to
+// failed round trips costs no second execution (the handler's outcome was
+// not to be stored): the scope is held for nobody until its lease ends.
+const releaseAttempts = 3
+
+// Complete's backoff between tries: it starts at completeBackoff and
+// doubles up to maxCompleteBackoff, so that once Redis answers again the
+// outcome is recorded within about half a second.
+const (
+	completeBackoff    = 20 * time.Millisecond
+	maxCompleteBackoff = 500 * time.Millisecond
+)
 
 // Complete implements [dedupe.Store]. A record that does not fit is kept
-// as a tombstone. Complete is not refused by the breaker, and tries up to
-// three times.
+// as a tombstone. Complete is not refused by the breaker.
+//
+// The handler ran: if its outcome were not recorded, a retry would run it
+// again once the claim's lease ended. So while Redis does not answer (each
+// try bounded by OpTimeout), Complete keeps trying, with backoff, for as
+// long as the lease lasts, as this replica measures it from before the
+// claim was sent (Redis ends it no earlier). Meanwhile the request's
+// duplicates find it in flight and wait, or, while Redis does not answer
+// them either, are refused with codes.Unavailable and a pushback; the
+// caller of this execution gets its response once the outcome is recorded.
+// Once the lease has ended (or the Store is closed), Complete gives up
+// with codes.Unavailable, saying that the outcome is lost, and counts it
+// in Stats.LostOutcomes. A Complete whose call Redis ran more than once
+// (a reply lost, then a retry) succeeds: every try carries one nonce.
 func (s *Store) Complete(ctx context.Context, c dedupe.Claim, rec *dedupe.Record) error {
 	if rec == nil {
 		return status.Error(codes.Internal, "redisstore: Complete with a nil record")
@@ -458,8 +504,9 @@ func (s *Store) Complete(ctx context.Context, c dedupe.Claim, rec *dedupe.Record
 	if t.size+size > s.maxBytesPerID {
 		data = nil // a tombstone: do not send what cannot be kept
 	}
-	nonce := s.newToken() // the same for every attempt: see completeScript
-	for attempt := 1; ; attempt++ {
+	nonce := s.newToken() // the same for every try: see completeScript
+	backoff := completeBackoff
+	for tries := 1; ; tries++ {
 		v, err := s.completeOnce(ctx, t, c, data, size, nonce)
 		if err == nil {
 			if v[0] == "C" {
@@ -467,18 +514,27 @@ func (s *Store) Complete(ctx context.Context, c dedupe.Claim, rec *dedupe.Record
 			}
 			return status.Errorf(codes.Internal, "redisstore: Complete: the claim is %v", v[2:])
 		}
-		if attempt == finishAttempts || ctx.Err() != nil || status.Code(err) == codes.ResourceExhausted {
+		if ctx.Err() != nil || status.Code(err) == codes.ResourceExhausted {
 			return err
 		}
-		if !sleep(ctx, s.stop, time.Duration(attempt)*20*time.Millisecond) {
-			return err
+		left := t.until.Sub(s.now())
+		if left <= 0 || !sleep(ctx, s.stop, min(backoff, left)) {
+			s.lost.Add(1)
+			why := "before the claim's lease ended"
+			if left > 0 {
+				why = "before the store was closed"
+			}
+			return status.Error(codes.Unavailable, "redisstore: Complete: Redis did not answer "+strconv.Itoa(tries)+
+				" tries "+why+": the outcome is lost, and a retry with the same key will run the request again; last error: "+
+				err.Error())
 		}
+		backoff = min(2*backoff, maxCompleteBackoff)
 	}
 }
 
 // completeOnce runs completeScript once for the call nonce.
 func (s *Store) completeOnce(ctx context.Context, t *token, c dedupe.Claim, data []byte, size int64, nonce string) ([]any, error) {
-	args := append(s.header(ms(s.now()), nonce, 11), t.tok, t.epoch, c.Scope.Identity, c.Scope.Key,
+	args := append(s.header(nonce, 11), t.tok, t.epoch, c.Scope.Identity, c.Scope.Key,
 		c.Holder.Method, c.Holder.RequestHash[:], t.leaseEnd, t.size, data, size, s.channel)
 	return s.run(ctx, nil, "complete", completeScript, t.key, args)
 }
@@ -492,7 +548,7 @@ func (s *Store) Release(ctx context.Context, c dedupe.Claim) error {
 	}
 	defer s.forget(t.tok)
 	for attempt := 1; ; attempt++ {
-		args := append(s.header(ms(s.now()), s.newToken(), 3), t.tok, t.epoch, s.channel)
+		args := append(s.header(s.newToken(), 3), t.tok, t.epoch, s.channel)
 		v, err := s.run(ctx, nil, "release", releaseScript, t.key, args)
 		if err == nil {
 			if v[0] == "C" || attempt > 1 { // after a lost reply, an earlier attempt may have released it
@@ -500,7 +556,7 @@ func (s *Store) Release(ctx context.Context, c dedupe.Claim) error {
 			}
 			return status.Error(codes.Internal, "redisstore: Release: the claim is already finished, or its lease ended")
 		}
-		if attempt == finishAttempts || ctx.Err() != nil {
+		if attempt == releaseAttempts || ctx.Err() != nil {
 			return err
 		}
 		if !sleep(ctx, s.stop, time.Duration(attempt)*20*time.Millisecond) {
@@ -547,7 +603,7 @@ func (s *Store) Wait(ctx context.Context, c dedupe.Claim) (*dedupe.Record, error
 		if err != nil {
 			return nil, err
 		}
-		args := append(s.header(ms(s.now()), s.newToken(), 2), t.tok, t.epoch)
+		args := append(s.header(s.newToken(), 2), t.tok, t.epoch)
 		v, err := s.run(ctx, &tk, "wait", waitScript, t.key, args)
 		if err != nil {
 			return nil, err
@@ -659,10 +715,10 @@ func (s *Store) watch() {
 // broken connection): Redis may have applied them, and would then hold
 // their scopes, for nobody, until their leases end.
 func (s *Store) releaseOrphans() {
-	now := ms(s.now())
+	now := s.now()
 	var orphans []*token
 	s.orphans.Range(func(k, v any) bool {
-		if t := v.(*token); t.leaseEnd > now {
+		if t := v.(*token); now.Before(t.until) {
 			orphans = append(orphans, t)
 		} else {
 			s.orphans.Delete(k) // its lease ended: Redis drops it
@@ -671,7 +727,7 @@ func (s *Store) releaseOrphans() {
 	})
 	for _, t := range orphans {
 		ctx, cancel := context.WithTimeout(context.Background(), s.op)
-		args := append(s.header(ms(s.now()), s.newToken(), 3), t.tok, "", s.channel)
+		args := append(s.header(s.newToken(), 3), t.tok, "", s.channel)
 		_, err := s.run(ctx, nil, "release", releaseScript, t.key, args)
 		cancel()
 		if err != nil {
@@ -683,10 +739,10 @@ func (s *Store) releaseOrphans() {
 
 // retake takes back the claims of this process that Redis lost.
 func (s *Store) retake() {
-	now := ms(s.now())
+	now := s.now()
 	var claims []*ownedClaim
 	s.owned.Range(func(k, v any) bool {
-		if o := v.(*ownedClaim); o.t.leaseEnd > now {
+		if o := v.(*ownedClaim); now.Before(o.t.until) {
 			claims = append(claims, o)
 		} else {
 			s.forget(k.(string)) // its lease ended: it is not ours any more
@@ -706,7 +762,7 @@ func (s *Store) retake() {
 		if o.epoch == cur { // only this goroutine reads and writes o.epoch after Claim
 			continue
 		}
-		args := append(s.header(ms(s.now()), s.newToken(), 7), o.t.tok, o.scope.Identity, o.scope.Key,
+		args := append(s.header(s.newToken(), 7), o.t.tok, o.scope.Identity, o.scope.Key,
 			o.fp.Method, o.fp.RequestHash[:], o.t.leaseEnd, o.t.size)
 		ctx, cancel := context.WithTimeout(context.Background(), s.op)
 		v, err := s.run(ctx, nil, "retake", retakeScript, o.t.key, args)
@@ -731,13 +787,20 @@ type Stats struct {
 	// MaxBytes.
 	Bytes int64
 	// Evictions, Expirations, Oversized, Busy and OverQuota count what
-	// the fields of the same names in dedupe.MemoryStats count.
+	// the fields of the same names in dedupe.MemoryStats count: Busy and
+	// OverQuota, refused claims only; Oversized, records kept as
+	// tombstones.
 	Evictions, Expirations, Oversized, Busy, OverQuota uint64
 	// LeaseEnds counts claims dropped because their lease ended.
 	LeaseEnds uint64
 	// Fenced counts claims refused during a fence; Retaken, claims taken
 	// back by their owners after Redis lost its data.
 	Fenced, Retaken uint64
+	// LostOutcomes counts the outcomes this Store gave up recording
+	// because Redis did not answer before their claims' leases ended (or
+	// before Close): their requests run again if retried. It is this
+	// Store's own count, not shared.
+	LostOutcomes uint64
 	// Breaker is the state of this Store's breaker (not shared).
 	Breaker breaker.State
 }
@@ -766,7 +829,7 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 		Entries: int(n(0)), Bytes: n(1), InFlight: int(inFlight.Val()), Identities: int(ids.Val()),
 		Evictions: uint64(n(2)), Expirations: uint64(n(3)), Oversized: uint64(n(4)), Busy: uint64(n(5)),
 		OverQuota: uint64(n(6)), LeaseEnds: uint64(n(7)), Fenced: uint64(n(8)), Retaken: uint64(n(9)),
-		Breaker: s.br.State(),
+		LostOutcomes: s.lost.Load(), Breaker: s.br.State(),
 	}, nil
 }
 

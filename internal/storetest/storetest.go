@@ -13,7 +13,9 @@
 //
 // The suite injects the clock (Config.Now) and never sleeps: a store
 // under test must take every time it compares (TTL, retry horizon, lease)
-// from Config.Now.
+// from Config.Now. A shared store that reads the time from its server
+// (redisstore reads Redis's, so that replicas share one clock) must let
+// its tests put Config.Now in that clock's place.
 package storetest
 
 import (

@@ -203,17 +203,39 @@ func (s *Server) Pause(t testing.TB) { s.signal(t, syscall.SIGSTOP) }
 // Resume continues a paused server (SIGCONT).
 func (s *Server) Resume(t testing.TB) { s.signal(t, syscall.SIGCONT) }
 
+// PauseFor pauses the server (SIGSTOP) and resumes it d later (SIGCONT)
+// without waiting: a Redis that stalls and comes back on its own, with
+// nothing lost. Unlike Pause it may be called from any goroutine (a
+// handler, a hook); a failure to signal fails t with Error.
+func (s *Server) PauseFor(t testing.TB, d time.Duration) {
+	if err := s.send(syscall.SIGSTOP); err != nil {
+		t.Error(err)
+		return
+	}
+	resume := time.AfterFunc(d, func() { _ = s.send(syscall.SIGCONT) })
+	t.Cleanup(func() {
+		if resume.Stop() {
+			_ = s.send(syscall.SIGCONT)
+		}
+	})
+}
+
 func (s *Server) signal(t testing.TB, sig os.Signal) {
 	t.Helper()
+	if err := s.send(sig); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// send sends sig to the running server.
+func (s *Server) send(sig os.Signal) error {
 	s.mu.Lock()
 	cmd := s.cmd
 	s.mu.Unlock()
 	if cmd == nil {
-		t.Fatal("redis-server is not running")
+		return errors.New("redis-server is not running")
 	}
-	if err := cmd.Process.Signal(sig); err != nil {
-		t.Fatal(err)
-	}
+	return cmd.Process.Signal(sig)
 }
 
 // Log returns the server's output so far.
