@@ -133,16 +133,22 @@ func (s *Server) admit(ctx context.Context, method string) (overload.Ticket, err
 	return t, errShedFirst
 }
 
-// release reports the end of a call admitted with t: its latency is
-// learned when the handler succeeded or ran out of its context (a lower
-// bound of what it needed), not when it failed on its own (often at once:
-// a full pool answering "busy" is no measure of the method's latency).
+// release reports the end of a call admitted with t, as what it proves:
+// a call that returned a response completed (Done: its latency is what
+// the method took, however late); one that failed after its context ended
+// (the caller left, or the deadline passed) was cut short (Abandon: it
+// took at least that long); one that failed on its own teaches nothing
+// (Discard: often at once, and a full pool answering "busy" is no measure
+// of the method's latency).
 func (s *Server) release(ctx context.Context, t overload.Ticket, err error) {
-	if err == nil || ctx.Err() != nil {
+	switch {
+	case err == nil:
 		t.Done()
-		return
+	case ctx.Err() != nil:
+		t.Abandon()
+	default:
+		t.Discard()
 	}
-	t.Discard()
 }
 
 // retryAfter returns the pushback trailer for ms milliseconds.

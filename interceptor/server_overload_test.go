@@ -2,10 +2,12 @@ package interceptor_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -337,4 +339,148 @@ func TestServerLearnsFromWhatTheMethodNeeds(t *testing.T) {
 	_, learned = m.Need()
 	assert.True(t, learned, "30 successes were not learned")
 	assert.Zero(t, m.Inflight())
+}
+
+// The tests below run in a synctest bubble: real gRPC over bufconn, real
+// handlers that sleep, real deadlines and cancellations, on the bubble's
+// fake clock (time advances only when every goroutine waits), which the
+// Guard reads through time.Now.
+
+// bubbleServe serves svc over bufconn behind interceptor.NewServer(opts...)
+// inside the current synctest bubble and returns a plain grpc client (no
+// retries) and the Server. Both are closed by t's cleanup, inside the
+// bubble.
+func bubbleServe(t *testing.T, svc origin.Registerer, opts ...interceptor.ServerOption) (echov1.EchoServiceClient, *interceptor.Server) {
+	t.Helper()
+	s := interceptor.NewServer(opts...)
+	l := origin.Bufconn()
+	srv := origin.Serve(l, svc, grpc.ChainUnaryInterceptor(s.Unary()))
+	cc, err := l.Dial()
+	require.NoError(t, err)
+	t.Cleanup(func() { cc.Close(); srv.Stop() })
+	return echov1.NewEchoServiceClient(cc), s
+}
+
+// tally counts the outcomes of calls.
+type tally struct{ ok, failed atomic.Int64 }
+
+func (tl *tally) record(err error) {
+	if err == nil {
+		tl.ok.Add(1)
+	} else {
+		tl.failed.Add(1)
+	}
+}
+
+// closedLoop runs n callers until end: each sends a call with send(w, i),
+// records its outcome in the tally that tl returns when the call is sent,
+// and thinks 20 to 36 ms (varied per caller and call, so that the callers
+// drift apart) before its next call. wg counts them.
+func closedLoop(wg *sync.WaitGroup, n int, end time.Time, tl func() *tally, send func(w, i int) error) {
+	for w := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; time.Now().Before(end); i++ {
+				into := tl()
+				into.record(send(w, i))
+				time.Sleep(20*time.Millisecond + time.Duration((w*7+i*13)%17)*time.Millisecond)
+			}
+		}()
+	}
+}
+
+// watchLimit samples m's adaptive limit every millisecond until end and
+// returns the largest it saw (-1: never engaged).
+func watchLimit(wg *sync.WaitGroup, m *overload.Method, end time.Time) *atomic.Int64 {
+	most := &atomic.Int64{}
+	most.Store(-1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for time.Now().Before(end) {
+			if l := m.Limit(); l > most.Load() {
+				most.Store(l)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	return most
+}
+
+// TestServerCancelledCallsTeachTheLimiterNothing: 500 calls cancelled 1 ms
+// after they were sent end long before the 5 ms their handler needs; a
+// cancelled call proves at most that the method takes longer than that.
+// Honest callers without a deadline, at a load the server keeps up with,
+// lose no call, and no limit engages.
+func TestServerCancelledCallsTeachTheLimiterNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		echo, s := bubbleServe(t, origin.New(origin.Sleep(5*time.Millisecond)))
+		m := s.Overload().Method(echov1.EchoService_Put_FullMethodName)
+		end := time.Now().Add(5 * time.Second)
+		var wg sync.WaitGroup
+		var honest, cancelled tally
+		closedLoop(&wg, 8, end, func() *tally { return &honest }, func(w, i int) error {
+			_, err := echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("h", w, "-", i)})
+			return err
+		})
+		most := watchLimit(&wg, m, end)
+		for i := range 500 { // one every 5 ms, from the start
+			ctx, cancel := context.WithCancel(t.Context())
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: fmt.Sprint("c", i)})
+				cancelled.record(err)
+			}()
+			time.Sleep(time.Millisecond)
+			cancel()
+			time.Sleep(4 * time.Millisecond)
+		}
+		wg.Wait()
+		st := s.Overload().Stats()
+		t.Logf("honest: %d ok, %d failed; cancelled calls: %d failed; largest limit %d; %+v",
+			honest.ok.Load(), honest.failed.Load(), cancelled.failed.Load(), most.Load(), st)
+		require.EqualValues(t, 500, cancelled.failed.Load())
+		assert.Zero(t, honest.failed.Load(), "honest calls refused")
+		assert.EqualValues(t, -1, most.Load(), "a limit engaged on a server that keeps up")
+		assert.Zero(t, st.ShedFirst+st.ShedRetry+st.RefusedDeadline)
+	})
+}
+
+// TestServerRefusesNoFirstAttemptOfASlowerDependency: the method's
+// handler takes 2 ms for 3 s, then 10 ms (a dependency five times slower)
+// for 7 s, under the same load from callers without a deadline, which the
+// server keeps up with: nothing queues, every call is served. A server
+// that keeps up refuses no first attempt, however slow it is.
+func TestServerRefusesNoFirstAttemptOfASlowerDependency(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := origin.New(origin.Sleep(2 * time.Millisecond))
+		echo, s := bubbleServe(t, o)
+		m := s.Overload().Method(echov1.EchoService_Put_FullMethodName)
+		start := time.Now()
+		end := start.Add(10 * time.Second)
+		var wg sync.WaitGroup
+		var before, after tally
+		slower := func() *tally {
+			if time.Since(start) < 3*time.Second {
+				return &before
+			}
+			return &after
+		}
+		closedLoop(&wg, 8, end, slower, func(w, i int) error {
+			_, err := echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(w, "-", i)})
+			return err
+		})
+		most := watchLimit(&wg, m, end)
+		time.Sleep(3 * time.Second)
+		o.SetScript(origin.Sleep(10 * time.Millisecond))
+		wg.Wait()
+		st := s.Overload().Stats()
+		t.Logf("2 ms: %d ok, %d failed; 10 ms: %d ok, %d failed; largest limit %d; %+v",
+			before.ok.Load(), before.failed.Load(), after.ok.Load(), after.failed.Load(), most.Load(), st)
+		assert.Zero(t, before.failed.Load()+after.failed.Load(), "first attempts refused")
+		assert.Zero(t, st.ShedFirst+st.ShedRetry+st.RefusedDeadline)
+		assert.EqualValues(t, -1, most.Load(), "a limit engaged on a server that keeps up")
+	})
 }

@@ -23,6 +23,7 @@ const (
 // admission and adaptive, retry-aware shedding, both with the defaults
 // below. New reads it once; later changes have no effect.
 type Config struct {
+
 	// NoAdmission turns deadline-aware admission off.
 	NoAdmission bool
 	// Quantile is the share of recent requests of a method that were
@@ -54,14 +55,14 @@ type Config struct {
 	// MinLimit is the floor of an adaptive limit. ≤ 0 → 4.
 	MinLimit int
 	// Tolerance is how many times its baseline (the least latency learned
-	// over time) a method's latency may be before its adaptive limit
-	// engages. < 1, NaN or Inf → 2.
+	// over time) a method's latency may be before its adaptive limit may
+	// engage (it engages only when the method also fails to keep up: see
+	// the package documentation). < 1, NaN or Inf → 2.
 	Tolerance float64
 	// DeadlineShare is the share of the deadline left to the requests of
 	// a method (their 10th percentile on arrival) that its latency may take
-	// before its adaptive limit engages: the limit engages only when the
-	// latency is above both. Negative: deadlines are not considered. 0,
-	// NaN or above 1 → 0.5.
+	// before its adaptive limit may engage: the latency must be above both.
+	// Negative: deadlines are not considered. 0, NaN or above 1 → 0.5.
 	DeadlineShare float64
 	// RetryShare is the share of a limit at which retries and hedges
 	// (attempts with grpc-previous-rpc-attempts > 0) are shed, while first
