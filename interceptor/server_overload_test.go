@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/stormguard/stormguard/deadline"
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
@@ -483,4 +484,114 @@ func TestServerRefusesNoFirstAttemptOfASlowerDependency(t *testing.T) {
 		assert.Zero(t, st.ShedFirst+st.ShedRetry+st.RefusedDeadline)
 		assert.EqualValues(t, -1, most.Load(), "a limit engaged on a server that keeps up")
 	})
+}
+
+// pool is an EchoService whose Put has a fixed capacity, as a service with
+// a worker pool has: a request waits (first come, first served, or until
+// its caller leaves) for one of the pool's places, then works service
+// time.
+type pool struct {
+	echov1.UnimplementedEchoServiceServer
+	places  chan struct{}
+	service time.Duration
+}
+
+func newPool(workers int, service time.Duration) *pool {
+	return &pool{places: make(chan struct{}, workers), service: service}
+}
+
+func (p *pool) Register(s grpc.ServiceRegistrar) { echov1.RegisterEchoServiceServer(s, p) }
+
+func (p *pool) Put(ctx context.Context, req *echov1.PutRequest) (*echov1.PutResponse, error) {
+	select {
+	case p.places <- struct{}{}:
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	defer func() { <-p.places }()
+	t := time.NewTimer(p.service)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return &echov1.PutResponse{RequestId: req.GetRequestId()}, nil
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+// TestServerAForgedDeadlineBuysNothing: a flood of callers without a
+// deadline, 120 at a time, against a method of 4 workers × 20 ms; 4
+// honest callers with 300 ms deadlines beside it. The same flood claiming
+// a deadline it does not have (stormguard-deadline-ms: 9999999999, or a
+// grpc-timeout of an hour) gets nothing the flood without one does not:
+// the honest callers keep at least what they keep against it.
+func TestServerAForgedDeadlineBuysNothing(t *testing.T) {
+	floods := []struct {
+		name string
+		ctx  func(context.Context) (context.Context, context.CancelFunc)
+	}{
+		{"no deadline", func(ctx context.Context) (context.Context, context.CancelFunc) { return ctx, func() {} }},
+		{"header 9999999999", func(ctx context.Context) (context.Context, context.CancelFunc) {
+			return metadata.AppendToOutgoingContext(ctx, deadline.MetadataKey, "9999999999"), func() {}
+		}},
+		{"grpc-timeout 1h", func(ctx context.Context) (context.Context, context.CancelFunc) {
+			return context.WithTimeout(ctx, time.Hour)
+		}},
+	}
+	honestOK := make([]int64, len(floods))
+	for k, flood := range floods {
+		synctest.Test(t, func(t *testing.T) {
+			echo, s := bubbleServe(t, newPool(4, 20*time.Millisecond))
+			start := time.Now()
+			end := start.Add(6 * time.Second)
+			var wg sync.WaitGroup
+			var honest, flooded tally
+			// Every caller starts and pauses a few µs apart from the
+			// others, so that no two calls arrive at the same instant of
+			// the bubble's clock (goroutines woken at one instant run in
+			// any order): each run is the same run.
+			for w := range 4 { // from the start
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					time.Sleep(time.Duration(w) * 3 * time.Microsecond)
+					for i := 0; time.Now().Before(end); i++ {
+						ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+						_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: fmt.Sprint("h", w, "-", i)})
+						cancel()
+						if time.Since(start) >= time.Second {
+							honest.record(err)
+						}
+						time.Sleep(10*time.Millisecond + time.Duration(w)*3*time.Microsecond)
+					}
+				}()
+			}
+			time.Sleep(time.Second) // then the flood, for 5 s
+			for w := range 120 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					time.Sleep(time.Duration(w) * 50 * time.Microsecond)
+					for i := 0; time.Now().Before(end); i++ {
+						ctx, cancel := flood.ctx(t.Context())
+						_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: fmt.Sprint("f", w, "-", i)})
+						cancel()
+						flooded.record(err)
+						if err != nil {
+							// About the shed first attempts' pushback.
+							time.Sleep(100*time.Millisecond + time.Duration(w)*7*time.Microsecond)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			honestOK[k] = honest.ok.Load()
+			t.Logf("flood %s: honest %d ok, %d failed; flood %d ok, %d failed; %+v", flood.name,
+				honest.ok.Load(), honest.failed.Load(), flooded.ok.Load(), flooded.failed.Load(), s.Overload().Stats())
+		})
+	}
+	require.Positive(t, honestOK[0], "the honest callers keep nothing against the flood without a deadline")
+	for k := range floods[1:] {
+		assert.GreaterOrEqual(t, honestOK[k+1], honestOK[0], "flood %s", floods[k+1].name)
+	}
 }

@@ -17,12 +17,25 @@ const (
 	DefaultLimitWindow   = 100 * time.Millisecond
 	DefaultRetryAfter    = 100 * time.Millisecond
 	DefaultMaxMethods    = 1024
+	DefaultMaxDeadline   = 10 * time.Second
 )
 
 // Config configures a Guard. The zero value is valid: deadline-aware
 // admission and adaptive, retry-aware shedding, both with the defaults
 // below. New reads it once; later changes have no effect.
 type Config struct {
+	// MaxDeadline is the longest remaining deadline the Guard believes. A
+	// deadline is what the caller claims (grpc-timeout, or the suite's
+	// stormguard-deadline-ms), and a first attempt with one is judged by
+	// admission instead of being shed at an adaptive limit; a request
+	// that claims more than MaxDeadline is treated in every way as one
+	// without a deadline, so that a forged long deadline buys nothing: it
+	// is shed at a limit as a request without one is, and does not raise
+	// the latency that DeadlineShare tolerates. A caller that claims a
+	// deadline within MaxDeadline that it does not have still gets what
+	// that deadline gets. Set it to the longest deadline the server's
+	// honest callers use. ≤ 0 → 10s.
+	MaxDeadline time.Duration
 
 	// NoAdmission turns deadline-aware admission off.
 	NoAdmission bool
@@ -87,6 +100,7 @@ type Config struct {
 
 // settings is a Config with defaults applied.
 type settings struct {
+	maxDeadline   time.Duration
 	admission     bool
 	quantile      float64
 	window        time.Duration
@@ -106,6 +120,7 @@ type settings struct {
 
 func (c Config) settings() settings {
 	s := settings{
+		maxDeadline:   c.MaxDeadline,
 		admission:     !c.NoAdmission,
 		quantile:      c.Quantile,
 		window:        c.Window,
@@ -121,6 +136,9 @@ func (c Config) settings() settings {
 		retryAfter:    c.RetryAfter,
 		maxMethods:    c.MaxMethods,
 		now:           c.Now,
+	}
+	if s.maxDeadline <= 0 {
+		s.maxDeadline = DefaultMaxDeadline
 	}
 	if !(s.quantile > 0 && s.quantile < 1) {
 		s.quantile = DefaultQuantile

@@ -20,6 +20,14 @@
 //		t.Discard() // failed on its own, often at once: teaches nothing
 //	}
 //
+// # What a caller claims
+//
+// A request's deadline is metadata its caller chooses (grpc-timeout or
+// stormguard-deadline-ms), not a fact. A deadline more than MaxDeadline
+// (10 s) away is treated as no deadline at all, so that claiming a longer
+// one than the caller has buys nothing that a request without one does
+// not get.
+//
 // # Deadline-aware admission
 //
 // A request whose remaining deadline is already shorter than what the
@@ -83,12 +91,12 @@
 // retry"; first attempts only at the limit itself, with a pushback of
 // RetryAfter (100 ms), after which a retry meets the retries' threshold.
 // An adaptive limit sheds a first attempt only when admission cannot
-// judge it (it has no deadline, or NoAdmission): admission already
-// refuses the first attempts that would miss their deadlines, and the
-// others, queued past the limit, are served in time, as they would be
-// without a Guard. Shedding them as well cost 99 of the 1,311 calls that
-// no retries serve in the storm lab's metastable scenario (a capacity
-// drop, callers without a per-attempt timeout).
+// judge it (it has no deadline, or one beyond MaxDeadline, or
+// NoAdmission): admission already refuses the first attempts that would
+// miss their deadlines, and the others, queued past the limit, are served
+// in time, as they would be without a Guard. Shedding them as well cost 99
+// of the 1,311 calls that no retries serve in the storm lab's metastable
+// scenario (a capacity drop, callers without a per-attempt timeout).
 // MaxConcurrency, a limit the user chose, sheds first attempts at it in
 // every case.
 //

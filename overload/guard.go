@@ -160,8 +160,9 @@ type Ticket struct {
 
 // Admit decides on a request of m that arrives now (Config.Now) with the
 // given deadline (hasDeadline false: none) and, with retry, carries
-// grpc-previous-rpc-attempts > 0 (a retry or a hedge). An admitted request
-// must report its end on the Ticket.
+// grpc-previous-rpc-attempts > 0 (a retry or a hedge). A deadline more
+// than MaxDeadline away counts as none. An admitted request must report its
+// end on the Ticket.
 func (m *Method) Admit(deadline time.Time, hasDeadline, retry bool) (Ticket, Decision) {
 	return m.AdmitAt(m.g.s.now(), deadline, hasDeadline, retry)
 }
@@ -172,6 +173,9 @@ func (m *Method) AdmitAt(now, deadline time.Time, hasDeadline, retry bool) (Tick
 	s := &g.s
 	t := g.at(now)
 	left := deadline.Sub(now)
+	if left > s.maxDeadline {
+		hasDeadline = false // a claim the Guard does not believe
+	}
 	limiting := s.shedding && s.adaptive
 	inflight := m.inflight.Load()
 	if s.admission && hasDeadline {

@@ -761,15 +761,15 @@ func TestAnAdaptiveLimitLeavesFirstAttemptsWithADeadlineToAdmission(t *testing.T
 		now := c.Now()
 		var open []Ticket
 		for range limit {
-			tk, d := m.AdmitAt(now, now.Add(time.Hour), true, false)
+			tk, d := m.AdmitAt(now, now.Add(time.Second), true, false)
 			if d.Reason != Admitted {
 				t.Fatalf("admission %v: first attempt under the limit: %+v", admission, d)
 			}
 			open = append(open, tk)
 		}
-		tk, d := m.AdmitAt(now, now.Add(time.Hour), true, false)
+		tk, d := m.AdmitAt(now, now.Add(time.Second), true, false)
 		if admission && d.Reason != Admitted {
-			t.Errorf("admission on: a first attempt with an hour left is shed at the limit: %+v", d)
+			t.Errorf("admission on: a first attempt with a second left is shed at the limit: %+v", d)
 		}
 		if !admission && d.Reason != ShedFirst {
 			t.Errorf("admission off: a first attempt past the limit is admitted: %+v", d)
@@ -780,7 +780,11 @@ func TestAnAdaptiveLimitLeavesFirstAttemptsWithADeadlineToAdmission(t *testing.T
 		if _, d := m.AdmitAt(now, time.Time{}, false, false); d.Reason != ShedFirst {
 			t.Errorf("admission %v: a first attempt without a deadline past the limit: %+v", admission, d)
 		}
-		if _, d := m.AdmitAt(now, now.Add(time.Hour), true, true); d.Reason != ShedRetry {
+		// A deadline beyond MaxDeadline is no deadline: it buys nothing.
+		if _, d := m.AdmitAt(now, now.Add(time.Hour), true, false); d.Reason != ShedFirst {
+			t.Errorf("admission %v: a first attempt claiming an hour past the limit: %+v", admission, d)
+		}
+		if _, d := m.AdmitAt(now, now.Add(time.Second), true, true); d.Reason != ShedRetry {
 			t.Errorf("admission %v: a retry past the limit: %+v", admission, d)
 		}
 		for _, tk := range open {
