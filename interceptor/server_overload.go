@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/overload"
 )
 
@@ -80,7 +81,10 @@ type serverOverload struct {
 // per-method state), or nil when it is off.
 func (s *Server) Overload() *overload.Guard { return s.ov.guard }
 
-// The statuses and trailers of refusals, built once.
+// The statuses of refusals, built once. They are marked as refusals for
+// the dedupe interceptor, which runs admission only for a request that is
+// to run its handler: a refused request's key is released, not stored,
+// whatever the dedupe server's NotStored says.
 var (
 	errDeadlineTooShort = overloadError(codes.DeadlineExceeded,
 		"stormguard: refused on arrival: less time left than the method needs now (server overloaded)",
@@ -98,7 +102,7 @@ func overloadError(c codes.Code, msg, reason string, md map[string]string) error
 	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain, Metadata: md}); err == nil {
 		st = d
 	}
-	return st.Err()
+	return dedupe.Refused(st.Err())
 }
 
 // retryAfterTrailer caches the pushback trailer of shed first attempts,

@@ -19,6 +19,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/stormguard/stormguard/deadline"
+	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
@@ -486,6 +488,112 @@ func TestServerRefusesNoFirstAttemptOfASlowerDependency(t *testing.T) {
 	})
 }
 
+// TestServerAnswersAKeyedRetryFromTheStoreBeforeAdmission: a keyed retry
+// of a write that already succeeded is answered from the dedupe store
+// even when the server sheds everything else, and a duplicate that
+// arrives while the original runs waits for its outcome instead of being
+// shed. Neither is admitted: a replay is no work, and teaches the overload
+// protection nothing. (In a synctest bubble, so that "the duplicate has
+// not been answered" means every goroutine is waiting.)
+func TestServerAnswersAKeyedRetryFromTheStoreBeforeAdmission(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release, arrived := make(chan struct{}), make(chan string, 4)
+		o := origin.New(func(c origin.Call) origin.Reply {
+			if c.RequestID != "quick" {
+				arrived <- c.RequestID
+				<-release
+			}
+			return origin.Reply{}
+		})
+		echo, _, s := guarded(t, o,
+			interceptor.WithOverload(overload.Config{NoAdmission: true, NoAdaptive: true, MaxConcurrency: 1}),
+			interceptor.WithDedupe(dedupe.NewServer(dedupe.Config{AllowAnonymous: true})))
+		ctx := t.Context()
+		charge := func(ctx context.Context, key, id, account string) (*echov1.ChargeResponse, error) {
+			var tr metadata.MD
+			resp, err := echo.Charge(metadata.AppendToOutgoingContext(ctx, idempotency.MetadataKey, key),
+				&echov1.ChargeRequest{RequestId: id, Account: account, AmountCents: 100}, grpc.Trailer(&tr))
+			if err != nil {
+				t.Logf("%s: %v, pushback %v", key, err, tr.Get(interceptor.PushbackKey))
+			}
+			return resp, err
+		}
+		var wg sync.WaitGroup
+		defer wg.Wait()
+
+		// A charge completes, and its outcome is stored.
+		first, err := charge(ctx, "k1", "quick", "a")
+		require.NoError(t, err)
+
+		// Another call holds the server's one place.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: "hold"})
+			assert.NoError(t, err)
+		}()
+		require.Equal(t, "hold", <-arrived)
+
+		// The charge's retry, marked as one or not, is answered from the
+		// store.
+		for _, c := range []context.Context{retryCtx(ctx, 1), ctx} {
+			again, err := charge(c, "k1", "quick", "a")
+			if assert.NoError(t, err, "a retry of a completed write was refused") {
+				assert.Equal(t, first.GetChargeId(), again.GetChargeId())
+			}
+		}
+		cents, n := o.Balance("a")
+		assert.Equal(t, int64(100), cents)
+		assert.Equal(t, 1, n)
+		close(release)
+		wg.Wait()
+		// With the server idle, a replay is still no admitted work.
+		again, err := charge(retryCtx(ctx, 1), "k1", "quick", "a")
+		require.NoError(t, err)
+		assert.Equal(t, first.GetChargeId(), again.GetChargeId())
+
+		// A write still running: its duplicate waits for it, and is not
+		// shed.
+		release = make(chan struct{})
+		orig := make(chan *echov1.ChargeResponse, 1)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := charge(ctx, "k2", "slow", "b")
+			assert.NoError(t, err)
+			orig <- resp
+		}()
+		require.Equal(t, "slow", <-arrived)
+		type answer struct {
+			resp *echov1.ChargeResponse
+			err  error
+		}
+		dup := make(chan answer, 1)
+		go func() {
+			resp, err := charge(retryCtx(ctx, 1), "k2", "slow", "b")
+			dup <- answer{resp, err}
+		}()
+		synctest.Wait() // the duplicate has been answered, or waits
+		select {
+		case a := <-dup:
+			t.Errorf("the duplicate of a write in flight was answered before it ended: %v", a.err)
+			close(release)
+		default:
+			close(release)
+			a := <-dup
+			if assert.NoError(t, a.err) {
+				assert.Equal(t, (<-orig).GetChargeId(), a.resp.GetChargeId())
+			}
+		}
+		wg.Wait()
+		_, n = o.Balance("b")
+		assert.Equal(t, 1, n)
+
+		assert.Equal(t, overload.Stats{Admitted: 3}, s.Overload().Stats(),
+			"admitted: the first charge, the holder and the slow charge; nothing else")
+	})
+}
+
 // pool is an EchoService whose Put has a fixed capacity, as a service with
 // a worker pool has: a request waits (first come, first served, or until
 // its caller leaves) for one of the pool's places, then works service
@@ -594,4 +702,41 @@ func TestServerAForgedDeadlineBuysNothing(t *testing.T) {
 	for k := range floods[1:] {
 		assert.GreaterOrEqual(t, honestOK[k+1], honestOK[0], "flood %s", floods[k+1].name)
 	}
+}
+
+// TestServerAShedKeyedWriteIsNotStored: a keyed write that the overload
+// protection sheds did not run, and its refusal is not its outcome: its
+// key is released, so that its retry runs the handler, even with a dedupe
+// server that stores Unavailable outcomes.
+func TestServerAShedKeyedWriteIsNotStored(t *testing.T) {
+	release, arrived := make(chan struct{}), make(chan struct{}, 1)
+	o := origin.New(func(c origin.Call) origin.Reply {
+		if c.RequestID == "hold" {
+			arrived <- struct{}{}
+			<-release
+		}
+		return origin.Reply{}
+	})
+	echo, _, _ := guarded(t, o,
+		interceptor.WithOverload(overload.Config{NoAdmission: true, NoAdaptive: true, MaxConcurrency: 1}),
+		interceptor.WithDedupe(dedupe.NewServer(dedupe.Config{AllowAnonymous: true,
+			NotStored: idempotency.CodeSet(1 << codes.Canceled)})))
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // fail, not hang, on a regression
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: "hold"})
+		done <- err
+	}()
+	<-arrived
+	keyed := metadata.AppendToOutgoingContext(ctx, idempotency.MetadataKey, "k")
+	req := &echov1.ChargeRequest{RequestId: "c", Account: "a", AmountCents: 5}
+	_, err := echo.Charge(keyed, req)
+	require.Equal(t, codes.Unavailable, status.Code(err), "shed while the holder runs")
+	close(release)
+	require.NoError(t, <-done)
+	_, err = echo.Charge(keyed, req)
+	require.NoError(t, err, "the retry got the stored refusal")
+	_, n := o.Balance("a")
+	assert.Equal(t, 1, n)
 }
