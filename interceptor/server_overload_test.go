@@ -740,3 +740,61 @@ func TestServerAShedKeyedWriteIsNotStored(t *testing.T) {
 	_, n := o.Balance("a")
 	assert.Equal(t, 1, n)
 }
+
+// TestServerTheAttemptHeaderIsSelfReported: grpc-previous-rpc-attempts is
+// what the caller says. At RetryShare of MaxConcurrency, 20 retries that
+// say so are shed, and so are values that are malformed or given twice (a
+// bad header buys nothing); 20 retries that omit the header or send "0"
+// are served as the first attempts they claim to be, as the documentation
+// says.
+func TestServerTheAttemptHeaderIsSelfReported(t *testing.T) {
+	release, arrived := make(chan struct{}), make(chan struct{}, 2)
+	o := origin.New(func(c origin.Call) origin.Reply {
+		if c.RequestID == "hold" {
+			arrived <- struct{}{}
+			<-release
+		}
+		return origin.Reply{}
+	})
+	echo, _, s := guarded(t, o, interceptor.WithOverload(overload.Config{
+		NoAdmission: true, NoAdaptive: true, MaxConcurrency: 4,
+	}))
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // fail, not hang, on a regression
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer close(release)
+	for range 2 { // two in flight: retries are shed from here (half of 4)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: "hold"})
+			assert.NoError(t, err)
+		}()
+		<-arrived
+	}
+	served := func(n int, md ...string) (ok int) {
+		for range n {
+			c := ctx
+			for i := 0; i+1 < len(md); i += 2 {
+				c = metadata.AppendToOutgoingContext(c, md[i], md[i+1])
+			}
+			if _, err := echo.Put(c, &echov1.PutRequest{RequestId: "retry"}); err == nil {
+				ok++
+			} else {
+				assert.Equal(t, "retry", errorInfo(err).GetMetadata()["attempt"], "%v", err)
+			}
+		}
+		return ok
+	}
+	honest := served(20, interceptor.PreviousAttemptsKey, "1")
+	hidden := served(10) + served(10, interceptor.PreviousAttemptsKey, "0")
+	bad := served(5, interceptor.PreviousAttemptsKey, "x") + served(5, interceptor.PreviousAttemptsKey, "") +
+		served(5, interceptor.PreviousAttemptsKey, "0", interceptor.PreviousAttemptsKey, "0") +
+		served(5, interceptor.PreviousAttemptsKey, "00000000000")
+	t.Logf("served: honest retries %d of 20, hidden %d of 20, malformed or repeated %d of 20", honest, hidden, bad)
+	assert.Zero(t, honest)
+	assert.Zero(t, bad)
+	assert.Equal(t, 20, hidden)
+	assert.Equal(t, overload.Stats{Admitted: 22, ShedRetry: 40}, s.Overload().Stats())
+}

@@ -78,9 +78,9 @@ type Config struct {
 	// Negative: deadlines are not considered. 0, NaN or above 1 → 0.5.
 	DeadlineShare float64
 	// RetryShare is the share of a limit at which retries and hedges
-	// (attempts with grpc-previous-rpc-attempts > 0) are shed, while first
-	// attempts are still admitted up to the whole limit. ≤ 0, NaN or > 1
-	// → 0.5.
+	// (attempts with grpc-previous-rpc-attempts > 0, see IsRetry) are
+	// shed, while first attempts are still admitted up to the whole limit.
+	// ≤ 0, NaN or > 1 → 0.5.
 	RetryShare float64
 	// LimitWindow is how often an adaptive limit is updated, from the
 	// latencies of the requests that ended in it (at least 5 of them).

@@ -22,11 +22,13 @@
 //
 // # What a caller claims
 //
-// A request's deadline is metadata its caller chooses (grpc-timeout or
-// stormguard-deadline-ms), not a fact. A deadline more than MaxDeadline
-// (10 s) away is treated as no deadline at all, so that claiming a longer
-// one than the caller has buys nothing that a request without one does
-// not get.
+// A request's deadline and attempt number are metadata its caller chooses
+// (grpc-timeout or stormguard-deadline-ms; grpc-previous-rpc-attempts),
+// not facts. A deadline more than MaxDeadline (10 s) away is treated as
+// no deadline at all, so that claiming a longer one than the caller has
+// buys nothing that a request without one does not get. The attempt number
+// protects the server from the retries of clients that send it: see
+// IsRetry for what it does not protect from.
 //
 // # Deadline-aware admission
 //
