@@ -67,8 +67,12 @@
 //
 // The Server applies the tighter of the propagated and the grpc deadline,
 // refuses work whose deadline has already passed, deduplicates keyed
-// requests of retry_with_key methods (idempotency/dedupe), and answers
+// requests of retry_with_key methods (idempotency/dedupe), protects unary
+// methods from overload (package overload, WithOverload), and answers
 // grpc-retry-pushback-ms: -1 when its handler failed because a call it
 // made was refused a retry for a reason that propagates (Reason.Propagates):
-// only the layer next to the failure retries.
+// only the layer next to the failure retries. A unary call meets them in
+// that order: a retry of a write that already completed is answered from
+// the dedupe store before the overload protection, which neither refuses
+// it nor learns from it.
 package interceptor

@@ -79,36 +79,56 @@ func (s *Server) pushback(ctx context.Context, m *refusalMarker, err error) {
 	}
 }
 
-// Unary returns the unary server interceptor: deadline, then
-// deduplication, then the handler, with don't-retry pushback on failures
-// caused by refused retries downstream.
+// Unary returns the unary server interceptor. Its steps, in order:
+//
+//  1. the deadline: apply the caller's propagated deadline, and refuse a
+//     call whose deadline has passed or whose caller has left;
+//  2. deduplication: a keyed request to a deduplicated method whose write
+//     already completed is answered from the store, and one whose write
+//     is in flight waits for its outcome; neither is work, so neither is
+//     admitted, refused or learned from by step 3;
+//  3. admission: the overload protection admits, refuses or sheds the
+//     call, and learns from how the admitted call ends;
+//  4. the handler.
+//
+// A failure caused by refused retries downstream gets don't-retry pushback.
 func (s *Server) Unary() grpc.UnaryServerInterceptor {
 	var dedupe grpc.UnaryServerInterceptor
 	if s.dedupe != nil {
 		dedupe = s.dedupe.Unary()
 	}
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		ctx, cancel, err := s.dl.Apply(ctx)
+		ctx, cancel, err := s.dl.Apply(ctx) // 1
 		if err != nil {
 			return nil, err
 		}
 		defer cancel()
-		t, err := s.admit(ctx, info.FullMethod)
-		if err != nil {
-			return nil, err
-		}
-		defer func() { s.release(ctx, t, err) }()
 		m := &refusalMarker{}
 		ctx = context.WithValue(ctx, markerKey{}, m)
 		var resp any
-		if dedupe != nil {
-			resp, err = dedupe(ctx, req, info, handler)
+		if dedupe != nil && s.dedupe.Deduplicates(info.FullMethod) {
+			// 2, then 3 and 4 if the handler is to run.
+			resp, err = dedupe(ctx, req, info, func(ctx context.Context, req any) (any, error) {
+				return s.admitAndHandle(ctx, req, info.FullMethod, handler)
+			})
 		} else {
-			resp, err = handler(ctx, req)
+			resp, err = s.admitAndHandle(ctx, req, info.FullMethod, handler)
 		}
 		s.pushback(ctx, m, err)
 		return resp, err
 	}
+}
+
+// admitAndHandle runs the overload admission of a unary call of method
+// (step 3 of Unary), then, if admitted, its handler (step 4), and reports
+// how the call ended to the protection.
+func (s *Server) admitAndHandle(ctx context.Context, req any, method string, handler grpc.UnaryHandler) (resp any, err error) {
+	t, err := s.admit(ctx, method)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { s.release(ctx, t, err) }()
+	return handler(ctx, req)
 }
 
 // Stream returns the stream server interceptor: deadline, then the

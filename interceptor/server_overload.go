@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/overload"
 )
 
@@ -80,7 +81,10 @@ type serverOverload struct {
 // per-method state), or nil when it is off.
 func (s *Server) Overload() *overload.Guard { return s.ov.guard }
 
-// The statuses and trailers of refusals, built once.
+// The statuses of refusals, built once. They are marked as refusals for
+// the dedupe interceptor, which runs admission only for a request that is
+// to run its handler: a refused request's key is released, not stored,
+// whatever the dedupe server's NotStored says.
 var (
 	errDeadlineTooShort = overloadError(codes.DeadlineExceeded,
 		"stormguard: refused on arrival: less time left than the method needs now (server overloaded)",
@@ -98,7 +102,7 @@ func overloadError(c codes.Code, msg, reason string, md map[string]string) error
 	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain, Metadata: md}); err == nil {
 		st = d
 	}
-	return st.Err()
+	return dedupe.Refused(st.Err())
 }
 
 // retryAfterTrailer caches the pushback trailer of shed first attempts,
@@ -133,16 +137,22 @@ func (s *Server) admit(ctx context.Context, method string) (overload.Ticket, err
 	return t, errShedFirst
 }
 
-// release reports the end of a call admitted with t: its latency is
-// learned when the handler succeeded or ran out of its context (a lower
-// bound of what it needed), not when it failed on its own (often at once:
-// a full pool answering "busy" is no measure of the method's latency).
+// release reports the end of a call admitted with t, as what it proves:
+// a call that returned a response completed (Done: its latency is what
+// the method took, however late); one that failed after its context ended
+// (the caller left, or the deadline passed) was cut short (Abandon: it
+// took at least that long); one that failed on its own teaches nothing
+// (Discard: often at once, and a full pool answering "busy" is no measure
+// of the method's latency).
 func (s *Server) release(ctx context.Context, t overload.Ticket, err error) {
-	if err == nil || ctx.Err() != nil {
+	switch {
+	case err == nil:
 		t.Done()
-		return
+	case ctx.Err() != nil:
+		t.Abandon()
+	default:
+		t.Discard()
 	}
-	t.Discard()
 }
 
 // retryAfter returns the pushback trailer for ms milliseconds.

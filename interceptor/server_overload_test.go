@@ -2,10 +2,12 @@ package interceptor_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -16,6 +18,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/stormguard/stormguard/deadline"
+	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
@@ -337,4 +342,459 @@ func TestServerLearnsFromWhatTheMethodNeeds(t *testing.T) {
 	_, learned = m.Need()
 	assert.True(t, learned, "30 successes were not learned")
 	assert.Zero(t, m.Inflight())
+}
+
+// The tests below run in a synctest bubble: real gRPC over bufconn, real
+// handlers that sleep, real deadlines and cancellations, on the bubble's
+// fake clock (time advances only when every goroutine waits), which the
+// Guard reads through time.Now.
+
+// bubbleServe serves svc over bufconn behind interceptor.NewServer(opts...)
+// inside the current synctest bubble and returns a plain grpc client (no
+// retries) and the Server. Both are closed by t's cleanup, inside the
+// bubble.
+func bubbleServe(t *testing.T, svc origin.Registerer, opts ...interceptor.ServerOption) (echov1.EchoServiceClient, *interceptor.Server) {
+	t.Helper()
+	s := interceptor.NewServer(opts...)
+	l := origin.Bufconn()
+	srv := origin.Serve(l, svc, grpc.ChainUnaryInterceptor(s.Unary()))
+	cc, err := l.Dial()
+	require.NoError(t, err)
+	t.Cleanup(func() { cc.Close(); srv.Stop() })
+	return echov1.NewEchoServiceClient(cc), s
+}
+
+// tally counts the outcomes of calls.
+type tally struct{ ok, failed atomic.Int64 }
+
+func (tl *tally) record(err error) {
+	if err == nil {
+		tl.ok.Add(1)
+	} else {
+		tl.failed.Add(1)
+	}
+}
+
+// closedLoop runs n callers until end: each sends a call with send(w, i),
+// records its outcome in the tally that tl returns when the call is sent,
+// and thinks 20 to 36 ms (varied per caller and call, so that the callers
+// drift apart) before its next call. wg counts them.
+func closedLoop(wg *sync.WaitGroup, n int, end time.Time, tl func() *tally, send func(w, i int) error) {
+	for w := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; time.Now().Before(end); i++ {
+				into := tl()
+				into.record(send(w, i))
+				time.Sleep(20*time.Millisecond + time.Duration((w*7+i*13)%17)*time.Millisecond)
+			}
+		}()
+	}
+}
+
+// watchLimit samples m's adaptive limit every millisecond until end and
+// returns the largest it saw (-1: never engaged).
+func watchLimit(wg *sync.WaitGroup, m *overload.Method, end time.Time) *atomic.Int64 {
+	most := &atomic.Int64{}
+	most.Store(-1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for time.Now().Before(end) {
+			if l := m.Limit(); l > most.Load() {
+				most.Store(l)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	return most
+}
+
+// TestServerCancelledCallsTeachTheLimiterNothing: 500 calls cancelled 1 ms
+// after they were sent end long before the 5 ms their handler needs; a
+// cancelled call proves at most that the method takes longer than that.
+// Honest callers without a deadline, at a load the server keeps up with,
+// lose no call, and no limit engages.
+func TestServerCancelledCallsTeachTheLimiterNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		echo, s := bubbleServe(t, origin.New(origin.Sleep(5*time.Millisecond)))
+		m := s.Overload().Method(echov1.EchoService_Put_FullMethodName)
+		end := time.Now().Add(5 * time.Second)
+		var wg sync.WaitGroup
+		var honest, cancelled tally
+		closedLoop(&wg, 8, end, func() *tally { return &honest }, func(w, i int) error {
+			_, err := echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("h", w, "-", i)})
+			return err
+		})
+		most := watchLimit(&wg, m, end)
+		for i := range 500 { // one every 5 ms, from the start
+			ctx, cancel := context.WithCancel(t.Context())
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: fmt.Sprint("c", i)})
+				cancelled.record(err)
+			}()
+			time.Sleep(time.Millisecond)
+			cancel()
+			time.Sleep(4 * time.Millisecond)
+		}
+		wg.Wait()
+		st := s.Overload().Stats()
+		t.Logf("honest: %d ok, %d failed; cancelled calls: %d failed; largest limit %d; %+v",
+			honest.ok.Load(), honest.failed.Load(), cancelled.failed.Load(), most.Load(), st)
+		require.EqualValues(t, 500, cancelled.failed.Load())
+		assert.Zero(t, honest.failed.Load(), "honest calls refused")
+		assert.EqualValues(t, -1, most.Load(), "a limit engaged on a server that keeps up")
+		assert.Zero(t, st.ShedFirst+st.ShedRetry+st.RefusedDeadline)
+	})
+}
+
+// TestServerRefusesNoFirstAttemptOfASlowerDependency: the method's
+// handler takes 2 ms for 3 s, then 10 ms (a dependency five times slower)
+// for 7 s, under the same load from callers without a deadline, which the
+// server keeps up with: nothing queues, every call is served. A server
+// that keeps up refuses no first attempt, however slow it is.
+func TestServerRefusesNoFirstAttemptOfASlowerDependency(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := origin.New(origin.Sleep(2 * time.Millisecond))
+		echo, s := bubbleServe(t, o)
+		m := s.Overload().Method(echov1.EchoService_Put_FullMethodName)
+		start := time.Now()
+		end := start.Add(10 * time.Second)
+		var wg sync.WaitGroup
+		var before, after tally
+		slower := func() *tally {
+			if time.Since(start) < 3*time.Second {
+				return &before
+			}
+			return &after
+		}
+		closedLoop(&wg, 8, end, slower, func(w, i int) error {
+			_, err := echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(w, "-", i)})
+			return err
+		})
+		most := watchLimit(&wg, m, end)
+		time.Sleep(3 * time.Second)
+		o.SetScript(origin.Sleep(10 * time.Millisecond))
+		wg.Wait()
+		st := s.Overload().Stats()
+		t.Logf("2 ms: %d ok, %d failed; 10 ms: %d ok, %d failed; largest limit %d; %+v",
+			before.ok.Load(), before.failed.Load(), after.ok.Load(), after.failed.Load(), most.Load(), st)
+		assert.Zero(t, before.failed.Load()+after.failed.Load(), "first attempts refused")
+		assert.Zero(t, st.ShedFirst+st.ShedRetry+st.RefusedDeadline)
+		assert.EqualValues(t, -1, most.Load(), "a limit engaged on a server that keeps up")
+	})
+}
+
+// TestServerAnswersAKeyedRetryFromTheStoreBeforeAdmission: a keyed retry
+// of a write that already succeeded is answered from the dedupe store
+// even when the server sheds everything else, and a duplicate that
+// arrives while the original runs waits for its outcome instead of being
+// shed. Neither is admitted: a replay is no work, and teaches the overload
+// protection nothing. (In a synctest bubble, so that "the duplicate has
+// not been answered" means every goroutine is waiting.)
+func TestServerAnswersAKeyedRetryFromTheStoreBeforeAdmission(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release, arrived := make(chan struct{}), make(chan string, 4)
+		o := origin.New(func(c origin.Call) origin.Reply {
+			if c.RequestID != "quick" {
+				arrived <- c.RequestID
+				<-release
+			}
+			return origin.Reply{}
+		})
+		echo, _, s := guarded(t, o,
+			interceptor.WithOverload(overload.Config{NoAdmission: true, NoAdaptive: true, MaxConcurrency: 1}),
+			interceptor.WithDedupe(dedupe.NewServer(dedupe.Config{AllowAnonymous: true})))
+		ctx := t.Context()
+		charge := func(ctx context.Context, key, id, account string) (*echov1.ChargeResponse, error) {
+			var tr metadata.MD
+			resp, err := echo.Charge(metadata.AppendToOutgoingContext(ctx, idempotency.MetadataKey, key),
+				&echov1.ChargeRequest{RequestId: id, Account: account, AmountCents: 100}, grpc.Trailer(&tr))
+			if err != nil {
+				t.Logf("%s: %v, pushback %v", key, err, tr.Get(interceptor.PushbackKey))
+			}
+			return resp, err
+		}
+		var wg sync.WaitGroup
+		defer wg.Wait()
+
+		// A charge completes, and its outcome is stored.
+		first, err := charge(ctx, "k1", "quick", "a")
+		require.NoError(t, err)
+
+		// Another call holds the server's one place.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: "hold"})
+			assert.NoError(t, err)
+		}()
+		require.Equal(t, "hold", <-arrived)
+
+		// The charge's retry, marked as one or not, is answered from the
+		// store.
+		for _, c := range []context.Context{retryCtx(ctx, 1), ctx} {
+			again, err := charge(c, "k1", "quick", "a")
+			if assert.NoError(t, err, "a retry of a completed write was refused") {
+				assert.Equal(t, first.GetChargeId(), again.GetChargeId())
+			}
+		}
+		cents, n := o.Balance("a")
+		assert.Equal(t, int64(100), cents)
+		assert.Equal(t, 1, n)
+		close(release)
+		wg.Wait()
+		// With the server idle, a replay is still no admitted work.
+		again, err := charge(retryCtx(ctx, 1), "k1", "quick", "a")
+		require.NoError(t, err)
+		assert.Equal(t, first.GetChargeId(), again.GetChargeId())
+
+		// A write still running: its duplicate waits for it, and is not
+		// shed.
+		release = make(chan struct{})
+		orig := make(chan *echov1.ChargeResponse, 1)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := charge(ctx, "k2", "slow", "b")
+			assert.NoError(t, err)
+			orig <- resp
+		}()
+		require.Equal(t, "slow", <-arrived)
+		type answer struct {
+			resp *echov1.ChargeResponse
+			err  error
+		}
+		dup := make(chan answer, 1)
+		go func() {
+			resp, err := charge(retryCtx(ctx, 1), "k2", "slow", "b")
+			dup <- answer{resp, err}
+		}()
+		synctest.Wait() // the duplicate has been answered, or waits
+		select {
+		case a := <-dup:
+			t.Errorf("the duplicate of a write in flight was answered before it ended: %v", a.err)
+			close(release)
+		default:
+			close(release)
+			a := <-dup
+			if assert.NoError(t, a.err) {
+				assert.Equal(t, (<-orig).GetChargeId(), a.resp.GetChargeId())
+			}
+		}
+		wg.Wait()
+		_, n = o.Balance("b")
+		assert.Equal(t, 1, n)
+
+		assert.Equal(t, overload.Stats{Admitted: 3}, s.Overload().Stats(),
+			"admitted: the first charge, the holder and the slow charge; nothing else")
+	})
+}
+
+// pool is an EchoService whose Put has a fixed capacity, as a service with
+// a worker pool has: a request waits (first come, first served, or until
+// its caller leaves) for one of the pool's places, then works service
+// time.
+type pool struct {
+	echov1.UnimplementedEchoServiceServer
+	places  chan struct{}
+	service time.Duration
+}
+
+func newPool(workers int, service time.Duration) *pool {
+	return &pool{places: make(chan struct{}, workers), service: service}
+}
+
+func (p *pool) Register(s grpc.ServiceRegistrar) { echov1.RegisterEchoServiceServer(s, p) }
+
+func (p *pool) Put(ctx context.Context, req *echov1.PutRequest) (*echov1.PutResponse, error) {
+	select {
+	case p.places <- struct{}{}:
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	defer func() { <-p.places }()
+	t := time.NewTimer(p.service)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return &echov1.PutResponse{RequestId: req.GetRequestId()}, nil
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+// TestServerAForgedDeadlineBuysNothing: a flood of callers without a
+// deadline, 120 at a time, against a method of 4 workers × 20 ms; 4
+// honest callers with 300 ms deadlines beside it. The same flood claiming
+// a deadline it does not have (stormguard-deadline-ms: 9999999999, or a
+// grpc-timeout of an hour) gets nothing the flood without one does not:
+// the honest callers keep at least what they keep against it.
+func TestServerAForgedDeadlineBuysNothing(t *testing.T) {
+	floods := []struct {
+		name string
+		ctx  func(context.Context) (context.Context, context.CancelFunc)
+	}{
+		{"no deadline", func(ctx context.Context) (context.Context, context.CancelFunc) { return ctx, func() {} }},
+		{"header 9999999999", func(ctx context.Context) (context.Context, context.CancelFunc) {
+			return metadata.AppendToOutgoingContext(ctx, deadline.MetadataKey, "9999999999"), func() {}
+		}},
+		{"grpc-timeout 1h", func(ctx context.Context) (context.Context, context.CancelFunc) {
+			return context.WithTimeout(ctx, time.Hour)
+		}},
+	}
+	honestOK := make([]int64, len(floods))
+	for k, flood := range floods {
+		synctest.Test(t, func(t *testing.T) {
+			echo, s := bubbleServe(t, newPool(4, 20*time.Millisecond))
+			start := time.Now()
+			end := start.Add(6 * time.Second)
+			var wg sync.WaitGroup
+			var honest, flooded tally
+			// Every caller starts and pauses a few µs apart from the
+			// others, so that no two calls arrive at the same instant of
+			// the bubble's clock (goroutines woken at one instant run in
+			// any order): each run is the same run.
+			for w := range 4 { // from the start
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					time.Sleep(time.Duration(w) * 3 * time.Microsecond)
+					for i := 0; time.Now().Before(end); i++ {
+						ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+						_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: fmt.Sprint("h", w, "-", i)})
+						cancel()
+						if time.Since(start) >= time.Second {
+							honest.record(err)
+						}
+						time.Sleep(10*time.Millisecond + time.Duration(w)*3*time.Microsecond)
+					}
+				}()
+			}
+			time.Sleep(time.Second) // then the flood, for 5 s
+			for w := range 120 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					time.Sleep(time.Duration(w) * 50 * time.Microsecond)
+					for i := 0; time.Now().Before(end); i++ {
+						ctx, cancel := flood.ctx(t.Context())
+						_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: fmt.Sprint("f", w, "-", i)})
+						cancel()
+						flooded.record(err)
+						if err != nil {
+							// About the shed first attempts' pushback.
+							time.Sleep(100*time.Millisecond + time.Duration(w)*7*time.Microsecond)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			honestOK[k] = honest.ok.Load()
+			t.Logf("flood %s: honest %d ok, %d failed; flood %d ok, %d failed; %+v", flood.name,
+				honest.ok.Load(), honest.failed.Load(), flooded.ok.Load(), flooded.failed.Load(), s.Overload().Stats())
+		})
+	}
+	require.Positive(t, honestOK[0], "the honest callers keep nothing against the flood without a deadline")
+	for k := range floods[1:] {
+		assert.GreaterOrEqual(t, honestOK[k+1], honestOK[0], "flood %s", floods[k+1].name)
+	}
+}
+
+// TestServerAShedKeyedWriteIsNotStored: a keyed write that the overload
+// protection sheds did not run, and its refusal is not its outcome: its
+// key is released, so that its retry runs the handler, even with a dedupe
+// server that stores Unavailable outcomes.
+func TestServerAShedKeyedWriteIsNotStored(t *testing.T) {
+	release, arrived := make(chan struct{}), make(chan struct{}, 1)
+	o := origin.New(func(c origin.Call) origin.Reply {
+		if c.RequestID == "hold" {
+			arrived <- struct{}{}
+			<-release
+		}
+		return origin.Reply{}
+	})
+	echo, _, _ := guarded(t, o,
+		interceptor.WithOverload(overload.Config{NoAdmission: true, NoAdaptive: true, MaxConcurrency: 1}),
+		interceptor.WithDedupe(dedupe.NewServer(dedupe.Config{AllowAnonymous: true,
+			NotStored: idempotency.CodeSet(1 << codes.Canceled)})))
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // fail, not hang, on a regression
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: "hold"})
+		done <- err
+	}()
+	<-arrived
+	keyed := metadata.AppendToOutgoingContext(ctx, idempotency.MetadataKey, "k")
+	req := &echov1.ChargeRequest{RequestId: "c", Account: "a", AmountCents: 5}
+	_, err := echo.Charge(keyed, req)
+	require.Equal(t, codes.Unavailable, status.Code(err), "shed while the holder runs")
+	close(release)
+	require.NoError(t, <-done)
+	_, err = echo.Charge(keyed, req)
+	require.NoError(t, err, "the retry got the stored refusal")
+	_, n := o.Balance("a")
+	assert.Equal(t, 1, n)
+}
+
+// TestServerTheAttemptHeaderIsSelfReported: grpc-previous-rpc-attempts is
+// what the caller says. At RetryShare of MaxConcurrency, 20 retries that
+// say so are shed, and so are values that are malformed or given twice (a
+// bad header buys nothing); 20 retries that omit the header or send "0"
+// are served as the first attempts they claim to be, as the documentation
+// says.
+func TestServerTheAttemptHeaderIsSelfReported(t *testing.T) {
+	release, arrived := make(chan struct{}), make(chan struct{}, 2)
+	o := origin.New(func(c origin.Call) origin.Reply {
+		if c.RequestID == "hold" {
+			arrived <- struct{}{}
+			<-release
+		}
+		return origin.Reply{}
+	})
+	echo, _, s := guarded(t, o, interceptor.WithOverload(overload.Config{
+		NoAdmission: true, NoAdaptive: true, MaxConcurrency: 4,
+	}))
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // fail, not hang, on a regression
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer close(release)
+	for range 2 { // two in flight: retries are shed from here (half of 4)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: "hold"})
+			assert.NoError(t, err)
+		}()
+		<-arrived
+	}
+	served := func(n int, md ...string) (ok int) {
+		for range n {
+			c := ctx
+			for i := 0; i+1 < len(md); i += 2 {
+				c = metadata.AppendToOutgoingContext(c, md[i], md[i+1])
+			}
+			if _, err := echo.Put(c, &echov1.PutRequest{RequestId: "retry"}); err == nil {
+				ok++
+			} else {
+				assert.Equal(t, "retry", errorInfo(err).GetMetadata()["attempt"], "%v", err)
+			}
+		}
+		return ok
+	}
+	honest := served(20, interceptor.PreviousAttemptsKey, "1")
+	hidden := served(10) + served(10, interceptor.PreviousAttemptsKey, "0")
+	bad := served(5, interceptor.PreviousAttemptsKey, "x") + served(5, interceptor.PreviousAttemptsKey, "") +
+		served(5, interceptor.PreviousAttemptsKey, "0", interceptor.PreviousAttemptsKey, "0") +
+		served(5, interceptor.PreviousAttemptsKey, "00000000000")
+	t.Logf("served: honest retries %d of 20, hidden %d of 20, malformed or repeated %d of 20", honest, hidden, bad)
+	assert.Zero(t, honest)
+	assert.Zero(t, bad)
+	assert.Equal(t, 20, hidden)
+	assert.Equal(t, overload.Stats{Admitted: 22, ShedRetry: 40}, s.Overload().Stats())
 }

@@ -17,12 +17,26 @@ const (
 	DefaultLimitWindow   = 100 * time.Millisecond
 	DefaultRetryAfter    = 100 * time.Millisecond
 	DefaultMaxMethods    = 1024
+	DefaultMaxDeadline   = 10 * time.Second
 )
 
 // Config configures a Guard. The zero value is valid: deadline-aware
 // admission and adaptive, retry-aware shedding, both with the defaults
 // below. New reads it once; later changes have no effect.
 type Config struct {
+	// MaxDeadline is the longest remaining deadline the Guard believes. A
+	// deadline is what the caller claims (grpc-timeout, or the suite's
+	// stormguard-deadline-ms), and a first attempt with one is judged by
+	// admission instead of being shed at an adaptive limit; a request
+	// that claims more than MaxDeadline is treated in every way as one
+	// without a deadline, so that a forged long deadline buys nothing: it
+	// is shed at a limit as a request without one is, and does not raise
+	// the latency that DeadlineShare tolerates. A caller that claims a
+	// deadline within MaxDeadline that it does not have still gets what
+	// that deadline gets. Set it to the longest deadline the server's
+	// honest callers use. ≤ 0 → 10s.
+	MaxDeadline time.Duration
+
 	// NoAdmission turns deadline-aware admission off.
 	NoAdmission bool
 	// Quantile is the share of recent requests of a method that were
@@ -54,19 +68,19 @@ type Config struct {
 	// MinLimit is the floor of an adaptive limit. ≤ 0 → 4.
 	MinLimit int
 	// Tolerance is how many times its baseline (the least latency learned
-	// over time) a method's latency may be before its adaptive limit
-	// engages. < 1, NaN or Inf → 2.
+	// over time) a method's latency may be before its adaptive limit may
+	// engage (it engages only when the method also fails to keep up: see
+	// the package documentation). < 1, NaN or Inf → 2.
 	Tolerance float64
 	// DeadlineShare is the share of the deadline left to the requests of
 	// a method (their 10th percentile on arrival) that its latency may take
-	// before its adaptive limit engages: the limit engages only when the
-	// latency is above both. Negative: deadlines are not considered. 0,
-	// NaN or above 1 → 0.5.
+	// before its adaptive limit may engage: the latency must be above both.
+	// Negative: deadlines are not considered. 0, NaN or above 1 → 0.5.
 	DeadlineShare float64
 	// RetryShare is the share of a limit at which retries and hedges
-	// (attempts with grpc-previous-rpc-attempts > 0) are shed, while first
-	// attempts are still admitted up to the whole limit. ≤ 0, NaN or > 1
-	// → 0.5.
+	// (attempts with grpc-previous-rpc-attempts > 0, see IsRetry) are
+	// shed, while first attempts are still admitted up to the whole limit.
+	// ≤ 0, NaN or > 1 → 0.5.
 	RetryShare float64
 	// LimitWindow is how often an adaptive limit is updated, from the
 	// latencies of the requests that ended in it (at least 5 of them).
@@ -86,6 +100,7 @@ type Config struct {
 
 // settings is a Config with defaults applied.
 type settings struct {
+	maxDeadline   time.Duration
 	admission     bool
 	quantile      float64
 	window        time.Duration
@@ -105,6 +120,7 @@ type settings struct {
 
 func (c Config) settings() settings {
 	s := settings{
+		maxDeadline:   c.MaxDeadline,
 		admission:     !c.NoAdmission,
 		quantile:      c.Quantile,
 		window:        c.Window,
@@ -120,6 +136,9 @@ func (c Config) settings() settings {
 		retryAfter:    c.RetryAfter,
 		maxMethods:    c.MaxMethods,
 		now:           c.Now,
+	}
+	if s.maxDeadline <= 0 {
+		s.maxDeadline = DefaultMaxDeadline
 	}
 	if !(s.quantile > 0 && s.quantile < 1) {
 		s.quantile = DefaultQuantile

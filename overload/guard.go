@@ -143,22 +143,26 @@ func (g *Guard) Method(name string) *Method {
 	return g.methods.LoadOrCreate(name, func(string) *Method { return g.newMethod() })
 }
 
-// Ticket is an admitted request. Report its end once, with Done (or
-// DoneAt) when it tells how long the method needs (it succeeded, or its
-// deadline passed or its caller left while it ran) and with Discard when it
-// does not (it failed on its own, often fast: a full pool, a bad argument).
-// The zero Ticket (a refusal's) ignores reports. A Ticket is a small value;
-// reporting twice through copies of it counts the request's end twice.
+// Ticket is an admitted request. Report its end once: with Done (or
+// DoneAt) when it completed (it succeeded, or its handler finished however
+// late), with Abandon when it ended before it completed because its caller
+// left or its deadline passed while it ran, and with Discard when it
+// failed on its own, which says nothing of how long the method needs (often
+// at once: a full pool, a bad argument). The zero Ticket (a refusal's)
+// ignores reports. A Ticket is a small value; reporting twice through
+// copies of it counts the request's end twice.
 type Ticket struct {
 	m      *Method
 	start  int64
+	due    int64 // ns; an end after it missed a deadline that counts; none
 	global bool
 }
 
 // Admit decides on a request of m that arrives now (Config.Now) with the
 // given deadline (hasDeadline false: none) and, with retry, carries
-// grpc-previous-rpc-attempts > 0 (a retry or a hedge). An admitted request
-// must report its end on the Ticket.
+// grpc-previous-rpc-attempts > 0 (a retry or a hedge). A deadline more
+// than MaxDeadline away counts as none. An admitted request must report its
+// end on the Ticket.
 func (m *Method) Admit(deadline time.Time, hasDeadline, retry bool) (Ticket, Decision) {
 	return m.AdmitAt(m.g.s.now(), deadline, hasDeadline, retry)
 }
@@ -168,9 +172,17 @@ func (m *Method) AdmitAt(now, deadline time.Time, hasDeadline, retry bool) (Tick
 	g := m.g
 	s := &g.s
 	t := g.at(now)
+	left := deadline.Sub(now)
+	if left > s.maxDeadline {
+		hasDeadline = false // a claim the Guard does not believe
+	}
+	limiting := s.shedding && s.adaptive
 	inflight := m.inflight.Load()
 	if s.admission && hasDeadline {
-		if need, ok := m.needAt(t, inflight); ok && deadline.Sub(now) < need {
+		if need, ok := m.needAt(t, inflight); ok && left < need {
+			if limiting && m.lim.meetable(int64(left), s) {
+				m.lim.miss()
+			}
 			g.refusedDeadline.Add(1)
 			return Ticket{}, Decision{Reason: RefusedDeadline, Need: need, RetryAfter: DoNotRetry}
 		}
@@ -203,11 +215,15 @@ func (m *Method) AdmitAt(now, deadline time.Time, hasDeadline, retry bool) (Tick
 		}
 	}
 	n := m.inflight.Add(1)
-	if s.shedding && s.adaptive {
-		m.lim.arrived(n, int64(deadline.Sub(now)), hasDeadline)
+	due := int64(none)
+	if limiting {
+		m.lim.arrived(n, int64(left), hasDeadline)
+		if hasDeadline && m.lim.meetable(int64(left), s) {
+			due = t + int64(left)
+		}
 	}
 	g.admitted.Add(1)
-	return Ticket{m: m, start: t, global: global}, Decision{}
+	return Ticket{m: m, start: t, due: due, global: global}, Decision{}
 }
 
 // shed decides whether a request is shed at limit with inflight requests
@@ -267,9 +283,34 @@ func (t Ticket) Done() {
 	}
 }
 
-// DoneAt reports the end of the admitted request at now, from the Guard's
-// clock: its place in flight is freed and its latency is learned.
-func (t Ticket) DoneAt(now time.Time) {
+// DoneAt reports, at now from the Guard's clock, that the admitted request
+// completed: its place in flight is freed and its latency is learned.
+func (t Ticket) DoneAt(now time.Time) { t.end(now, true) }
+
+// Abandon reports the end of the admitted request, now (Config.Now): see
+// AbandonAt.
+func (t Ticket) Abandon() {
+	if t.m != nil {
+		t.AbandonAt(t.m.g.s.now())
+	}
+}
+
+// AbandonAt reports, at now from the Guard's clock, that the admitted
+// request ended before it completed: its caller left (a cancellation) or
+// its deadline passed while it ran. Its place in flight is freed, and what
+// it proves is learned: that the method needs more than the time it ran.
+// Admission learns that time as a lower bound of what the method needs
+// (it then refuses less, never more); the adaptive limit learns nothing
+// from it unless even that time exceeds the latency it tolerates, and
+// never takes it for the method's usual latency, so that calls cancelled
+// at once do not make a method look fast and its normal latency look like
+// a queue. A deadline it missed counts as one the method failed; a
+// cancellation does not.
+func (t Ticket) AbandonAt(now time.Time) { t.end(now, false) }
+
+// end reports the end of the admitted request at now: completed, or cut
+// short.
+func (t Ticket) end(now time.Time, completed bool) {
 	m := t.m
 	if m == nil {
 		return
@@ -279,7 +320,10 @@ func (t Ticket) DoneAt(now time.Time) {
 	d := max(end-t.start, 0)
 	inflight := t.release()
 	if g.s.shedding && g.s.adaptive {
-		m.lim.observe(end, d, &g.s, inflight)
+		if end >= t.due {
+			m.lim.miss()
+		}
+		m.lim.observe(end, d, completed, &g.s, inflight)
 	}
 	if !g.s.admission {
 		return

@@ -149,27 +149,23 @@ func TestHistoryQuantileAndExpiry(t *testing.T) {
 	}
 }
 
-// fifo is a method at its capacity with a standing queue: open requests
-// admitted in order, the oldest ending every gap (a throughput of
-// 1/gap), each latency being the queue's length × gap.
+// fifo is a method at its capacity with a queue: open requests admitted
+// in order, the oldest ending every gap (a throughput of 1/gap), each
+// latency being the queue's length × gap.
 type fifo struct {
 	t    *testing.T
 	c    *clock
 	m    *Method
 	open []Ticket
-	left time.Duration // deadline of the requests; 0: an hour
+	left time.Duration // deadline of the requests; 0: none
 	shed int           // refills refused; nil t: counted, not fatal
 }
 
 // fill admits n requests at once.
 func (f *fifo) fill(n int) {
 	now := f.c.Now()
-	left := f.left
-	if left == 0 {
-		left = time.Hour
-	}
 	for range n {
-		tk, d := f.m.AdmitAt(now, now.Add(left), true, false)
+		tk, d := f.m.AdmitAt(now, now.Add(f.left), f.left > 0, false)
 		if d.Reason != Admitted {
 			if f.t != nil {
 				f.t.Fatalf("refused while filling: %+v", d)
@@ -181,16 +177,15 @@ func (f *fifo) fill(n int) {
 	}
 }
 
-// run keeps the queue's length for d: every gap the oldest request ends
-// and, if refill, a new one is admitted.
-func (f *fifo) run(d, gap time.Duration, refill bool) {
+// run works the queue for d: every gap the oldest request ends and
+// arrivals new ones are admitted (1 keeps the queue's length, 2 grows it
+// by one per gap).
+func (f *fifo) run(d, gap time.Duration, arrivals int) {
 	for end := f.c.Now().Add(d); f.c.Now().Before(end) && len(f.open) > 0; {
 		now := f.c.Add(gap)
 		f.open[0].DoneAt(now)
 		f.open = f.open[1:]
-		if refill {
-			f.fill(1)
-		}
+		f.fill(arrivals)
 	}
 }
 
@@ -201,7 +196,7 @@ func TestAdmissionRefusesDoomedWorkAndRecovers(t *testing.T) {
 	// A standing queue of 100 at 200/s: every request waits 500ms.
 	q := &fifo{t: t, c: c, m: m}
 	q.fill(100)
-	q.run(1500*time.Millisecond, 5*time.Millisecond, true)
+	q.run(1500*time.Millisecond, 5*time.Millisecond, 1)
 	need, ok := m.Need()
 	if !ok || need < 450*time.Millisecond || need > 600*time.Millisecond {
 		t.Fatalf("need = %v, %v; want ≈ 505ms", need, ok)
@@ -233,7 +228,7 @@ func TestAdmissionRefusesDoomedWorkAndRecovers(t *testing.T) {
 	// ...and once the backlog has drained (nothing admitted meanwhile),
 	// requests are admitted again at once, although the recent latencies
 	// (500ms) are all still in the window.
-	q.run(time.Second, 5*time.Millisecond, false)
+	q.run(time.Second, 5*time.Millisecond, 0)
 	now = c.Now()
 	if n2, ok := m.Need(); !ok || n2 > 10*time.Millisecond {
 		t.Fatalf("need after the drain = %v, %v", n2, ok)
@@ -285,6 +280,9 @@ func window(t *testing.T, c *clock, m *Method, n int, lat, left time.Duration) i
 	return admitted
 }
 
+// TestLimiterEngagesOnAStandingQueueOnly: a limit engages on a queue that
+// grows, not on a pause, a burst, or windows in which some requests are
+// fast.
 func TestLimiterEngagesOnAStandingQueueOnly(t *testing.T) {
 	c := newClock()
 	g := New(Config{Now: c.Now, NoAdmission: true})
@@ -320,17 +318,31 @@ func TestLimiterEngagesOnAStandingQueueOnly(t *testing.T) {
 	if l := m.Limit(); l != -1 {
 		t.Fatalf("limit %d for windows with fast requests", l)
 	}
-	// Two windows in which every request waited (60 in flight, 80ms each):
-	// engaged at the concurrency that has 2 × 10ms at the throughput of the
-	// window (60 per 100ms = 0.6/ms × 20ms = 12), below the peak of 60.
-	window(t, c, m, 60, 80*time.Millisecond, 0)
-	window(t, c, m, 60, 80*time.Millisecond, 0)
-	l := m.Limit()
-	if l < 8 || l > 16 {
-		t.Fatalf("limit %d after two overloaded windows, want ≈ 12", l)
+	// A queue that grows: one request ends every 2 ms (500/s) and two
+	// arrive, so that every request waits for those ahead of it. Once its
+	// growth shows over growthWindows windows: engaged at the concurrency
+	// that has 2 × the baseline at the throughput of the window (0.5/ms ×
+	// 20 ms = 10; the baseline has learned a little of the queue's first
+	// windows, before its growth showed: up to 15), below the peak.
+	q := &fifo{c: c, m: m}
+	q.fill(20)
+	for m.Limit() == -1 && len(q.open) < 2000 {
+		q.run(2*time.Millisecond, 2*time.Millisecond, 2)
 	}
-	// Engaged: beyond the limit, first attempts are shed.
+	l := m.Limit()
+	if l < 10 || l > 16 {
+		t.Fatalf("limit %d with a growing queue (%d in flight), want 10 to 15", l, len(q.open))
+	}
+	t.Logf("engaged at %d, %d in flight", l, len(q.open))
+	// Engaged: beyond the limit, first attempts are shed. (The queue's
+	// backlog ends first: a backlog that drains leaves the limit as it is.)
 	now := c.Now()
+	for _, tk := range q.open {
+		tk.DoneAt(now)
+	}
+	if m.Limit() != l {
+		t.Fatalf("limit %d after the backlog drained, was %d", m.Limit(), l)
+	}
 	var open []Ticket
 	shed := 0
 	for range 60 {
@@ -366,53 +378,59 @@ func TestLimiterEngagesOnAStandingQueueOnly(t *testing.T) {
 	}
 }
 
-func TestLimiterLetsDeadlinesTolerateSlowness(t *testing.T) {
-	c := newClock()
-	g := New(Config{Now: c.Now, NoAdmission: true})
-	m := g.Method("/svc/M")
-	for range 10 {
-		window(t, c, m, 20, 10*time.Millisecond, time.Second)
-	}
-	// 4× slower, every request alike, but the callers have a second: half
-	// of it (500ms) is tolerated, so no limit...
-	for range 10 {
-		window(t, c, m, 20, 40*time.Millisecond, time.Second)
-	}
-	if l := m.Limit(); l != -1 {
-		t.Fatalf("limit %d although 40ms is far within 1s deadlines", l)
-	}
-	// ...while with deadlines of 60ms it is not.
-	for range 3 {
-		window(t, c, m, 20, 40*time.Millisecond, 60*time.Millisecond)
-	}
-	if l := m.Limit(); l == -1 {
-		t.Fatal("no limit although 40ms takes most of 60ms deadlines")
-	}
-	// Negative DeadlineShare: deadlines do not count.
-	c2 := newClock()
-	m2 := New(Config{Now: c2.Now, NoAdmission: true, DeadlineShare: -1}).Method("/svc/M")
-	for range 10 {
-		window(t, c2, m2, 20, 10*time.Millisecond, time.Second)
-	}
-	for range 3 {
-		window(t, c2, m2, 20, 40*time.Millisecond, time.Second)
-	}
-	if l := m2.Limit(); l == -1 {
-		t.Fatal("DeadlineShare -1: no limit at 4× the baseline")
+// slowGrowth works q for d as a queue that grows slowly: one request ends
+// every 2 ms (500/s) and, per 8 ms, five arrive: one more than end.
+func slowGrowth(q *fifo, d time.Duration) {
+	for end := q.c.Now().Add(d); q.c.Now().Before(end) && len(q.open) > 0; {
+		q.run(2*time.Millisecond, 2*time.Millisecond, 2)
+		q.run(6*time.Millisecond, 2*time.Millisecond, 1)
 	}
 }
 
+// TestLimiterLetsDeadlinesTolerateSlowness: a method whose queue grows is
+// limited only once its latency takes more than DeadlineShare (half) of
+// what its callers have left, or, when DeadlineShare is negative, more
+// than Tolerance × its baseline.
+func TestLimiterLetsDeadlinesTolerateSlowness(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		share float64
+		left  time.Duration
+		limit bool
+	}{
+		// The queue's latency grows from 40 to about 240 ms in 800 ms.
+		{"1s deadlines", 0, time.Second, false},
+		{"60ms deadlines", 0, 60 * time.Millisecond, true},
+		{"DeadlineShare -1", -1, time.Second, true},
+	} {
+		clk := newClock()
+		m := New(Config{Now: clk.Now, NoAdmission: true, DeadlineShare: c.share}).Method("/svc/M")
+		for range 10 {
+			window(t, clk, m, 20, 10*time.Millisecond, c.left)
+		}
+		q := &fifo{c: clk, m: m, left: c.left}
+		q.fill(20)
+		slowGrowth(q, 800*time.Millisecond)
+		if l := m.Limit(); (l != -1) != c.limit {
+			t.Errorf("%s: limit %d with %d in flight", c.name, l, len(q.open))
+		}
+	}
+}
+
+// TestLimiterShrinksToTheFloor: while every request takes twice what its
+// caller waits, the limit halves each window down to the floor.
 func TestLimiterShrinksToTheFloor(t *testing.T) {
 	c := newClock()
 	m := New(Config{Now: c.Now, NoAdmission: true, MinLimit: 3}).Method("/svc/M")
 	for range 5 {
 		window(t, c, m, 20, 10*time.Millisecond, 0)
 	}
-	// Every admitted request keeps taking 200ms: the limit halves each
-	// window (the gradient is clamped at 0.5) down to the floor.
+	// Every admitted request keeps taking 200ms, and its caller has
+	// 100ms: the limit halves each window (the gradient is clamped at
+	// 0.5) down to the floor.
 	var limits []int64
 	for range 12 {
-		serve(t, c, m, 100, 200*time.Millisecond, 0)
+		serve(t, c, m, 100, 200*time.Millisecond, 100*time.Millisecond)
 		limits = append(limits, m.Limit())
 	}
 	for i := 1; i < len(limits); i++ {
@@ -639,15 +657,21 @@ func TestDiscardTeachesNothing(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		cfg  Config
-	}{{"admission", Config{NoShedding: true}}, {"shedding", Config{NoAdmission: true}}} {
+		left time.Duration
+	}{
+		{"admission", Config{NoShedding: true}, 600 * time.Millisecond},
+		// The limiter needs an overload, not only a slow method: the
+		// callers here have 400ms, less than the queue makes them wait.
+		{"shedding", Config{NoAdmission: true}, 400 * time.Millisecond},
+	} {
 		t.Run(c.name, func(t *testing.T) {
 			clk := newClock()
 			c.cfg.Now = clk.Now
 			m := New(c.cfg).Method("/svc/M")
-			q := &fifo{c: clk, m: m, left: 600 * time.Millisecond}
+			q := &fifo{c: clk, m: m, left: c.left}
 			q.fill(100)
 			for range 400 { // 2s of a standing queue of 100 at 200/s...
-				q.run(5*time.Millisecond, 5*time.Millisecond, true)
+				q.run(5*time.Millisecond, 5*time.Millisecond, 1)
 				now := clk.Now()
 				for range 3 { // ...with three fast failures per request served
 					if tk, d := m.AdmitAt(now, now.Add(time.Hour), true, false); d.Reason == Admitted {
@@ -669,7 +693,7 @@ func TestDiscardTeachesNothing(t *testing.T) {
 }
 
 // TestMemoryBound: a method's state is a fixed-size value (no slice or map
-// grows with traffic), about 2.7 KB.
+// grows with traffic), about 2.8 KB.
 func TestMemoryBound(t *testing.T) {
 	if size := unsafe.Sizeof(Method{}); size > 3<<10 {
 		t.Errorf("a method takes %d bytes", size)
@@ -727,8 +751,8 @@ func TestAnAdaptiveLimitLeavesFirstAttemptsWithADeadlineToAdmission(t *testing.T
 		for range 5 {
 			window(t, c, m, 20, 10*time.Millisecond, 0)
 		}
-		for range 12 { // a standing queue, no deadlines: the limit engages
-			serve(t, c, m, 100, 200*time.Millisecond, 0)
+		for range 12 { // requests take 200ms, their callers have 100ms: the limit engages
+			serve(t, c, m, 100, 200*time.Millisecond, 100*time.Millisecond)
 		}
 		limit := m.Limit()
 		if limit == -1 {
@@ -737,15 +761,15 @@ func TestAnAdaptiveLimitLeavesFirstAttemptsWithADeadlineToAdmission(t *testing.T
 		now := c.Now()
 		var open []Ticket
 		for range limit {
-			tk, d := m.AdmitAt(now, now.Add(time.Hour), true, false)
+			tk, d := m.AdmitAt(now, now.Add(time.Second), true, false)
 			if d.Reason != Admitted {
 				t.Fatalf("admission %v: first attempt under the limit: %+v", admission, d)
 			}
 			open = append(open, tk)
 		}
-		tk, d := m.AdmitAt(now, now.Add(time.Hour), true, false)
+		tk, d := m.AdmitAt(now, now.Add(time.Second), true, false)
 		if admission && d.Reason != Admitted {
-			t.Errorf("admission on: a first attempt with an hour left is shed at the limit: %+v", d)
+			t.Errorf("admission on: a first attempt with a second left is shed at the limit: %+v", d)
 		}
 		if !admission && d.Reason != ShedFirst {
 			t.Errorf("admission off: a first attempt past the limit is admitted: %+v", d)
@@ -756,7 +780,11 @@ func TestAnAdaptiveLimitLeavesFirstAttemptsWithADeadlineToAdmission(t *testing.T
 		if _, d := m.AdmitAt(now, time.Time{}, false, false); d.Reason != ShedFirst {
 			t.Errorf("admission %v: a first attempt without a deadline past the limit: %+v", admission, d)
 		}
-		if _, d := m.AdmitAt(now, now.Add(time.Hour), true, true); d.Reason != ShedRetry {
+		// A deadline beyond MaxDeadline is no deadline: it buys nothing.
+		if _, d := m.AdmitAt(now, now.Add(time.Hour), true, false); d.Reason != ShedFirst {
+			t.Errorf("admission %v: a first attempt claiming an hour past the limit: %+v", admission, d)
+		}
+		if _, d := m.AdmitAt(now, now.Add(time.Second), true, true); d.Reason != ShedRetry {
 			t.Errorf("admission %v: a retry past the limit: %+v", admission, d)
 		}
 		for _, tk := range open {

@@ -3,6 +3,7 @@ package dedupe
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -55,6 +56,7 @@ type Config struct {
 	// NotStored lists the codes whose outcome is not stored, so that a
 	// retry executes the handler again; 0: DefaultNotStored. A handler
 	// that returns one of these codes must not have applied its effect.
+	// An error marked with Refused is never stored, whatever its code.
 	NotStored idempotency.CodeSet
 	// Methods lists methods to deduplicate besides those whose proto marks
 	// them retry_with_key (see idempotency.Lookup), for protos you cannot
@@ -171,6 +173,39 @@ func (s *Server) Stats() Stats {
 
 // Unary returns the deduplicating unary server interceptor.
 func (s *Server) Unary() grpc.UnaryServerInterceptor { return s.unary }
+
+// Deduplicates reports whether the interceptors deduplicate the keyed
+// requests of fullMethod ("/pkg.Svc/Method"): it is marked retry_with_key,
+// or listed in Config.Methods. It takes no lock and does not allocate once
+// the method has been seen.
+func (s *Server) Deduplicates(fullMethod string) bool { return s.method(fullMethod).dedupe }
+
+// Refused marks err as the refusal of a request whose handler did not run,
+// returned by the handler chain that a deduplicating interceptor calls
+// (an overload protection that sheds the request before its handler,
+// say): the interceptor releases the request's key without storing the
+// outcome, whatever its code and Config.NotStored, so that the caller's
+// retry runs the handler. The returned error carries err's gRPC status;
+// Refused(nil) is nil.
+func Refused(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &refusedError{err}
+}
+
+// refusedError is an error marked by Refused.
+type refusedError struct{ err error }
+
+func (e *refusedError) Error() string              { return e.err.Error() }
+func (e *refusedError) Unwrap() error              { return e.err }
+func (e *refusedError) GRPCStatus() *status.Status { return status.Convert(e.err) }
+
+// refused reports whether err was marked by Refused.
+func refused(err error) bool {
+	var r *refusedError
+	return errors.As(err, &r)
+}
 
 // Stream returns the stream server interceptor: it deduplicates the
 // server-streaming methods to deduplicate, and passes every other stream
@@ -313,7 +348,7 @@ func (s *Server) execute(ctx context.Context, req any, handler grpc.UnaryHandler
 	if !ok {
 		st = status.FromContextError(err) // as grpc does with a handler's error
 	}
-	if s.notStored.Has(st.Code()) || (err != nil && st.Code() == codes.OK) {
+	if s.notStored.Has(st.Code()) || (err != nil && st.Code() == codes.OK) || refused(err) {
 		s.release(ctx, c)
 		return resp, err
 	}

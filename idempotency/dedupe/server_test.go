@@ -695,3 +695,25 @@ func TestServerStoreFailsToComplete(t *testing.T) {
 	assert.Equal(t, "ch_1", resp.GetChargeId())
 	assert.Equal(t, dedupe.Stats{Misses: 1, StoreErrors: 1}, s.Stats())
 }
+
+// TestRefusedKeepsTheStatusAndDeduplicatesSaysWhich: Refused marks an
+// error without changing what grpc sends, and Deduplicates says which
+// methods the interceptors deduplicate.
+func TestRefusedKeepsTheStatusAndDeduplicatesSaysWhich(t *testing.T) {
+	assert.NoError(t, dedupe.Refused(nil))
+	st, err := status.New(codes.Unavailable, "shed").WithDetails(&errdetails.ErrorInfo{Reason: "OVERLOADED"})
+	require.NoError(t, err)
+	marked := dedupe.Refused(st.Err())
+	got, ok := status.FromError(marked)
+	require.True(t, ok)
+	assert.Equal(t, codes.Unavailable, got.Code())
+	assert.Equal(t, "shed", got.Message())
+	assert.Len(t, got.Details(), 1)
+	assert.ErrorIs(t, marked, st.Err())
+
+	s := dedupe.NewServer(dedupe.Config{Methods: []string{"/other.Svc/Write"}})
+	assert.True(t, s.Deduplicates(echov1.EchoService_Charge_FullMethodName), "retry_with_key")
+	assert.False(t, s.Deduplicates(echov1.EchoService_Put_FullMethodName), "idempotent, no key")
+	assert.True(t, s.Deduplicates("/other.Svc/Write"), "listed")
+	assert.False(t, s.Deduplicates("/other.Svc/Read"))
+}
