@@ -36,6 +36,17 @@ func (r *Registry) For(target string) *Budget {
 
 func (r *Registry) create(string) *Budget { return New(r.cfg) }
 
+// Ratio returns the ratio the Registry's Budgets apply (Config.Ratio with
+// the defaults and limits applied; 0 for none). A nil Registry has none.
+func (r *Registry) Ratio() float64 {
+	if r == nil {
+		return 0
+	}
+	var b Budget
+	b.setup(r.cfg)
+	return float64(b.per) / unit
+}
+
 // Range calls f for each target and its Budget, in no particular order, until
 // f returns false. It sees a consistent snapshot: Budgets made while it runs
 // may be missed. f may call r.For.

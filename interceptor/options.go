@@ -406,7 +406,25 @@ type serverOptions struct {
 	dedupe      *dedupe.Server
 	noDedupe    bool
 	noPushback  bool
-	overload    overloadOptions // server_overload.go
+	overload    overloadOptions  // server_overload.go
+	budgets     *budget.Registry // the retry budgets per method; nil: the default
+	noBudget    bool
+}
+
+// WithServerBudget sets the server's retry budget: per method, the retries
+// and hedges the server serves are paid for by the first attempts it
+// serves (the first attempts of every client, so it bounds a fleet whose
+// clients it does not control). While the method fails more than the
+// budget's ratio of its recent calls, a retry or hedge the method's budget
+// cannot pay for is refused at once (Unavailable, ErrorReasonRetryBudget,
+// grpc-retry-pushback-ms: -1), before the handler runs. The default is
+// budget.NewRegistry(budget.Config{}): 10%. nil turns it off.
+//
+// Whether an attempt is a retry is the caller's word (its
+// grpc-previous-rpc-attempts metadata): a client that hides it is served
+// as a first attempt, and pays for others' retries.
+func WithServerBudget(r *budget.Registry) ServerOption {
+	return serverOptionFunc(func(o *serverOptions) { o.budgets, o.noBudget = r, r == nil })
 }
 
 // WithServerDeadline configures how the server applies propagated deadlines.

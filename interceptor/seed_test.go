@@ -167,7 +167,7 @@ func TestSeedChainOfThree(t *testing.T) {
 		max, min   int
 	}{
 		{"defaults", nil, nil, 12, 10},
-		{"naive 3 attempts per hop", naive, []interceptor.ServerOption{interceptor.WithoutPushback()}, 810, 810},
+		{"naive 3 attempts per hop", naive, []interceptor.ServerOption{interceptor.WithoutPushback(), interceptor.WithServerBudget(nil)}, 810, 810},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			o := origin.New(origin.Always(codes.Unavailable))

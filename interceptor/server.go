@@ -3,10 +3,12 @@ package interceptor
 import (
 	"context"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/deadline"
 	"github.com/stormguard/stormguard/idempotency/dedupe"
 )
@@ -22,6 +24,7 @@ type Server struct {
 	dl     *deadline.Server
 	dedupe *dedupe.Server // nil: off
 	ov     serverOverload // overload protection (server_overload.go)
+	rb     *serverBudgets // the retry budget per method (server_budget.go); nil: off
 }
 
 // NewServer returns a Server configured by opts. Nil options are ignored.
@@ -44,6 +47,13 @@ func NewServer(opts ...ServerOption) *Server {
 	}
 	s := &Server{o: o, dl: deadline.NewServer(o.deadlineCfg), dedupe: o.dedupe}
 	s.ov.guard = o.overload.newGuard()
+	if !o.noBudget {
+		reg := o.budgets
+		if reg == nil {
+			reg = budget.NewRegistry(budget.Config{})
+		}
+		s.rb = newServerBudgets(reg, reg.Ratio())
+	}
 	if s.dedupe == nil && !o.noDedupe {
 		s.dedupe = dedupe.NewServer(dedupe.Config{})
 	}
@@ -88,7 +98,10 @@ func (s *Server) pushback(ctx context.Context, m *refusalMarker, err error) {
 //     is in flight waits for its outcome; neither is work, so neither is
 //     admitted, refused or learned from by step 3;
 //  3. admission: the overload protection admits, refuses or sheds the
-//     call, and learns from how the admitted call ends;
+//     call, and learns from how the admitted call ends; then the method's
+//     retry budget: a first attempt pays for retries to come, and while
+//     the method fails more than the budget's ratio of its calls, a retry
+//     or hedge it cannot pay for is refused at once, with "do not retry";
 //  4. the handler.
 //
 // A failure caused by refused retries downstream gets don't-retry pushback.
@@ -123,23 +136,33 @@ func (s *Server) Unary() grpc.UnaryServerInterceptor {
 // (step 3 of Unary), then, if admitted, its handler (step 4), and reports
 // how the call ended to the protection.
 func (s *Server) admitAndHandle(ctx context.Context, req any, method string, handler grpc.UnaryHandler) (resp any, err error) {
-	t, err := s.admit(ctx, method)
+	retry := isRetry(ctx)
+	mb := s.rb.forMethod(method)
+	t, err := s.admit(ctx, method, retry)
 	if err != nil {
+		mb.done(time.Now(), err) // a refusal on arrival: the method fails its callers
 		return nil, err
 	}
-	defer func() { s.release(ctx, t, err) }()
+	if mb != nil && !mb.admit(time.Now(), retry) {
+		t.Discard()
+		return nil, refuseRetry(ctx)
+	}
+	defer func() {
+		mb.done(time.Now(), err)
+		s.release(ctx, t, err)
+	}()
 	return handler(ctx, req)
 }
 
-// Stream returns the stream server interceptor: deadline, then the
-// handler (streams are not deduplicated unless the dedupe server says so),
-// with don't-retry pushback as for unary calls.
+// Stream returns the stream server interceptor: deadline, the method's
+// retry budget, then the handler (streams are not deduplicated unless the
+// dedupe server says so), with don't-retry pushback as for unary calls.
 func (s *Server) Stream() grpc.StreamServerInterceptor {
 	var dedupe grpc.StreamServerInterceptor
 	if s.dedupe != nil {
 		dedupe = s.dedupe.Stream()
 	}
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
 		ctx, cancel, err := s.dl.Apply(ss.Context())
 		if err != nil {
 			return err
@@ -147,7 +170,12 @@ func (s *Server) Stream() grpc.StreamServerInterceptor {
 		defer cancel()
 		m := &refusalMarker{}
 		ctx = context.WithValue(ctx, markerKey{}, m)
+		mb := s.rb.forMethod(info.FullMethod)
+		if mb != nil && !mb.admit(time.Now(), isRetry(ctx)) {
+			return refuseRetry(ctx)
+		}
 		ss = &serverStream{ServerStream: ss, ctx: ctx}
+		defer func() { mb.done(time.Now(), err) }()
 		if dedupe != nil {
 			err = dedupe(srv, ss, info, handler)
 		} else {

@@ -115,13 +115,12 @@ type retryAfterTrailer struct {
 // admit runs the overload protection on a unary call that arrives with
 // ctx (the deadline already applied). A refused call gets its status and
 // pushback trailer; an admitted one a Ticket to report its end on.
-func (s *Server) admit(ctx context.Context, method string) (overload.Ticket, error) {
+func (s *Server) admit(ctx context.Context, method string, retry bool) (overload.Ticket, error) {
 	g := s.ov.guard
 	if g == nil {
 		return overload.Ticket{}, nil
 	}
 	dl, has := ctx.Deadline()
-	retry := overload.IsRetry(metadata.ValueFromIncomingContext(ctx, PreviousAttemptsKey))
 	t, d := g.Method(method).Admit(dl, has, retry)
 	switch d.Reason {
 	case overload.Admitted:

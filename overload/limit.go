@@ -262,17 +262,31 @@ func (l *limiter) update(w closed, s *settings) {
 	}
 	pressed := growing || (l.missedAt > 0 && l.nEnds-l.missedAt < growthWindows)
 	if float64(minLat) <= target {
-		l.over = 0
-		l.learn(w.done, alpha)
-		if l.baseline > 2*float64(w.done) {
-			// Back to normal after a long overload that the baseline had
-			// partly learned: forget it faster (as Gradient2 does).
-			l.baseline = max(float64(w.done), l.baseline*0.9)
-			l.base.Store(int64(l.baseline))
-		}
-		l.relax(limit, w.peak)
+		l.keptUp(w, limit)
 		return
 	}
+	l.slow(w, s, limit, target, minLat, pressed, draining)
+}
+
+// keptUp applies a window whose latency was tolerable: the baseline
+// learns it, and an engaged limit grows. Called with mu held.
+func (l *limiter) keptUp(w closed, limit int64) {
+	l.over = 0
+	l.learn(w.done, alpha)
+	if l.baseline > 2*float64(w.done) {
+		// Back to normal after a long overload that the baseline had
+		// partly learned: forget it faster (as Gradient2 does).
+		l.baseline = max(float64(w.done), l.baseline*0.9)
+		l.base.Store(int64(l.baseline))
+	}
+	l.relax(limit, w.peak)
+}
+
+// slow applies a window whose latency was beyond the target: a limit is
+// engaged or shrunk only if the method fails to keep up (pressed), or
+// under a limit that engaged while deadlines were at stake. Called with mu
+// held.
+func (l *limiter) slow(w closed, s *settings, limit int64, target float64, minLat int64, pressed, draining bool) {
 	if limit != unlimited && l.missedAt > 0 && l.nEnds-l.missedAt < growthWindows {
 		l.stake = true
 	}

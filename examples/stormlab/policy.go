@@ -126,7 +126,7 @@ func (p policy) clientOptions(extra ...interceptor.ClientOption) []interceptor.C
 func (p policy) server() *interceptor.Server {
 	switch p.key {
 	case naive, suiteShadow:
-		return interceptor.NewServer(interceptor.WithoutPushback(), interceptor.WithoutOverload())
+		return interceptor.NewServer(interceptor.WithoutPushback(), interceptor.WithoutOverload(), interceptor.WithServerBudget(nil))
 	case suiteBudget, suiteDefaults, suiteOutlier:
 		return interceptor.NewServer()
 	case suiteNoAdmission:

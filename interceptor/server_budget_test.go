@@ -1,0 +1,197 @@
+package interceptor_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/stormguard/stormguard/interceptor"
+	"github.com/stormguard/stormguard/internal/origin"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
+)
+
+// grpcRetryConfig is grpc-go's own retry policy for the demo service: 3
+// attempts on UNAVAILABLE, as the clients of a server that does not
+// control them might have.
+const grpcRetryConfig = `{"methodConfig": [{"name": [{"service": "echo.v1.EchoService"}],
+  "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
+    "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}`
+
+// serveFleet runs, in a synctest bubble, n ClientConns made with dialOpts
+// against one origin behind the suite's server (serverOpts), each at rate
+// calls a second for dur, every attempt failing with probability p at the
+// handler. It returns the calls, the attempts that reached the handler
+// (in total and from 5 s on, with the calls from 5 s on), and the calls
+// that succeeded.
+func serveFleet(t *testing.T, n int, rate, p float64, dur time.Duration, dialOpts func() ([]grpc.DialOption, func()), serverOpts ...interceptor.ServerOption) (calls, handled, callsAfter, handledAfter, ok int64) {
+	t.Helper()
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var after atomic.Int64
+		o := origin.New(func(c origin.Call) origin.Reply {
+			if time.Since(start) >= 5*time.Second {
+				after.Add(1)
+			}
+			if drawFails(c.RequestID, c.Attempt, p) {
+				return origin.Reply{Code: codes.Unavailable, Message: "fails"}
+			}
+			return origin.Reply{}
+		})
+		s := interceptor.NewServer(serverOpts...)
+		l := origin.Bufconn()
+		srv := origin.Serve(l, o, grpc.ChainUnaryInterceptor(s.Unary()))
+		defer srv.Stop()
+		var nCalls, nAfter, nOK atomic.Int64
+		period := time.Duration(float64(time.Second) / rate)
+		var wg sync.WaitGroup
+		for c := range n {
+			opts, closeClient := dialOpts()
+			cc, err := grpc.NewClient(l.Target, l.ConnectOptions(opts...)...)
+			require.NoError(t, err)
+			echo := echov1.NewEchoServiceClient(cc)
+			wg.Go(func() {
+				defer closeClient()
+				defer cc.Close()
+				time.Sleep(time.Duration(c) * period / time.Duration(n))
+				var inflight sync.WaitGroup
+				for i := 0; time.Since(start) < dur; i++ {
+					late := time.Since(start) >= 5*time.Second
+					inflight.Go(func() {
+						_, err := echo.Put(context.Background(), &echov1.PutRequest{RequestId: fmt.Sprint(c, "-", i)})
+						nCalls.Add(1)
+						if late {
+							nAfter.Add(1)
+						}
+						if err == nil {
+							nOK.Add(1)
+						}
+					})
+					time.Sleep(period)
+				}
+				inflight.Wait()
+			})
+		}
+		wg.Wait()
+		calls, handled, callsAfter, handledAfter, ok = nCalls.Load(), int64(o.Total()), nAfter.Load(), after.Load(), nOK.Load()
+	})
+	return calls, handled, callsAfter, handledAfter, ok
+}
+
+func grpcRetryClients() ([]grpc.DialOption, func()) {
+	return []grpc.DialOption{grpc.WithDefaultServiceConfig(grpcRetryConfig)}, func() {}
+}
+
+// The server's retry budget bounds the retries that reach its handler,
+// whoever sends them: a fleet of grpc-go clients with their own retry
+// policy (3 attempts, no budget) gets, from 5 s on, at most 1.10× its
+// calls at the handler, against about 1.75× (p = 0.5) without the suite's
+// server; and the suite's own clients likewise.
+func TestServerBudgetBoundsAFleetItDoesNotControl(t *testing.T) {
+	n := 40
+	if raceEnabled {
+		n = 15
+	}
+	for _, p := range []float64{0.3, 0.5, 0.9} {
+		t.Run(fmt.Sprint("grpc-go clients/p=", p), func(t *testing.T) {
+			calls, handled, callsAfter, handledAfter, ok := serveFleet(t, n, 5, p, 20*time.Second, grpcRetryClients)
+			t.Logf("%d calls, %d at the handler (%.3f×); from 5 s on %d calls, %d at the handler (%.3f×); %d ok",
+				calls, handled, float64(handled)/float64(calls), callsAfter, handledAfter, float64(handledAfter)/float64(callsAfter), ok)
+			// The server's budget lends at most max(5, a tenth of the last
+			// second's first attempts) in the failure's first 3 s, and
+			// holds at most 2 retries of credit at 5 s.
+			assert.LessOrEqual(t, float64(handledAfter), 1.10*float64(callsAfter)+2)
+			assert.LessOrEqual(t, float64(handled), 1.10*float64(calls)+2+max(5, 0.1*float64(n)*5))
+		})
+	}
+	t.Run("grpc-go clients, no suite server", func(t *testing.T) {
+		calls, handled, _, _, _ := serveFleet(t, n, 5, 0.5, 10*time.Second, grpcRetryClients, interceptor.WithServerBudget(nil))
+		t.Logf("%d calls, %d at the handler (%.3f×)", calls, handled, float64(handled)/float64(calls))
+		assert.Greater(t, float64(handled), 1.5*float64(calls), "the case proves something: grpc-go alone retries every failure")
+	})
+	t.Run("suite clients/p=0.5", func(t *testing.T) {
+		calls, handled, callsAfter, handledAfter, _ := serveFleet(t, n, 5, 0.5, 20*time.Second, func() ([]grpc.DialOption, func()) {
+			guard := interceptor.NewClient(noopProviders()...)
+			return guard.DialOptions(), func() { _ = guard.Close() }
+		})
+		t.Logf("%d calls, %d at the handler (%.3f×); from 5 s on %.3f×", calls, handled, float64(handled)/float64(calls), float64(handledAfter)/float64(callsAfter))
+		assert.LessOrEqual(t, float64(handledAfter), 1.10*float64(callsAfter)+2)
+	})
+}
+
+// A retry the server's budget refuses is answered at once, before the
+// handler, with Unavailable, ErrorReasonRetryBudget and "do not retry".
+func TestServerBudgetRefusalSaysDoNotRetry(t *testing.T) {
+	o := origin.New(origin.Always(codes.Unavailable))
+	s := interceptor.NewServer()
+	l := origin.Bufconn()
+	srv := origin.Serve(l, o, grpc.ChainUnaryInterceptor(s.Unary()))
+	defer srv.Stop()
+	cc, err := l.Dial()
+	require.NoError(t, err)
+	defer cc.Close()
+	echo := echov1.NewEchoServiceClient(cc)
+	for i := range 20 { // first attempts: the method fails all of them
+		_, _ = echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
+	}
+	// Retries, by their header: 20 first attempts pay for 2, the budget
+	// lends 5 (its start-up burst); the rest are refused.
+	var refused int
+	var last error
+	var tr metadata.MD
+	for i := range 20 {
+		ctx := metadata.AppendToOutgoingContext(t.Context(), interceptor.PreviousAttemptsKey, "1")
+		_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: fmt.Sprint(i)}, grpc.Trailer(&tr))
+		if interceptor.RefusedBy(err) == "" && status.Code(err) == codes.Unavailable && tr.Get(interceptor.PushbackKey) != nil && tr.Get(interceptor.PushbackKey)[0] == "-1" {
+			refused++
+			last = err
+		}
+	}
+	assert.Equal(t, 20-2-5, refused)
+	assert.Equal(t, 20+2+5, o.Total(), "refused retries never reach the handler")
+	require.Error(t, last)
+	var info *errdetails.ErrorInfo
+	for _, d := range status.Convert(last).Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok {
+			info = ei
+		}
+	}
+	require.NotNil(t, info)
+	assert.Equal(t, interceptor.ErrorReasonRetryBudget, info.GetReason())
+}
+
+// While the method serves, the retries a server gets are fail-overs from
+// a peer that failed (or the odd retry of a transient failure): they are
+// served, however many there are, so that a healthy backend is not made to
+// refuse the work of a dead one.
+func TestServerBudgetServesRetriesWhileTheMethodServes(t *testing.T) {
+	o := origin.New(origin.Succeed())
+	s := interceptor.NewServer()
+	l := origin.Bufconn()
+	srv := origin.Serve(l, o, grpc.ChainUnaryInterceptor(s.Unary()))
+	defer srv.Stop()
+	cc, err := l.Dial()
+	require.NoError(t, err)
+	defer cc.Close()
+	echo := echov1.NewEchoServiceClient(cc)
+	for i := range 200 {
+		ctx := t.Context()
+		if i%2 == 1 { // half the calls are fail-overs from a dead peer
+			ctx = metadata.AppendToOutgoingContext(ctx, interceptor.PreviousAttemptsKey, "1")
+		}
+		_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: fmt.Sprint(i)})
+		require.NoError(t, err, "call %d", i)
+	}
+	assert.Equal(t, 200, o.Total())
+}
