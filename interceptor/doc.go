@@ -23,9 +23,11 @@
 // withdrawn only for a retry that is sent. A method that may not be
 // repeated is sent exactly once, whatever the options say.
 //
-// A refused retry returns the last attempt's status unchanged; refusals by
-// the budget, the breaker, the deadline or a pushback carry an ErrorInfo
-// (RefusedBy says which). A call refused by an open breaker fails at once
+// A refused retry returns the last attempt's status code and message;
+// refusals by the budget, the breaker, the deadline or a pushback carry an
+// ErrorInfo and end the message with a marker, " [stormguard: retry
+// refused: budget]", that survives clients which keep only the message
+// (RefusedBy reads either). A call refused by an open breaker fails at once
 // with Unavailable, ErrorInfo CIRCUIT_OPEN and a RetryInfo.
 //
 // # Doing no harm

@@ -158,7 +158,7 @@ func (c *call) conclude(ctx context.Context, v verdict) error {
 	if v.reason != "" {
 		c.refuse(ctx, v.reason, EventRetryRefused)
 	}
-	return annotate(v.err, v.reason)
+	return annotate(v.err, v.reason, c.client.o.noMarker)
 }
 
 // notSent ends the call when begin refused an attempt: a first attempt
@@ -170,7 +170,7 @@ func (c *call) notSent(ctx context.Context, reason Reason, err error) error {
 		return err
 	}
 	c.refuse(ctx, reason, EventRetryRefused)
-	return annotate(c.lastErr, reason)
+	return annotate(c.lastErr, reason, c.client.o.noMarker)
 }
 
 // refuse records that a retry, a hedge or a call was refused.

@@ -74,6 +74,7 @@ type clientOptions struct {
 	retryIf        func(ctx context.Context, method string, err error) bool
 	logger         *slog.Logger
 	noFailover     bool
+	noMarker       bool
 }
 
 // WithMaxAttempts sets the most attempts of one logical call, the first
@@ -360,6 +361,18 @@ func WithHooks(h Hooks) ClientOption {
 // package documentation).
 func WithoutFailover() ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.noFailover = true })
+}
+
+// WithoutRefusalMarker keeps the message of a status whose retry was
+// refused as the server sent it. By default it ends with a marker,
+// " [stormguard: retry refused: budget]", so that RefusedBy can tell why
+// even through a client that keeps only a status's code and message (etcd's
+// clientv3 does). A client that maps known messages to errors of its own
+// (clientv3's rpctypes, for "etcdserver: no leader") does not recognise a
+// marked message and returns the status itself; this option keeps the
+// mapping, and RefusedBy then reads only the status details.
+func WithoutRefusalMarker() ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.noMarker = true })
 }
 
 // WithLogger sets the logger of the Client's rare warnings (default
