@@ -75,6 +75,7 @@ type clientOptions struct {
 	logger         *slog.Logger
 	noFailover     bool
 	noMarker       bool
+	targetName     func(target string) string
 }
 
 // WithMaxAttempts sets the most attempts of one logical call, the first
@@ -361,6 +362,38 @@ func WithHooks(h Hooks) ClientOption {
 // package documentation).
 func WithoutFailover() ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.noFailover = true })
+}
+
+// WithTargetName names the dependency behind each ClientConn's target:
+// name(target) keys the budget, the breaker and the endpoint table, and is
+// the target that metrics (server.address, grpc.target), errors ("circuit
+// breaker open for etcd"), hooks, logs and Targets show. ClientConns whose
+// targets get the same name share one budget and one breaker.
+//
+// By default the key is the target in grpc's canonical form (see the
+// package documentation). That is wrong for client libraries that dial a
+// target of their own per client object: etcd's clientv3 dials
+// "etcd-endpoints://0xc000123456/host:port", unique to each
+// clientv3.Client, so two clients of one cluster would never share a
+// budget or a breaker, and each would add its own series to the metrics.
+// Name them:
+//
+//	interceptor.WithTargetName(func(target string) string {
+//		if strings.HasPrefix(target, "etcd-endpoints://") {
+//			return "etcd"
+//		}
+//		return "" // the default
+//	})
+//
+// An empty name keeps the default. name is called once per target and
+// method, when the Client first sees them, and must be safe for concurrent
+// use. nil is ignored; a later WithTargetName replaces an earlier one.
+func WithTargetName(name func(target string) string) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if name != nil {
+			o.targetName = name
+		}
+	})
 }
 
 // WithoutRefusalMarker keeps the message of a status whose retry was
