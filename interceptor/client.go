@@ -75,6 +75,7 @@ func NewClient(opts ...ClientOption) *Client {
 	c.routes.Max = MaxRoutes
 	c.endpoints.Max = MaxRoutes
 	c.resolver = idempotency.NewResolver(idempotency.ResolverConfig{Idempotent: o.idempotent})
+	c.checkMarks()
 	ratio := budget.DefaultRatio
 	if !o.noBudget {
 		if o.budgets != nil {

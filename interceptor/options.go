@@ -177,8 +177,18 @@ func WithFailureCodes(cs ...codes.Code) ClientOption {
 }
 
 // WithIdempotent marks methods IDEMPOTENT, for protos you cannot annotate:
-// each entry is a full method ("/pkg.Svc/Method") or a whole service
-// ("/pkg.Svc/"). It never lowers what the proto says. Calls accumulate.
+// each entry is a full method ("/pkg.Svc/Method", the RPC's name as in
+// the proto, case included) or a whole service ("/pkg.Svc/"). It never
+// lowers what the proto says. Calls accumulate.
+//
+// A whole service marks every method of it, writes included: a service
+// with any method that is not safe to repeat (etcd's KV has Put, Txn and
+// DeleteRange beside Range) must be marked method by method. NewClient
+// checks the entries against the protobuf registry (see
+// idempotency.CheckMarks): it logs a warning for a method the registry
+// does not know in a service it knows, naming the closest method, since
+// such an entry marks nothing; and logs, at Info, the methods a
+// whole-service entry marks.
 func WithIdempotent(fullMethods ...string) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.idempotent = append(o.idempotent, fullMethods...) })
 }
