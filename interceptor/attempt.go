@@ -76,8 +76,10 @@ func (c *call) begin(ctx context.Context, a *attempt, kind attemptKind, mode att
 	}
 	c.prepaid = false
 	actx := ctx
+	if n := c.prior + c.sent; n > 0 {
+		actx = metadata.AppendToOutgoingContext(actx, PreviousAttemptsKey, strconv.Itoa(n))
+	}
 	if c.sent > 0 {
-		actx = metadata.AppendToOutgoingContext(actx, PreviousAttemptsKey, strconv.Itoa(c.sent))
 		for _, p := range c.failedOn {
 			// With the outlier LB policy on the channel, its picker
 			// avoids the endpoints this call failed on (Envoy's
@@ -90,7 +92,7 @@ func (c *call) begin(ctx context.Context, a *attempt, kind attemptKind, mode att
 	ao := rt.attemptOpts(kind)
 	if c.recording {
 		actx, a.span = c.client.tel.tracer.Start(actx, ao.spanName, ao.span...)
-		a.span.SetAttributes(AttrPreviousAttempts.Int(c.sent))
+		a.span.SetAttributes(AttrPreviousAttempts.Int(c.prior + c.sent))
 	}
 	if p := c.client.o.propagators; p != nil {
 		md, ok := metadata.FromOutgoingContext(actx) // a copy

@@ -3,6 +3,7 @@ package interceptor
 import (
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -49,6 +50,7 @@ type Client struct {
 	hedgeQ    float64
 	routes    cowmap.Map[routeKey, *route]
 	endpoints cowmap.Map[string, *endpoints] // per canonical target
+	returns   atomic.Pointer[returnTable]    // failed calls, made on the first failure (see outer.go)
 	// budgetAt and breakerAt are true when the budgets and breakers run on
 	// this Client's clock, so that the times it reads anyway can be passed
 	// to them instead of their reading the clock again.

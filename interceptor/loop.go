@@ -162,10 +162,11 @@ func (c *call) conclude(ctx context.Context, v verdict) error {
 }
 
 // notSent ends the call when begin refused an attempt: a first attempt
-// fails with begin's status; a retry returns the last attempt's error,
+// fails with begin's status; a retry (and the first attempt of a try that
+// came back, refused as a retry) returns the last attempt's error,
 // annotated.
 func (c *call) notSent(ctx context.Context, reason Reason, err error) error {
-	if c.sent == 0 {
+	if c.sent == 0 && (c.back == nil || err != nil) {
 		c.refuse(ctx, reason, reason.info().firstEvent)
 		return err
 	}
