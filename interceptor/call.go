@@ -81,6 +81,7 @@ type call struct {
 	// through a retry loop outside the suite (see outer.go), that call:
 	// this try deposits nothing and its first attempt is a retry.
 	back    *returned
+	req     any    // a unary call's request: a try of a failed call is found by it (nil for streams)
 	prior   int    // attempts the logical call's earlier tries sent
 	madeKey string // the idempotency key the suite made for the call, if any
 }
@@ -95,12 +96,11 @@ func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, 
 	r := c.route
 	c.cc, c.grpcRetryOff = cc, grpcRetryOff
 	c.start = c.client.now()
+	if c.req != nil {
+		c.back = c.client.cameBack(ctx, r, c.req, c.start)
+	}
 	if b := c.back; b != nil {
-		if c.start.Sub(b.at) > returnWindow {
-			c.back = nil // too old: a new call
-		} else {
-			c.prior, c.lastErr = b.attempts, b.err
-		}
+		c.prior, c.lastErr = b.attempts, b.err
 	}
 	key, hasKey := cs.key, cs.hasKey
 	if !hasKey {

@@ -51,6 +51,9 @@ type Client struct {
 	routes    cowmap.Map[routeKey, *route]
 	endpoints cowmap.Map[string, *endpoints] // per canonical target
 	returns   atomic.Pointer[returnTable]    // failed calls, made on the first failure (see outer.go)
+	// lastFailed is when (UnixNano, on the Client's clock) a call last
+	// failed: the table is looked at only for returnWindow after.
+	lastFailed atomic.Int64
 	// budgetAt and breakerAt are true when the budgets and breakers run on
 	// this Client's clock, so that the times it reads anyway can be passed
 	// to them instead of their reading the clock again.

@@ -26,15 +26,16 @@ import (
 // refused, before anything is sent, when the budget or the breaker refuses
 // a retry), with the last try's status, annotated.
 //
-// The success path pays one atomic load while no call has failed, and a
-// Done call, a hash and an atomic load after: the table is filled only by
-// failed calls.
+// The success path pays one atomic load while no call has failed lately
+// (returnWindow), and a Done call, a hash and a few atomic loads after:
+// the table is filled only by failed calls.
 const (
 	// returnSlots is the number of failed calls a Client remembers: sets
 	// of returnWays slots (a power of two in all). A failure takes the
 	// slot of its own call in its set, else a free or the oldest one.
-	returnSlots = 1 << 10
-	returnWays  = 4
+	returnSlots   = 1 << 10
+	returnWays    = 4
+	returnSetBits = 8 // returnSlots / returnWays sets
 	// returnWindow is how long after a try failed one that comes back is
 	// taken for a retry of it. Outer loops retry within their backoff (25
 	// ms for clientv3, 50 ms for go-grpc-middleware by default).
@@ -87,21 +88,19 @@ func scopeOf(ctx context.Context) (any, bool) {
 	return ctx, true
 }
 
-// returnSet returns the first slot of the set of a call.
+// returnSet returns the first slot of the set of a call (Fibonacci
+// hashing: the top bits of one multiplication).
 func returnSet(id [2]unsafe.Pointer, req uintptr, r *route) uint32 {
-	h := uint64(uintptr(id[1]))*0x9e3779b97f4a7c15 ^ uint64(req)*0xc2b2ae3d27d4eb4f ^ uint64(uintptr(unsafe.Pointer(r)))
-	h ^= h >> 31
-	h *= 0x94d049bb133111eb
-	h ^= h >> 29
-	return uint32(h&(returnSlots/returnWays-1)) * returnWays
+	h := (uint64(uintptr(id[1])) ^ uint64(req)<<1 ^ uint64(uintptr(unsafe.Pointer(r)))>>3) * 0x9e3779b97f4a7c15
+	return uint32(h>>(64-returnSetBits)) * returnWays
 }
 
 // cameBack returns the failed call that a call of route r with ctx and
-// req is a try of, or nil. The caller checks the entry's age.
-func (c *Client) cameBack(ctx context.Context, r *route, req any) *returned {
+// req, starting at now, is a try of, or nil.
+func (c *Client) cameBack(ctx context.Context, r *route, req any, now time.Time) *returned {
 	t := c.returns.Load()
-	if t == nil {
-		return nil
+	if t == nil || now.UnixNano()-c.lastFailed.Load() > int64(returnWindow) {
+		return nil // no call failed lately
 	}
 	scope, ok := scopeOf(ctx)
 	if !ok {
@@ -111,6 +110,9 @@ func (c *Client) cameBack(ctx context.Context, r *route, req any) *returned {
 	set := returnSet(id, rq, r)
 	for i := set; i < set+returnWays; i++ {
 		if e := t[i].Load(); e != nil && e.id == id && e.req == rq && e.route == r {
+			if now.Sub(e.at) > returnWindow {
+				return nil // too old: a new call
+			}
 			return e
 		}
 	}
@@ -139,8 +141,9 @@ func (c *Client) noteFailed(ctx context.Context, k *call, req any, err error) {
 	if last == nil {
 		last = err // refused before anything was sent
 	}
+	now := c.now()
 	e := &returned{scope: scope, id: words(scope), req: uintptr(words(req)[1]), route: k.route,
-		err: last, at: c.now(), attempts: k.prior + k.sent, key: k.madeKey}
+		err: last, at: now, attempts: k.prior + k.sent, key: k.madeKey}
 	if b := k.back; b != nil && t[b.slot].Load() == b {
 		e.slot = b.slot // its own slot
 	} else {
@@ -161,6 +164,9 @@ func (c *Client) noteFailed(ctx context.Context, k *call, req any, err error) {
 		}
 	}
 	t[e.slot].Store(e)
+	if n := now.UnixNano(); n > c.lastFailed.Load() {
+		c.lastFailed.Store(n) // a benign race may keep an earlier time
+	}
 }
 
 // forget drops the entry of a logical call that has succeeded.

@@ -90,12 +90,16 @@ type outerEnv struct {
 }
 
 func newOuterEnv(t *testing.T, script origin.Script, loop func(int, time.Duration, *atomic.Int64) grpc.UnaryClientInterceptor, opts ...interceptor.ClientOption) *outerEnv {
+	return newOuterEnvTries(t, 100, script, loop, opts...)
+}
+
+func newOuterEnvTries(t *testing.T, tries int, script origin.Script, loop func(int, time.Duration, *atomic.Int64) grpc.UnaryClientInterceptor, opts ...interceptor.ClientOption) *outerEnv {
 	t.Helper()
 	e := &outerEnv{origin: origin.New(script), budgets: budget.NewRegistry(budgetNoFloor())}
 	l := origin.Bufconn()
 	srv := origin.Serve(l, e.origin)
 	guard := interceptor.NewClient(append(append(noopProviders(), fast, interceptor.WithBudgets(e.budgets)), opts...)...)
-	cc, err := l.Dial(append([]grpc.DialOption{grpc.WithUnaryInterceptor(loop(100, time.Millisecond, &e.tried))}, guard.DialOptions()...)...)
+	cc, err := l.Dial(append([]grpc.DialOption{grpc.WithUnaryInterceptor(loop(tries, time.Millisecond, &e.tried))}, guard.DialOptions()...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { cc.Close(); srv.Stop() })
 	e.echo = echov1.NewEchoServiceClient(cc)
@@ -262,4 +266,28 @@ func TestOuterRetryLoopKeepsIdempotencyKey(t *testing.T) {
 	for k := range keys {
 		assert.NoError(t, idempotency.ValidateKey(k))
 	}
+}
+
+// A call comes back only within 5 s of its failure: later, the same
+// context and request make a new call.
+func TestOuterRetryLoopWindow(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	e := newOuterEnvTries(t, 1, origin.Always(codes.Unavailable), clientv3Retry, interceptor.WithClock(clock), interceptor.WithoutBreaker())
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	req := &echov1.PutRequest{RequestId: "w"}
+	_, err := e.echo.Put(ctx, req) // one deposit at 10% funds no retry
+	require.Equal(t, codes.Unavailable, status.Code(err))
+	require.Equal(t, 1, e.origin.Total())
+	advance(4 * time.Second)
+	_, err = e.echo.Put(ctx, req)
+	assert.Equal(t, interceptor.ReasonBudget, interceptor.RefusedBy(err), "within 5 s: a retry the budget refuses")
+	assert.Equal(t, 1, e.origin.Total(), "refused before anything was sent")
+	advance(5*time.Second + time.Millisecond)
+	_, err = e.echo.Put(ctx, req)
+	assert.Equal(t, codes.Unavailable, status.Code(err))
+	assert.Equal(t, 2, e.origin.Total(), "5 s after the last try: a new call, sent")
 }

@@ -23,8 +23,7 @@ func (c *Client) unaryInterceptor(grpcRetryOff bool) grpc.UnaryClientInterceptor
 }
 
 func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, grpcRetryOff bool) error {
-	k := call{client: c, route: c.routeFor(targetOf(cc), method)}
-	k.back = c.cameBack(ctx, k.route, req)
+	k := call{client: c, route: c.routeFor(targetOf(cc), method), req: req}
 	callerCtx := ctx
 	cs := scanCallOptions(opts)
 	ctx, cancel, err := k.setup(ctx, cs, cc, grpcRetryOff)
