@@ -39,7 +39,9 @@
 // has served nothing lately gets no retries or hedges at all. Attempts
 // avoid an endpoint that fails while the target's other endpoints serve,
 // and a retry after a failure there is a fail-over the budget does not pay
-// for; see WithoutFailover.
+// for, when another endpoint can take it: a retry whose picks all go to
+// the failing endpoint (grpc has no other ready) is paid from the budget,
+// or not sent; see WithoutFailover.
 //
 // # Retry loops outside the suite
 //

@@ -119,7 +119,10 @@ func (c *call) fundable(now time.Time) Reason {
 // serve (see endpoints.outliers). Every attempt avoids such endpoints, so
 // a fail-over retry goes to one that serves: it is not added load on a
 // failing service, and the budget does not pay for it; the breaker and the
-// attempt limit still apply.
+// attempt limit still apply. If its picks all go to endpoints it avoids
+// (grpc has no other endpoint ready), it fails over to nothing: the budget
+// pays for it at the pick, or it is not sent (see attemptCreds), and
+// attempts avoid nothing for a while (endpoints.nowhereElse).
 func (c *call) failOver(a *attempt, now time.Time) {
 	c.failover = false
 	if c.client.o.noFailover {

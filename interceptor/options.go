@@ -368,8 +368,9 @@ func WithHooks(h Hooks) ClientOption {
 // WithoutFailover turns per-endpoint fail-over off: every retry is paid
 // from the budget, and none avoids an endpoint. By default, a retry after
 // a failure on an endpoint that fails while the target's other endpoints
-// serve goes to another endpoint and is not charged to the budget (see the
-// package documentation).
+// serve goes to another endpoint and is not charged to the budget, unless
+// grpc can pick no other endpoint: then it is paid (see the package
+// documentation).
 func WithoutFailover() ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.noFailover = true })
 }

@@ -147,6 +147,10 @@ func (c *call) sequential(ctx context.Context, method string, req, reply any, cc
 			}
 			c.sentGuarded(ctx, &a)
 		}
+		if a.free && c.unpaidAtPick(ctx, &a) {
+			c.unsend(&a)
+			return c.notSent(ctx, ReasonBudget, nil)
+		}
 		var tr metadata.MD
 		if trp != nil {
 			tr = *trp
