@@ -159,7 +159,9 @@ type ResolverConfig struct {
 	// An entry is a full method ("/pkg.Svc/Method", the leading slash
 	// optional) or a whole service ("/pkg.Svc/" or "pkg.Svc"). An override
 	// never lowers a level: a NO_SIDE_EFFECTS method stays one. Empty
-	// entries are ignored.
+	// entries are ignored. A whole service marks its writes too; names
+	// are matched exactly, case included (CheckMarks reports names that
+	// mark nothing).
 	Idempotent []string
 	// Files is the registry to resolve methods in; nil means
 	// protoregistry.GlobalFiles.

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/stormguard/stormguard/breaker"
+	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/deadline"
 	"github.com/stormguard/stormguard/outlier"
 )
@@ -52,6 +53,11 @@ type attempt struct {
 	// refused: sent anyway, but its outcome is kept from the breaker and
 	// the endpoint table, so that they see what they would have seen.
 	shadowed bool
+	// free marks a fail-over retry, which the budget did not pay for: if
+	// its pick can go only to an endpoint it avoids, it is no fail-over,
+	// and the budget pays then, or it is not sent (see attemptCreds). It
+	// is counted as sent after its pick.
+	free bool
 }
 
 // begin starts an attempt of the given kind: the send-time checks (time
@@ -76,8 +82,10 @@ func (c *call) begin(ctx context.Context, a *attempt, kind attemptKind, mode att
 	}
 	c.prepaid = false
 	actx := ctx
+	if n := c.prior + c.sent; n > 0 {
+		actx = metadata.AppendToOutgoingContext(actx, PreviousAttemptsKey, strconv.Itoa(n))
+	}
 	if c.sent > 0 {
-		actx = metadata.AppendToOutgoingContext(actx, PreviousAttemptsKey, strconv.Itoa(c.sent))
 		for _, p := range c.failedOn {
 			// With the outlier LB policy on the channel, its picker
 			// avoids the endpoints this call failed on (Envoy's
@@ -90,7 +98,7 @@ func (c *call) begin(ctx context.Context, a *attempt, kind attemptKind, mode att
 	ao := rt.attemptOpts(kind)
 	if c.recording {
 		actx, a.span = c.client.tel.tracer.Start(actx, ao.spanName, ao.span...)
-		a.span.SetAttributes(AttrPreviousAttempts.Int(c.sent))
+		a.span.SetAttributes(AttrPreviousAttempts.Int(c.prior + c.sent))
 	}
 	if p := c.client.o.propagators; p != nil {
 		md, ok := metadata.FromOutgoingContext(actx) // a copy
@@ -100,7 +108,7 @@ func (c *call) begin(ctx context.Context, a *attempt, kind attemptKind, mode att
 		p.Inject(actx, mdCarrier(md))
 		actx = metadata.NewOutgoingContext(actx, md)
 	}
-	if a.guarded == nil {
+	if a.guarded == nil && !a.free {
 		c.client.tel.attempts.Add(ctx, 1, ao.metric...)
 	}
 	switch kind {
@@ -148,6 +156,8 @@ func (c *call) admit(ctx context.Context, a *attempt, now time.Time) (Reason, er
 	case would != "":
 		c.wouldRefuse(ctx, would)
 		a.shadow()
+	case kind == kindRetry && c.failover && !c.prepaid:
+		a.free = true // the budget pays at the pick if it cannot fail over
 	case kind == kindHedge || (kind == kindRetry && !c.failover && !c.prepaid):
 		// The budget is asked only when the breaker lets a through.
 		reason, ok := c.withdraw(ctx, now)
@@ -231,6 +241,43 @@ func (c *call) sentGuarded(ctx context.Context, a *attempt) {
 	c.client.tel.attempts.Add(ctx, 1, c.route.tel.attemptOpts(a.kind).metric...)
 }
 
+// unpaidAtPick settles a free fail-over retry after its pick: it reports
+// whether the retry could go only to an endpoint it avoids and the budget
+// would not pay for it, so that it was not sent; otherwise it counts it as
+// sent. In shadow mode such a retry is sent, and the refusal recorded.
+func (c *call) unpaidAtPick(ctx context.Context, a *attempt) bool {
+	a.free = false
+	if a.creds != nil && a.creds.unpaid {
+		if !c.client.o.shadow {
+			return true
+		}
+		c.wouldRefuse(ctx, ReasonBudget)
+		a.shadow()
+	}
+	c.client.tel.attempts.Add(ctx, 1, c.route.tel.attemptOpts(a.kind).metric...)
+	return false
+}
+
+// unsend undoes begin for an attempt refused at its pick: nothing was sent.
+func (c *call) unsend(a *attempt) {
+	c.sent--
+	switch a.kind {
+	case kindRetry:
+		c.retries--
+	case kindHedge:
+		c.hedges--
+	}
+	a.ticket.Ignore()
+	if a.cancel != nil {
+		a.cancel()
+	}
+	if a.span != nil {
+		a.span.SetAttributes(AttrSent.Bool(false))
+		endSpan(a.span, codes.Unavailable, "stormguard: no other endpoint to fail over to, and no budget")
+	}
+	atomic.StoreUint32(&a.ended, 1)
+}
+
 // minServedNothing is how many attempts, all failed, say that a target
 // serves nothing lately (see servedNothing).
 const minServedNothing = 3
@@ -290,6 +337,12 @@ func (c *call) attemptContext(ctx context.Context, a *attempt, now time.Time, mo
 		ctx, a.cancel = context.WithCancel(ctx)
 	}
 	return ctx
+}
+
+// withdrawAt takes a token from b (nil: no budget) at now, on the Client's
+// clock.
+func (c *Client) withdrawAt(b *budget.Budget, now time.Time) bool {
+	return b.WithdrawAt(now) // a nil budget grants
 }
 
 // withdraw takes a token from the budget for a retry or a hedge that is
@@ -391,11 +444,15 @@ type attemptCreds struct {
 	deadline time.Time // zero: no deadline, no header
 	user     credentials.PerRPCCredentials
 	md       map[string]string // reused: grpc copies it before returning
+	budget   *budget.Budget    // pays for a free retry that cannot fail over
 	avoid    []net.Addr        // endpoints a pick re-picks...
 	last     net.Addr          // the endpoint of the last attempt, as collected
 
 	guard   bool // refuse (in shadow mode: note), rather than send, a pick still among avoid after the re-picks
 	refused bool // the pick was refused for good (guard); set on the call's goroutine by collect
+	free    bool // a fail-over retry: the budget pays if its pick is still among avoid after the re-picks
+	unpaid  bool // ...and it would not: the retry was not sent (in shadow mode: was); set by collect
+	eps     *endpoints
 
 	called  atomic.Bool // GetRequestMetadata ran since prepare
 	mu      sync.Mutex
@@ -403,6 +460,8 @@ type attemptCreds struct {
 	vetoed  bool // the last pick was refused: invoke again
 	refusal bool // the last pick was refused for good
 	repick  int  // ...at most this many more times
+	paid    bool // free, but the budget paid for it at a pick
+	noPay   bool // free, and the budget would not pay at the last pick
 }
 
 // errAvoided fails the pick of an endpoint an attempt avoids, before
@@ -417,14 +476,28 @@ func (a *attemptCreds) GetRequestMetadata(ctx context.Context, uri ...string) (m
 		avoided := slices.Contains(a.avoid, p.Addr)
 		veto := avoided && a.repick > 0
 		refuse := avoided && !veto && a.guard
+		noPay := false
 		if veto {
 			a.repick--
 			a.vetoed = true
 		}
-		a.refusal = refuse
+		if avoided && !veto && a.free && !a.paid {
+			// Every pick of a fail-over retry went to an endpoint it
+			// avoids (maxFreeRepicks+1 picks: round_robin over two
+			// endpoints would have offered the other one): grpc has
+			// nowhere else to send it. It fails over to nothing, and the
+			// budget pays for it.
+			now := a.client.now()
+			if a.eps != nil {
+				a.eps.nowhereElse(now)
+			}
+			a.paid = a.client.withdrawAt(a.budget, now)
+			noPay = !a.paid
+		}
+		a.refusal, a.noPay = refuse, noPay
 		a.mu.Unlock()
 		a.called.Store(true)
-		if veto || (refuse && !a.client.o.shadow) {
+		if veto || ((refuse || noPay) && !a.client.o.shadow) {
 			return nil, errAvoided
 		}
 	}
@@ -464,8 +537,9 @@ func (a *attemptCreds) collect() (vetoed bool) {
 	a.mu.Lock()
 	vetoed, a.vetoed = a.vetoed, false
 	a.refused, a.refusal = a.refusal, false
+	a.unpaid, a.noPay = a.noPay, false
 	a.last = a.addr
-	if vetoed || (a.refused && !a.client.o.shadow) {
+	if vetoed || ((a.refused || a.unpaid) && !a.client.o.shadow) {
 		a.last = nil
 	}
 	a.mu.Unlock()
@@ -481,7 +555,12 @@ func (a *attemptCreds) collect() (vetoed bool) {
 func (a *attemptCreds) prepare(c *call, at *attempt) {
 	a.last, a.avoid, a.repick, a.refused = nil, c.avoid, 0, false
 	a.guard = at.guarded != nil
-	if len(c.avoid) > 0 {
+	a.free, a.unpaid, a.paid = at.free, false, false
+	a.budget, a.eps = c.route.budget, c.route.endpoints
+	switch {
+	case len(c.avoid) > 0 && at.free:
+		a.repick = maxFreeRepicks
+	case len(c.avoid) > 0:
 		a.repick = maxRepicks
 	}
 }
@@ -496,6 +575,7 @@ func (a *attemptCreds) reset(c *call, cs *callSettings) {
 		a.user = cs.userCreds.Creds
 	}
 	a.last, a.avoid, a.repick, a.guard, a.refused = nil, nil, 0, false, false
+	a.free, a.unpaid, a.paid, a.budget, a.eps = false, false, false, nil, nil
 }
 
 // newAttemptCreds returns credentials for one attempt of c, and the call

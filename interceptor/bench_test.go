@@ -9,7 +9,9 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
@@ -83,6 +85,21 @@ func BenchmarkUnaryFakeInvoker(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
+	})
+	// After a call has failed, the Client remembers failed calls (so that
+	// a retry loop outside the suite is seen): every call then looks
+	// itself up there.
+	b.Run("suite-after-a-failure", func(b *testing.B) {
+		ic := interceptor.NewClient(noopProviders()...).Unary()
+		failing := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error {
+			return status.Error(codes.Unavailable, "down")
+		}
+		failCtx, cancelFail := context.WithTimeout(context.Background(), time.Hour)
+		defer cancelFail()
+		_ = ic(failCtx, echov1.EchoService_Put_FullMethodName, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, failing, interceptor.MaxAttempts(1))
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		defer cancel()
+		run(b, ctx, ic)
 	})
 	b.Run("suite-global-providers", func(b *testing.B) { run(b, context.Background(), interceptor.NewClient().Unary()) })
 	b.Run("suite-recording-tracer", func(b *testing.B) {

@@ -77,6 +77,13 @@ type call struct {
 	pushedBack   bool       // a server said "do not retry": no attempt follows any more
 	avoid        []net.Addr // the target's outlier endpoints, which attempts avoid
 	failedOn     []net.Addr // the endpoints the call's attempts failed on
+	// back is, for a try of a logical call that failed and came back
+	// through a retry loop outside the suite (see outer.go), that call:
+	// this try deposits nothing and its first attempt is a retry.
+	back    *returned
+	req     any    // a unary call's request: a try of a failed call is found by it (nil for streams)
+	prior   int    // attempts the logical call's earlier tries sent
+	madeKey string // the idempotency key the suite made for the call, if any
 }
 
 // setup resolves the call's settings: the idempotency key (added to ctx),
@@ -89,6 +96,12 @@ func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, 
 	r := c.route
 	c.cc, c.grpcRetryOff = cc, grpcRetryOff
 	c.start = c.client.now()
+	if c.req != nil {
+		c.back = c.client.cameBack(ctx, r, c.req, c.start)
+	}
+	if b := c.back; b != nil {
+		c.prior, c.lastErr = b.attempts, b.err
+	}
 	key, hasKey := cs.key, cs.hasKey
 	if !hasKey {
 		key, hasKey = idempotency.KeyFromContext(ctx)
@@ -105,7 +118,14 @@ func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, 
 		if vs := metadata.ValueFromOutgoingContext(ctx, idempotency.MetadataKey); len(vs) == 1 {
 			hasKey = true
 		} else if !c.client.o.noKeys {
-			ctx = metadata.AppendToOutgoingContext(ctx, idempotency.MetadataKey, idempotency.NewKey())
+			// A try that came back sends the key of the logical call's
+			// earlier tries, so that the server deduplicates them.
+			if b := c.back; b != nil && b.key != "" {
+				c.madeKey = b.key
+			} else {
+				c.madeKey = idempotency.NewKey()
+			}
+			ctx = metadata.AppendToOutgoingContext(ctx, idempotency.MetadataKey, c.madeKey)
 			hasKey = true
 		}
 	}
@@ -119,8 +139,10 @@ func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, 
 	}
 	mc := r.methodConfig(cc, c.start)
 	c.applyGRPCRetry(mc)
-	c.hedge = c.repeatable && !c.grpcRetry && r.hedge && !cs.noHedge && c.maxAttempts > 1
-	c.beside = c.repeatable && !c.grpcRetry && r.perAttempt > 0 && c.maxAttempts > 1
+	// A try that came back is already a retry: it neither hedges nor
+	// sends a retry beside a slow attempt.
+	c.hedge = c.repeatable && !c.grpcRetry && r.hedge && !cs.noHedge && c.maxAttempts > 1 && c.back == nil
+	c.beside = c.repeatable && !c.grpcRetry && r.perAttempt > 0 && c.maxAttempts > 1 && c.back == nil
 	if metadata.ValueFromOutgoingContext(ctx, deadline.MetadataKey) != nil {
 		ctx = removeOutgoing(ctx, deadline.MetadataKey) // stale: the attempts send their own
 	}
@@ -184,9 +206,12 @@ func removeOutgoing(ctx context.Context, key string) context.Context {
 	return metadata.NewOutgoingContext(ctx, md)
 }
 
-// startCall deposits into the budget and starts the call span.
+// startCall deposits into the budget (not for a try that came back: its
+// logical call deposited) and starts the call span.
 func (c *call) startCall(ctx context.Context) context.Context {
-	c.route.budget.DepositAt(c.start) // a nil budget does nothing
+	if c.back == nil { // a try that came back: its logical call deposited
+		c.route.budget.DepositAt(c.start) // a nil budget does nothing
+	}
 	c.timed = c.route.lat != nil || c.client.tel.duration.Enabled(ctx)
 	if t := c.client.tel.tracer; t != nil {
 		ctx, c.span = t.Start(ctx, c.route.tel.name, c.route.tel.callSpan...)
@@ -194,17 +219,24 @@ func (c *call) startCall(ctx context.Context) context.Context {
 		if c.recording && c.grpcRetry {
 			c.span.SetAttributes(AttrGRPCRetryPolicy.Bool(true))
 		}
+		if c.recording && c.back != nil {
+			c.span.SetAttributes(AttrOuterRetry.Bool(true))
+		}
 	}
 	return ctx
 }
 
-// endCall records the call's outcome and ends its span.
+// endCall records the call's outcome and ends its span. A try that came
+// back is not another logical call: the calls and the call duration count
+// its logical call's first try only.
 func (c *call) endCall(ctx context.Context, err error) {
 	st, _ := status.FromError(err)
 	code := st.Code()
 	t, rt := c.client.tel, c.route.tel
-	t.calls.Add(ctx, 1, rt.callOpts(code)...)
-	if t.duration.Enabled(ctx) {
+	if c.back == nil {
+		t.calls.Add(ctx, 1, rt.callOpts(code)...)
+	}
+	if c.back == nil && t.duration.Enabled(ctx) {
 		t.duration.Record(ctx, c.client.now().Sub(c.start).Seconds(), rt.durationOpts(code)...)
 	}
 	if c.retries > 0 {

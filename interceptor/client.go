@@ -3,6 +3,7 @@ package interceptor
 import (
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -49,6 +50,10 @@ type Client struct {
 	hedgeQ    float64
 	routes    cowmap.Map[routeKey, *route]
 	endpoints cowmap.Map[string, *endpoints] // per canonical target
+	returns   atomic.Pointer[returnTable]    // failed calls, made on the first failure (see outer.go)
+	// lastFailed is when (UnixNano, on the Client's clock) a call last
+	// failed: the table is looked at only for returnWindow after.
+	lastFailed atomic.Int64
 	// breakerAt is true when the breakers run on this Client's clock, so
 	// that the times it reads anyway can be passed to them instead of
 	// their reading the clock again. Budgets always take the Client's
@@ -76,6 +81,7 @@ func NewClient(opts ...ClientOption) *Client {
 	c.routes.Max = MaxRoutes
 	c.endpoints.Max = MaxRoutes
 	c.resolver = idempotency.NewResolver(idempotency.ResolverConfig{Idempotent: o.idempotent})
+	c.checkMarks()
 	ratio := budget.DefaultRatio
 	if !o.noBudget {
 		if o.budgets != nil {

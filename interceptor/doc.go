@@ -23,9 +23,11 @@
 // withdrawn only for a retry that is sent. A method that may not be
 // repeated is sent exactly once, whatever the options say.
 //
-// A refused retry returns the last attempt's status unchanged; refusals by
-// the budget, the breaker, the deadline or a pushback carry an ErrorInfo
-// (RefusedBy says which). A call refused by an open breaker fails at once
+// A refused retry returns the last attempt's status code and message;
+// refusals by the budget, the breaker, the deadline or a pushback carry an
+// ErrorInfo and end the message with a marker, " [stormguard: retry
+// refused: budget]", that survives clients which keep only the message
+// (RefusedBy reads either). A call refused by an open breaker fails at once
 // with Unavailable, ErrorInfo CIRCUIT_OPEN and a RetryInfo.
 //
 // # Doing no harm
@@ -37,7 +39,25 @@
 // has served nothing lately gets no retries or hedges at all. Attempts
 // avoid an endpoint that fails while the target's other endpoints serve,
 // and a retry after a failure there is a fail-over the budget does not pay
-// for; see WithoutFailover.
+// for, when another endpoint can take it: a retry whose picks all go to
+// the failing endpoint (grpc has no other ready) is paid from the budget,
+// or not sent; see WithoutFailover.
+//
+// # Retry loops outside the suite
+//
+// A client library may retry in an interceptor installed outside the
+// suite (etcd's clientv3 does, up to 100 times), as may go-grpc-middleware's
+// retry or the caller's own loop: each try enters the suite as a call. The
+// Client remembers failed calls by their context's Done channel (or the
+// context, when it has none), route and request message, for 5 s; a call
+// that matches one is the same logical call coming back. It deposits
+// nothing into the budget, its first attempt is a retry (a token from the
+// budget, the breaker's say), and when that retry is refused it fails at
+// once, before anything is sent, with the last try's status, annotated.
+// A try of a method that may not be repeated is still sent at most once,
+// and only with a token; a retry_with_key method's tries share one key.
+// Tries with a new request message or a new cancellable context each (a
+// per-try timeout) are not recognised, nor are streams.
 //
 // # Hedging
 //

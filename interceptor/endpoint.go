@@ -16,15 +16,16 @@ import (
 // load on a failing service. The table below keeps each endpoint's recent
 // outcomes so that the retry decision can tell the two apart.
 const (
-	epSlots      = 4                      // slots in an endpoint's window
-	epSlotWidth  = time.Second            // so the window is the last 3 to 4 seconds
-	epMinSeen    = 5                      // outcomes before an endpoint (or the rest) is judged
-	epBadRatio   = 0.5                    // an endpoint failing at least this share is bad...
-	epGoodRatio  = 0.1                    // ...when the other endpoints fail at most this share
-	epMaxTracked = 256                    // endpoints tracked per target
-	epIdle       = time.Minute            // an endpoint not seen for this long is forgotten
-	maxRepicks   = 3                      // times an attempt re-picks before it sends anyway
-	epRejudge    = 100 * time.Millisecond // how long a judgement of the outliers stands
+	epSlots        = 4                      // slots in an endpoint's window
+	epSlotWidth    = time.Second            // so the window is the last 3 to 4 seconds
+	epMinSeen      = 5                      // outcomes before an endpoint (or the rest) is judged
+	epBadRatio     = 0.5                    // an endpoint failing at least this share is bad...
+	epGoodRatio    = 0.1                    // ...when the other endpoints fail at most this share
+	epMaxTracked   = 256                    // endpoints tracked per target
+	epIdle         = time.Minute            // an endpoint not seen for this long is forgotten
+	maxRepicks     = 3                      // times an attempt re-picks before it sends anyway
+	maxFreeRepicks = 9                      // ...and a fail-over retry before it is taken for having nowhere to go
+	epRejudge      = 100 * time.Millisecond // how long a judgement of the outliers stands
 )
 
 // endpoints tracks the recent outcomes of one target's endpoints, keyed by
@@ -35,6 +36,12 @@ type endpoints struct {
 	m      sync.Map // net.Addr → *endpoint
 	n      atomic.Int32
 	judged atomic.Pointer[judgement]
+	// nowhere is the time (UnixNano) until which attempts avoid nothing:
+	// an attempt's picks all went to endpoints it avoids, so grpc has no
+	// other endpoint to pick (their connections are down), and a retry
+	// after a failure on an outlier is no fail-over. 0: none. A success on
+	// an endpoint that is not an outlier ends it.
+	nowhere atomic.Int64
 }
 
 // judgement is the set of outliers as of a time.
@@ -43,24 +50,47 @@ type judgement struct {
 	outliers []net.Addr
 }
 
-// current returns the outliers, judged again at most every epRejudge: one
-// atomic load on the success path.
+// current returns the endpoints attempts avoid: the outliers, judged
+// again at most every epRejudge (one atomic load on the success path),
+// unless grpc has lately had nowhere else to send attempts.
 func (t *endpoints) current(now time.Time) []net.Addr {
 	j := t.judged.Load()
 	if j != nil && now.Sub(j.at) < epRejudge && !now.Before(j.at) {
-		return j.outliers
+		return t.avoidable(j.outliers, now)
 	}
 	return t.judge(now)
 }
 
-// judge judges the outliers now.
+// judge judges the outliers now, and returns those attempts avoid.
 func (t *endpoints) judge(now time.Time) []net.Addr {
 	var out []net.Addr
 	if t.n.Load() >= 2 { // one endpoint (or none) has no others to compare with
 		out = t.outliers(now)
 	}
 	t.judged.Store(&judgement{at: now, outliers: out})
-	return out
+	return t.avoidable(out, now)
+}
+
+// avoidable returns outliers, or none while grpc has nowhere else to send
+// attempts (see nowhereElse).
+func (t *endpoints) avoidable(outliers []net.Addr, now time.Time) []net.Addr {
+	if len(outliers) > 0 && t.nowhere.Load() > now.UnixNano() {
+		return nil
+	}
+	return outliers
+}
+
+// epNowhere is how long, at most, attempts avoid nothing after one found
+// no other endpoint to go to (see nowhereElse).
+const epNowhere = time.Second
+
+// nowhereElse notes that an attempt's picks all went to endpoints it
+// avoids: grpc has no other endpoint to pick. For epNowhere, or until an
+// endpoint other than the outliers serves, attempts avoid nothing (their
+// re-picks would go to the same endpoints) and a retry after a failure on
+// an outlier is no fail-over: the budget pays for it.
+func (t *endpoints) nowhereElse(now time.Time) {
+	t.nowhere.Store(now.Add(epNowhere).UnixNano())
 }
 
 type endpoint struct {
@@ -93,6 +123,13 @@ func (t *endpoints) record(addr net.Addr, failed bool, now time.Time) {
 		}
 	}
 	e.(*endpoint).record(failed, slotOf(now))
+	if !failed && t.nowhere.Load() != 0 {
+		// An endpoint that is not an outlier serves: grpc has somewhere
+		// else to send attempts again.
+		if j := t.judged.Load(); j == nil || !slices.Contains(j.outliers, addr) {
+			t.nowhere.Store(0)
+		}
+	}
 }
 
 func slotOf(now time.Time) int64 { return now.UnixNano() / int64(epSlotWidth) }

@@ -3,6 +3,7 @@ package interceptor_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -194,4 +195,88 @@ func TestOpenBreakerRefusesOnlyWhatGoesToADeadEndpoint(t *testing.T) {
 	}
 	assert.Equal(t, deadBefore, origins[0].Total(), "the dead backend got nothing more")
 	assert.Equal(t, "open", guard.Targets()[0].Breaker.State, "still within its open period")
+}
+
+// A fail-over that can only reach the endpoint that failed is not free.
+// Of two endpoints, one is gone (its server stopped: grpc can pick only
+// the other) and the other answers UNAVAILABLE (a cluster that lost its
+// quorum). The gone endpoint's recent successes make the other look like
+// the odd one out, but no other endpoint can take a retry: every retry is
+// paid from the budget, so that no more requests reach the failing
+// endpoint than the calls and the budget's grants.
+func TestFailoverWithNowhereToGoIsPaid(t *testing.T) {
+	var down atomic.Bool
+	scripts := []origin.Script{origin.Succeed(), switchable(&down)}
+	r := manual.NewBuilderWithScheme("sg")
+	var addrs []resolver.Address
+	var origins []*origin.Origin
+	var servers []*origin.Server
+	for _, s := range scripts {
+		o := origin.New(s)
+		l, err := origin.TCP()
+		require.NoError(t, err)
+		srv := origin.Serve(l, o)
+		t.Cleanup(srv.Stop)
+		origins, servers = append(origins, o), append(servers, srv)
+		addrs = append(addrs, resolver.Address{Addr: l.Target})
+	}
+	r.InitialState(resolver.State{Addresses: addrs})
+	budgets := budget.NewRegistry(budgetNoBurst())
+	guard := interceptor.NewClient(append(noopProviders(), fast, interceptor.WithBudgets(budgets))...)
+	cc, err := grpc.NewClient(r.Scheme()+":///quorum", append(guard.DialOptions(),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithResolvers(r),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))...)
+	require.NoError(t, err)
+	t.Cleanup(func() { cc.Close() })
+	c := echov1.NewEchoServiceClient(cc)
+	gone, last := origins[0], origins[1]
+
+	// Both serve; then the first one's server stops, and calls go to the
+	// other alone once grpc has seen its connection close.
+	require.Equal(t, 60, workload(t, c, 60, 4))
+	require.Positive(t, gone.Total())
+	servers[0].Stop()
+	for i, still := 0, 0; still < 20; i++ {
+		n := gone.Total()
+		_, err := c.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("after-", i)})
+		require.NoError(t, err)
+		if gone.Total() == n {
+			still++
+		} else {
+			still = 0
+		}
+	}
+
+	// The last one loses its quorum.
+	down.Store(true)
+	granted := func() (n uint64) {
+		budgets.Range(func(_ string, b *budget.Budget) bool { n += b.Stats().Granted; return true })
+		return n
+	}
+	before, grantedBefore := last.Total(), granted()
+	const calls = 300
+	ok := workload(t, c, calls, 4)
+	sent, paid := last.Total()-before, granted()-grantedBefore
+	t.Logf("%d calls, %d ok: %d requests reached the failing endpoint (%.2fx), the budget granted %d retries", calls, ok, sent, float64(sent)/calls, paid)
+	assert.Zero(t, ok)
+	assert.LessOrEqual(t, uint64(sent), calls+paid, "every retry was paid")
+
+	// The gone endpoint comes back (at its address, as a restarted
+	// member): once grpc has reconnected and it serves, a retry after a
+	// failure on the other one fails over to it again, free.
+	l, err := net.Listen("tcp", addrs[0].Addr)
+	if err != nil {
+		t.Skipf("the gone endpoint's address cannot be reused: %v", err)
+	}
+	back := origin.New(origin.Succeed())
+	srv := origin.Serve(&origin.Listener{Listener: l, Target: addrs[0].Addr}, back)
+	t.Cleanup(srv.Stop)
+	for i := 0; back.Total() == 0; i++ {
+		require.Less(t, i, 10_000, "grpc did not reconnect to the endpoint that came back")
+		_, _ = c.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("reconnect-", i)})
+	}
+	ok = workload(t, c, calls, 4)
+	t.Logf("back: %d/%d ok", ok, calls)
+	assert.GreaterOrEqual(t, ok, calls*97/100)
 }

@@ -146,6 +146,19 @@ func (h *hedger) answer(c *call, res hedgeResult) (done bool, err error) {
 		}
 		c.sentGuarded(h.ctx, a)
 	}
+	if a := &res.a.attempt; a.free && c.unpaidAtPick(h.ctx, a) {
+		// A fail-over retry with nowhere to go that the budget would not
+		// pay for: not sent. Nothing more is sent; an attempt still
+		// running may yet answer.
+		c.unsend(a)
+		if h.inflight == 0 {
+			return true, c.notSent(h.ctx, ReasonBudget, nil)
+		}
+		h.hedging, h.timing = false, false
+		h.arm(c)
+		c.refuse(h.ctx, ReasonBudget, EventRetryRefused)
+		return false, nil
+	}
 	v := c.after(h.ctx, &res.a.attempt, res.err, res.a.trailer)
 	h.winner = res.a // until proven otherwise
 	if res.err == nil {

@@ -28,7 +28,7 @@ type Hooks struct {
 // RetryEvent describes a retry the Client decided to send.
 type RetryEvent struct {
 	Method  string        // "/pkg.Svc/Method"
-	Target  string        // the ClientConn's target
+	Target  string        // the ClientConn's target, or its name (WithTargetName)
 	Attempt int           // the retry's number among the call's attempts, from 2
 	Delay   time.Duration // the backoff or pushback before it
 	Err     error         // the failed attempt's status

@@ -120,7 +120,10 @@ func (c *call) fundable(now time.Time) Reason {
 // serve (see endpoints.outliers). Every attempt avoids such endpoints, so
 // a fail-over retry goes to one that serves: it is not added load on a
 // failing service, and the budget does not pay for it; the breaker and the
-// attempt limit still apply.
+// attempt limit still apply. If its picks all go to endpoints it avoids
+// (grpc has no other endpoint ready), it fails over to nothing: the budget
+// pays for it at the pick, or it is not sent (see attemptCreds), and
+// attempts avoid nothing for a while (endpoints.nowhereElse).
 func (c *call) failOver(a *attempt, now time.Time) {
 	c.failover = false
 	if c.client.o.noFailover {
@@ -159,19 +162,20 @@ func (c *call) conclude(ctx context.Context, v verdict) error {
 	if v.reason != "" {
 		c.refuse(ctx, v.reason, EventRetryRefused)
 	}
-	return annotate(v.err, v.reason)
+	return annotate(v.err, v.reason, c.client.o.noMarker)
 }
 
 // notSent ends the call when begin refused an attempt: a first attempt
-// fails with begin's status; a retry returns the last attempt's error,
+// fails with begin's status; a retry (and the first attempt of a try that
+// came back, refused as a retry) returns the last attempt's error,
 // annotated.
 func (c *call) notSent(ctx context.Context, reason Reason, err error) error {
-	if c.sent == 0 {
+	if c.sent == 0 && (c.back == nil || err != nil) {
 		c.refuse(ctx, reason, reason.info().firstEvent)
 		return err
 	}
 	c.refuse(ctx, reason, EventRetryRefused)
-	return annotate(c.lastErr, reason)
+	return annotate(c.lastErr, reason, c.client.o.noMarker)
 }
 
 // refuse records that a retry, a hedge or a call was refused.

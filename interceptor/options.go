@@ -74,6 +74,8 @@ type clientOptions struct {
 	retryIf        func(ctx context.Context, method string, err error) bool
 	logger         *slog.Logger
 	noFailover     bool
+	noMarker       bool
+	targetName     func(target string) string
 }
 
 // WithMaxAttempts sets the most attempts of one logical call, the first
@@ -177,8 +179,18 @@ func WithFailureCodes(cs ...codes.Code) ClientOption {
 }
 
 // WithIdempotent marks methods IDEMPOTENT, for protos you cannot annotate:
-// each entry is a full method ("/pkg.Svc/Method") or a whole service
-// ("/pkg.Svc/"). It never lowers what the proto says. Calls accumulate.
+// each entry is a full method ("/pkg.Svc/Method", the RPC's name as in
+// the proto, case included) or a whole service ("/pkg.Svc/"). It never
+// lowers what the proto says. Calls accumulate.
+//
+// A whole service marks every method of it, writes included: a service
+// with any method that is not safe to repeat (etcd's KV has Put, Txn and
+// DeleteRange beside Range) must be marked method by method. NewClient
+// checks the entries against the protobuf registry (see
+// idempotency.CheckMarks): it logs a warning for a method the registry
+// does not know in a service it knows, naming the closest method, since
+// such an entry marks nothing; and logs, at Info, the methods a
+// whole-service entry marks.
 func WithIdempotent(fullMethods ...string) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.idempotent = append(o.idempotent, fullMethods...) })
 }
@@ -358,10 +370,55 @@ func WithHooks(h Hooks) ClientOption {
 // WithoutFailover turns per-endpoint fail-over off: every retry is paid
 // from the budget, and none avoids an endpoint. By default, a retry after
 // a failure on an endpoint that fails while the target's other endpoints
-// serve goes to another endpoint and is not charged to the budget (see the
-// package documentation).
+// serve goes to another endpoint and is not charged to the budget, unless
+// grpc can pick no other endpoint: then it is paid (see the package
+// documentation).
 func WithoutFailover() ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.noFailover = true })
+}
+
+// WithTargetName names the dependency behind each ClientConn's target:
+// name(target) keys the budget, the breaker and the endpoint table, and is
+// the target that metrics (server.address, grpc.target), errors ("circuit
+// breaker open for etcd"), hooks, logs and Targets show. ClientConns whose
+// targets get the same name share one budget and one breaker.
+//
+// By default the key is the target in grpc's canonical form (see the
+// package documentation). That is wrong for client libraries that dial a
+// target of their own per client object: etcd's clientv3 dials
+// "etcd-endpoints://0xc000123456/host:port", unique to each
+// clientv3.Client, so two clients of one cluster would never share a
+// budget or a breaker, and each would add its own series to the metrics.
+// Name them:
+//
+//	interceptor.WithTargetName(func(target string) string {
+//		if strings.HasPrefix(target, "etcd-endpoints://") {
+//			return "etcd"
+//		}
+//		return "" // the default
+//	})
+//
+// An empty name keeps the default. name is called once per target and
+// method, when the Client first sees them, and must be safe for concurrent
+// use. nil is ignored; a later WithTargetName replaces an earlier one.
+func WithTargetName(name func(target string) string) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) {
+		if name != nil {
+			o.targetName = name
+		}
+	})
+}
+
+// WithoutRefusalMarker keeps the message of a status whose retry was
+// refused as the server sent it. By default it ends with a marker,
+// " [stormguard: retry refused: budget]", so that RefusedBy can tell why
+// even through a client that keeps only a status's code and message (etcd's
+// clientv3 does). A client that maps known messages to errors of its own
+// (clientv3's rpctypes, for "etcdserver: no leader") does not recognise a
+// marked message and returns the status itself; this option keeps the
+// mapping, and RefusedBy then reads only the status details.
+func WithoutRefusalMarker() ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.noMarker = true })
 }
 
 // WithLogger sets the logger of the Client's rare warnings (default

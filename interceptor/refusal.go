@@ -1,6 +1,8 @@
 package interceptor
 
 import (
+	"strings"
+
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -74,34 +76,80 @@ const (
 	// breaker is open (code Unavailable, with a RetryInfo saying how long
 	// it stays open).
 	ErrorReasonCircuitOpen = "CIRCUIT_OPEN"
-	// ErrorReasonRetryRefused: the status is the last attempt's, unchanged;
+	// ErrorReasonRetryRefused: the status is the last attempt's code and
+	// message (the message ending with the refusal marker, see RefusedBy);
 	// a retry was refused, and the metadata key "refused_by" says why
 	// (budget, breaker, deadline or pushback).
 	ErrorReasonRetryRefused = "RETRY_REFUSED"
 )
 
 // annotate returns err with an ErrorInfo RETRY_REFUSED saying why it was
-// not retried, when the table says the reason annotates; code and message
-// are unchanged.
-func annotate(err error, reason Reason) error {
+// not retried, when the table says the reason annotates; the code is
+// unchanged, and the message gets the refusal marker at its end (see
+// RefusedBy), unless the Client was made WithoutRefusalMarker (plain).
+func annotate(err error, reason Reason, plain bool) error {
 	if err == nil || !reason.info().annotates {
 		return err
 	}
-	st := status.Convert(err)
-	withInfo, derr := st.WithDetails(&errdetails.ErrorInfo{
+	p := status.Convert(err).Proto() // a copy
+	if !plain {
+		p.Message = stripMarker(p.Message) + messageMarker(reason)
+	}
+	withInfo, derr := status.FromProto(p).WithDetails(&errdetails.ErrorInfo{
 		Reason:   ErrorReasonRetryRefused,
 		Domain:   ErrorDomain,
 		Metadata: map[string]string{"refused_by": string(reason)},
 	})
 	if derr != nil {
-		return err
+		return status.FromProto(p).Err()
 	}
 	return withInfo.Err()
 }
 
+// The refusal marker ends the message of a status whose retry the suite
+// refused: " [stormguard: retry refused: budget]". It survives a client
+// that rebuilds errors from their code and message alone, dropping the
+// details (etcd's clientv3 does), so that RefusedBy can still read it.
+const (
+	markerPrefix = " [stormguard: retry refused: "
+	markerSuffix = "]"
+	// circuitOpenPrefix begins the message of a call an open breaker
+	// refused (circuitOpenError).
+	circuitOpenPrefix = "stormguard: circuit breaker open for "
+)
+
+func messageMarker(r Reason) string { return markerPrefix + string(r) + markerSuffix }
+
+// stripMarker removes a refusal marker from the end of msg, so that a
+// status refused twice (by two hops) carries one marker, the latest.
+func stripMarker(msg string) string {
+	if i := strings.LastIndex(msg, markerPrefix); i >= 0 && strings.HasSuffix(msg, markerSuffix) && !strings.Contains(msg[i+len(markerPrefix):len(msg)-1], "]") {
+		return msg[:i]
+	}
+	return msg
+}
+
+// reasonInMessage returns the reason of the last refusal marker in msg
+// (ReasonBreaker for an open breaker's message), or "" when it has none
+// naming a known reason that annotates.
+func reasonInMessage(msg string) Reason {
+	if i := strings.LastIndex(msg, markerPrefix); i >= 0 {
+		rest := msg[i+len(markerPrefix):]
+		if j := strings.Index(rest, markerSuffix); j > 0 {
+			if r := Reason(rest[:j]); r.info().annotates {
+				return r
+			}
+		}
+	}
+	if strings.Contains(msg, circuitOpenPrefix) {
+		return ReasonBreaker
+	}
+	return ""
+}
+
 // circuitOpenError is the status of a call refused by an open breaker.
 func circuitOpenError(b *breaker.Breaker) error {
-	st := status.New(codes.Unavailable, "stormguard: circuit breaker open for "+b.Target())
+	st := status.New(codes.Unavailable, circuitOpenPrefix+b.Target())
 	withInfo, err := st.WithDetails(
 		&errdetails.ErrorInfo{Reason: ErrorReasonCircuitOpen, Domain: ErrorDomain, Metadata: map[string]string{"target": b.Target()}},
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(b.RetryAfter())},
@@ -114,10 +162,21 @@ func circuitOpenError(b *breaker.Breaker) error {
 
 // RefusedBy returns the reason stormguard attached to err when it refused a
 // retry (budget, breaker, deadline or pushback), ReasonBreaker for a call
-// refused by an open breaker, or "" when err carries no such detail.
+// refused by an open breaker, or "" when err carries no such mark.
+//
+// It reads the status's ErrorInfo details and, when a client between the
+// suite and the caller dropped them (rebuilding the error from its code
+// and message, or wrapping the message in an error of its own), the
+// message: a refused retry's message ends with the marker
+// " [stormguard: retry refused: <reason>]", and an open breaker's begins
+// with "stormguard: circuit breaker open for ". A message with neither
+// yields "".
 func RefusedBy(err error) Reason {
+	if err == nil {
+		return ""
+	}
 	st, ok := status.FromError(err)
-	if !ok || st.Code() == codes.OK {
+	if ok && st.Code() == codes.OK {
 		return ""
 	}
 	for _, d := range st.Details() {
@@ -130,5 +189,5 @@ func RefusedBy(err error) Reason {
 			}
 		}
 	}
-	return ""
+	return reasonInMessage(st.Message()) // err.Error() when err is no status
 }

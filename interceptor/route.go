@@ -31,7 +31,7 @@ type routeKey struct{ target, method string }
 // method, resolved once and cached.
 type route struct {
 	method      string // "/pkg.Svc/Method"
-	target      string // cc.Target()
+	target      string // the dependency's name (WithTargetName), or cc.Target()
 	policy      idempotency.Policy
 	budget      *budget.Budget   // nil: none
 	breaker     *breaker.Breaker // nil: none
@@ -69,7 +69,8 @@ func (c *Client) routeFor(target, method string) *route {
 }
 
 func (c *Client) newRoute(k routeKey) *route {
-	target, method := k.target, k.method
+	method := k.method
+	target, key := c.dependency(k.target)
 	p := c.resolver.Lookup(method)
 	r := &route{
 		method:      method,
@@ -84,9 +85,6 @@ func (c *Client) newRoute(k routeKey) *route {
 	if r.perAttempt == 0 {
 		r.perAttempt = c.o.perAttempt
 	}
-	// Budgets and breakers are per service: "host:port" and
-	// "dns:///host:port" name the same one.
-	key := canonicalTarget(target)
 	if c.budgets != nil {
 		r.budget = c.budgets.For(key)
 	}
@@ -116,6 +114,20 @@ func (c *Client) newRoute(k routeKey) *route {
 		r.lat = newLatency(c.hedgeQ)
 	}
 	return r
+}
+
+// dependency returns what a ClientConn's target is called (in telemetry,
+// errors and hooks) and the key of its budget, breaker and endpoint table:
+// the name WithTargetName gives it, for both; by default the target itself
+// and, as the key, its canonical form, since budgets and breakers are per
+// service: "host:port" and "dns:///host:port" name the same one.
+func (c *Client) dependency(target string) (name, key string) {
+	if f := c.o.targetName; f != nil {
+		if n := f(target); n != "" {
+			return n, n
+		}
+	}
+	return target, canonicalTarget(target)
 }
 
 // canonicalTarget returns target in grpc's canonical form for the targets

@@ -13,7 +13,7 @@ import (
 
 // TargetState is a snapshot of what a Client knows of one target, for a
 // health or debug page. Targets are canonical ("dns:///host:port" for
-// "host:port").
+// "host:port"), or the names WithTargetName gives them.
 type TargetState struct {
 	Target    string          `json:"target"`
 	Budget    *BudgetState    `json:"budget,omitempty"`  // nil without a budget

@@ -143,6 +143,10 @@ func (s *clientStream) open(kind attemptKind, old *streamAttempt) error {
 			}
 			k.sentGuarded(s.ctx, a)
 		}
+		if a.free && k.unpaidAtPick(s.ctx, a) {
+			k.unsend(a)
+			return k.notSent(s.ctx, ReasonBudget, nil)
+		}
 		if err == nil {
 			if err = s.install(sa, old); err == nil {
 				return nil

@@ -76,6 +76,11 @@ const (
 	// own service-config retryPolicy covers: the suite then sends one
 	// attempt and leaves the retries to grpc-go (see DialOptions).
 	AttrGRPCRetryPolicy = attribute.Key("stormguard.grpc_retry_policy")
+	// AttrOuterRetry is true on call spans of a try that a retry loop
+	// outside the suite (a client library's own, such as etcd's
+	// clientv3) sent again after it failed: the try deposits nothing into
+	// the budget, and its first attempt is a retry.
+	AttrOuterRetry = attribute.Key("stormguard.outer_retry")
 )
 
 // Metric names. The grpc.client.call.* histograms are the per-call metrics

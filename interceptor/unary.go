@@ -23,7 +23,8 @@ func (c *Client) unaryInterceptor(grpcRetryOff bool) grpc.UnaryClientInterceptor
 }
 
 func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, grpcRetryOff bool) error {
-	k := call{client: c, route: c.routeFor(targetOf(cc), method)}
+	k := call{client: c, route: c.routeFor(targetOf(cc), method), req: req}
+	callerCtx := ctx
 	cs := scanCallOptions(opts)
 	ctx, cancel, err := k.setup(ctx, cs, cc, grpcRetryOff)
 	if err != nil {
@@ -37,6 +38,12 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		err = k.sequential(ctx, method, req, reply, cc, invoker, opts, &cs)
 	}
 	k.endCall(ctx, err)
+	switch {
+	case err != nil:
+		c.noteFailed(callerCtx, &k, req, err)
+	case k.back != nil:
+		c.forget(k.back)
+	}
 	return err
 }
 
@@ -106,6 +113,9 @@ func (c *call) sequential(ctx context.Context, method string, req, reply any, cc
 	creds := &st.creds
 	creds.reset(c, cs)
 	kind := kindFirst
+	if c.back != nil {
+		kind = kindRetry // a try that came back: its first attempt is a retry
+	}
 	var a attempt
 	for {
 		reason, err := c.begin(ctx, &a, kind, plainAttempt)
@@ -136,6 +146,10 @@ func (c *call) sequential(ctx context.Context, method string, req, reply any, cc
 				return c.refusedAtPick(ctx, &a)
 			}
 			c.sentGuarded(ctx, &a)
+		}
+		if a.free && c.unpaidAtPick(ctx, &a) {
+			c.unsend(&a)
+			return c.notSent(ctx, ReasonBudget, nil)
 		}
 		var tr metadata.MD
 		if trp != nil {

@@ -84,8 +84,8 @@ func TestMaxAttempts(t *testing.T) {
 	assert.Equal(t, 5, e.origin.CountID(put, "c"), "per-call MaxAttempts(5)")
 }
 
-// A refused retry returns the last attempt's status unchanged, with an
-// ErrorInfo saying why.
+// A refused retry returns the last attempt's status code and message, the
+// message ending with the refusal marker, with an ErrorInfo saying why.
 func TestBudgetRefusalKeepsOriginalStatus(t *testing.T) {
 	e := newEnv(t, func(c origin.Call) origin.Reply {
 		return origin.Reply{Code: codes.Unavailable, Message: "origin down: " + c.RequestID}
@@ -93,7 +93,7 @@ func TestBudgetRefusalKeepsOriginalStatus(t *testing.T) {
 	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "x"})
 	st := status.Convert(err)
 	assert.Equal(t, codes.Unavailable, st.Code())
-	assert.Equal(t, "origin down: x", st.Message())
+	assert.Equal(t, "origin down: x [stormguard: retry refused: budget]", st.Message())
 	assert.Equal(t, interceptor.ReasonBudget, interceptor.RefusedBy(err))
 	assert.Equal(t, 1, e.origin.Total(), "one deposit at 10% funds no retry and there is no burst")
 	var info *errdetails.ErrorInfo

@@ -1,0 +1,110 @@
+package compare
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	grpcretry "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/retry"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	"github.com/stormguard/stormguard/budget"
+	"github.com/stormguard/stormguard/interceptor"
+	"github.com/stormguard/stormguard/internal/origin"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
+)
+
+// TestMiddlewareRetryOutsideTheSuite installs go-grpc-middleware's retry
+// (100 tries, 1 ms apart, on UNAVAILABLE, with its default attempt header)
+// outside the suite, as a client library installs its own, in front of an
+// origin that serves 100 calls and then answers UNAVAILABLE at once (a
+// lost quorum). Each of its tries calls the suite again; the suite takes
+// a try that comes back for a retry of its logical call, so that every
+// request beyond one per logical call is paid from the retry budget.
+func TestMiddlewareRetryOutsideTheSuite(t *testing.T) {
+	const healthy, outage = 100, 200
+	var down atomic.Bool
+	o := origin.New(func(origin.Call) origin.Reply {
+		if down.Load() {
+			return origin.Reply{Code: codes.Unavailable, Message: "etcdserver: no leader"}
+		}
+		return origin.Reply{}
+	})
+	l := origin.Bufconn()
+	srv := origin.Serve(l, o)
+	defer srv.Stop()
+	budgets := budget.NewRegistry(budget.Config{})
+	guard := interceptor.NewClient(
+		interceptor.WithTracerProvider(tracenoop.NewTracerProvider()),
+		interceptor.WithMeterProvider(metricnoop.NewMeterProvider()),
+		interceptor.WithBackoff(time.Millisecond, 2*time.Millisecond),
+		interceptor.WithBudgets(budgets),
+	)
+	var tries atomic.Int64
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		tries.Add(1)
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	cc, err := l.Dial(append([]grpc.DialOption{grpc.WithChainUnaryInterceptor(
+		grpcretry.UnaryClientInterceptor(
+			grpcretry.WithMax(100),
+			grpcretry.WithCodes(codes.Unavailable),
+			grpcretry.WithBackoff(grpcretry.BackoffLinear(time.Millisecond))),
+		count,
+	)}, guard.DialOptions()...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	c := echov1.NewEchoServiceClient(cc)
+	run := func(prefix string, n int) (ok int) {
+		var next, okN atomic.Int64
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for {
+					i := next.Add(1) - 1
+					if i >= int64(n) {
+						return
+					}
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					if _, err := c.Put(ctx, &echov1.PutRequest{RequestId: fmt.Sprint(prefix, i)}); err == nil {
+						okN.Add(1)
+					}
+					cancel()
+				}
+			})
+		}
+		wg.Wait()
+		return int(okN.Load())
+	}
+	granted := func() (n uint64) {
+		budgets.Range(func(_ string, b *budget.Budget) bool { n += b.Stats().Granted; return true })
+		return n
+	}
+	if ok := run("h", healthy); ok != healthy || o.Total() != healthy {
+		t.Fatalf("healthy: %d/%d ok, %d requests", ok, healthy, o.Total())
+	}
+	down.Store(true)
+	tries.Store(0)
+	grantedBefore := granted()
+	ok := run("o", outage)
+	sent, paid := o.Total()-healthy, granted()-grantedBefore
+	t.Logf("%d logical calls, %d tries: %d requests (%.2f per call), %d retries paid from the budget",
+		outage, tries.Load(), sent, float64(sent)/outage, paid)
+	if ok != 0 {
+		t.Errorf("%d calls succeeded against a dead origin", ok)
+	}
+	if tries.Load() <= outage {
+		t.Errorf("go-grpc-middleware did not try again: %d tries", tries.Load())
+	}
+	if uint64(sent) > outage+paid {
+		t.Errorf("%d requests for %d logical calls and %d paid retries: the outer tries were not charged", sent, outage, paid)
+	}
+}

@@ -1,0 +1,126 @@
+package interceptor_test
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
+	"google.golang.org/grpc/status"
+
+	"github.com/stormguard/stormguard/breaker"
+	"github.com/stormguard/stormguard/budget"
+	"github.com/stormguard/stormguard/interceptor"
+	"github.com/stormguard/stormguard/internal/origin"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
+)
+
+// perClientConn dials addr the way etcd's clientv3 does: through a resolver
+// of its own, with a target unique to each client object
+// ("etcd-endpoints://0xc000.../host:port").
+func perClientConn(t *testing.T, addr string, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	r := manual.NewBuilderWithScheme("etcd-endpoints")
+	r.InitialState(resolver.State{Addresses: []resolver.Address{{Addr: addr}}})
+	owner := new(int) // the "client object" whose address names the target
+	cc, err := grpc.NewClient(fmt.Sprintf("etcd-endpoints://%p/%s", owner, addr), append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithResolvers(r),
+	}, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// Two ClientConns whose targets are different names of one dependency
+// share one budget and one breaker once WithTargetName names it, and
+// errors, hooks and Targets show the name.
+func TestTargetNameSharesBudgetAndBreaker(t *testing.T) {
+	o := origin.New(origin.Always(codes.Unavailable))
+	l, err := origin.TCP()
+	require.NoError(t, err)
+	srv := origin.Serve(l, o)
+	t.Cleanup(srv.Stop)
+
+	var mu sync.Mutex
+	var hookTargets []string
+	budgets := budget.NewRegistry(budget.Config{})
+	guard := interceptor.NewClient(append(noopProviders(), fast,
+		interceptor.WithBudgets(budgets),
+		interceptor.WithBreaker(breaker.Config{MinAttempts: 3}),
+		interceptor.WithTargetName(func(target string) string {
+			if strings.HasPrefix(target, "etcd-endpoints://") {
+				return "etcd"
+			}
+			return ""
+		}),
+		interceptor.WithHooks(interceptor.Hooks{OnRefusal: func(e interceptor.RefusalEvent) {
+			mu.Lock()
+			hookTargets = append(hookTargets, e.Target)
+			mu.Unlock()
+		}}),
+	)...)
+	a := echov1.NewEchoServiceClient(perClientConn(t, l.Target, guard.DialOptions()...))
+	b := echov1.NewEchoServiceClient(perClientConn(t, l.Target, guard.DialOptions()...))
+
+	// Three failed attempts through the first client open the breaker...
+	_, err = a.Put(t.Context(), &echov1.PutRequest{RequestId: "a"})
+	require.Equal(t, codes.Unavailable, status.Code(err))
+	sent := o.Total()
+	// ...which the second client's calls meet: its first attempt goes to an
+	// endpoint (its own connection) not yet seen to fail, and is sent; its
+	// retry is refused. Its next call picks that endpoint, which has now
+	// served nothing, and is refused before anything is sent.
+	_, err = b.Put(t.Context(), &echov1.PutRequest{RequestId: "b"})
+	first := o.Total() - sent
+	_, err = b.Put(t.Context(), &echov1.PutRequest{RequestId: "c"})
+	t.Logf("budgets: %d; the second client's calls sent %d and %d attempts; %v", budgets.Len(), first, o.Total()-sent-first, err)
+	assert.Equal(t, 1, budgets.Len(), "one budget for both clients")
+	var keys []string
+	budgets.Range(func(target string, _ *budget.Budget) bool { keys = append(keys, target); return true })
+	assert.Equal(t, []string{"etcd"}, keys)
+	assert.Equal(t, 1, first, "the second client's first call was not retried: the shared breaker")
+	assert.Equal(t, sent+1, o.Total(), "its second call was refused by the shared breaker")
+	assert.Equal(t, interceptor.ReasonBreaker, interceptor.RefusedBy(err))
+	assert.Equal(t, "stormguard: circuit breaker open for etcd", status.Convert(err).Message(), "the error names the dependency")
+	var names []string
+	for _, ts := range guard.Targets() {
+		names = append(names, ts.Target)
+	}
+	assert.Equal(t, []string{"etcd"}, names)
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotEmpty(t, hookTargets)
+	for _, tg := range hookTargets {
+		assert.Equal(t, "etcd", tg)
+	}
+}
+
+// Without a name, a target keeps its own budget, and an empty name keeps
+// the default: "host:port" and "dns:///host:port" are one target.
+func TestTargetNameDefault(t *testing.T) {
+	budgets := budget.NewRegistry(budget.Config{})
+	guard := interceptor.NewClient(append(noopProviders(), fast, interceptor.WithBudgets(budgets),
+		interceptor.WithTargetName(func(string) string { return "" }))...)
+	l, err := origin.TCP()
+	require.NoError(t, err)
+	srv := origin.Serve(l, origin.New(origin.Succeed()))
+	t.Cleanup(srv.Stop)
+	for _, target := range []string{l.Target, "dns:///" + l.Target} {
+		cc, err := grpc.NewClient(target, append(guard.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+		require.NoError(t, err)
+		_, err = echov1.NewEchoServiceClient(cc).Put(t.Context(), &echov1.PutRequest{RequestId: target})
+		require.NoError(t, err)
+		cc.Close()
+	}
+	var keys []string
+	budgets.Range(func(target string, _ *budget.Budget) bool { keys = append(keys, target); return true })
+	assert.Equal(t, []string{"dns:///" + l.Target}, keys)
+}
