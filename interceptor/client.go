@@ -102,12 +102,24 @@ func NewClient(opts ...ClientOption) *Client {
 			if cfg.Now == nil { // the breaker runs on the Client's clock
 				cfg.Now, c.breakerAt = o.now, true
 			}
-			if h := o.hooks.OnBreakerChange; h != nil {
-				user := cfg.OnStateChange
+			// The callbacks run wherever the breaker's state changes,
+			// also on the Client's own goroutines: a panic in them is
+			// recovered (see Hooks).
+			user, h := cfg.OnStateChange, o.hooks.OnBreakerChange
+			if user != nil {
+				user = c.safeStateChange("breaker.Config.OnStateChange", user)
+			}
+			if h != nil {
+				h = c.safeStateChange("OnBreakerChange", h)
+			}
+			switch {
+			case h == nil:
+				cfg.OnStateChange = user
+			case user == nil:
+				cfg.OnStateChange = h
+			default:
 				cfg.OnStateChange = func(target string, from, to breaker.State) {
-					if user != nil {
-						user(target, from, to)
-					}
+					user(target, from, to)
 					h(target, from, to)
 				}
 			}

@@ -110,7 +110,8 @@ func WithoutBudget() ClientOption {
 }
 
 // WithBreaker gives each target a circuit breaker configured by c (default:
-// breaker.Config{}). Its OnStateChange, if any, is kept. Ignored when
+// breaker.Config{}). Its OnStateChange, if any, is kept; like a hook's, a
+// panic in it is recovered and logged (see Hooks). Ignored when
 // WithBreakers is also given.
 func WithBreaker(c breaker.Config) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.breakerCfg = c; o.noBreaker = false })
