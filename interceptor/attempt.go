@@ -134,7 +134,7 @@ func (c *call) admit(ctx context.Context, a *attempt, now time.Time) (Reason, er
 		case c.client.o.shadow:
 			would = ReasonBreaker
 		default:
-			return ReasonBreaker, circuitOpenError(b)
+			return ReasonBreaker, circuitOpenError(c.route, b)
 		}
 		if would == "" && kind != kindFirst && c.servedNothing(b, now) {
 			if !c.client.o.shadow {
@@ -200,7 +200,7 @@ func (c *call) refusedAtPick(ctx context.Context, a *attempt) error {
 	if a.cancel != nil {
 		a.cancel()
 	}
-	err := circuitOpenError(a.guarded)
+	err := circuitOpenError(c.route, a.guarded)
 	if a.span != nil {
 		a.span.SetAttributes(AttrSent.Bool(false))
 		endSpan(a.span, codes.Unavailable, status.Convert(err).Message())

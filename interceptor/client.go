@@ -35,13 +35,19 @@ const (
 // events and metrics.
 //
 // Create one with NewClient and use it for any number of ClientConns:
-// budgets and breakers are per target and shared by every ClientConn of
-// the same Client. A Client is safe for concurrent use.
+// budgets are per target, breakers per target and method, and both are
+// shared by every ClientConn of the same Client. A Client is safe for
+// concurrent use.
 type Client struct {
-	o         clientOptions
-	resolver  *idempotency.Resolver
-	budgets   *budget.Registry  // nil: no budget
-	breakers  *breaker.Registry // nil: no breaker
+	o          clientOptions
+	resolver   *idempotency.Resolver
+	budgets    *budget.Registry  // nil: no budget
+	breakerOn  bool              // breakers are on
+	breakers   *breaker.Registry // WithBreakers' registry; nil: the Client makes its own breakers
+	breakerCfg breaker.Config    // the config of its own breakers (callbacks wrapped)
+	// brk holds the breaker of each (canonical target, method), up to
+	// MaxRoutes.
+	brk       cowmap.Map[routeKey, *routeBreaker]
 	dl        *deadline.Client
 	tel       *telemetry
 	retryable idempotency.CodeSet
@@ -94,7 +100,9 @@ func NewClient(opts ...ClientOption) *Client {
 	// the rest for retries: hedge when an attempt is slower than the
 	// (1 - 0.75·ratio) quantile.
 	c.hedgeQ = min(max(1-0.75*ratio, 0.5), 0.999)
+	c.brk.Max = MaxRoutes
 	if !o.noBreaker {
+		c.breakerOn = true
 		if o.breakers != nil {
 			c.breakers = o.breakers
 		} else {
@@ -102,28 +110,14 @@ func NewClient(opts ...ClientOption) *Client {
 			if cfg.Now == nil { // the breaker runs on the Client's clock
 				cfg.Now, c.breakerAt = o.now, true
 			}
-			// The callbacks run wherever the breaker's state changes,
-			// also on the Client's own goroutines: a panic in them is
-			// recovered (see Hooks).
-			user, h := cfg.OnStateChange, o.hooks.OnBreakerChange
-			if user != nil {
-				user = c.safeStateChange("breaker.Config.OnStateChange", user)
+			// The callback runs wherever the breaker's state changes,
+			// also on the Client's own goroutines: a panic in it is
+			// recovered (see Hooks). Each breaker adds the hook (see
+			// newBreaker).
+			if user := cfg.OnStateChange; user != nil {
+				cfg.OnStateChange = c.safeStateChange("breaker.Config.OnStateChange", user)
 			}
-			if h != nil {
-				h = c.safeStateChange("OnBreakerChange", h)
-			}
-			switch {
-			case h == nil:
-				cfg.OnStateChange = user
-			case user == nil:
-				cfg.OnStateChange = h
-			default:
-				cfg.OnStateChange = func(target string, from, to breaker.State) {
-					user(target, from, to)
-					h(target, from, to)
-				}
-			}
-			c.breakers = breaker.NewRegistry(cfg)
+			c.breakerCfg = cfg
 		}
 	}
 	dcfg := o.deadlineCfg

@@ -256,7 +256,7 @@ func TestServedNothingAfterHealthyTraffic(t *testing.T) {
 	err := put1("late")
 	assert.Equal(t, interceptor.ReasonBreaker, interceptor.RefusedBy(err))
 	assert.Equal(t, 1, e.origin.CountID(put, "late"), "served nothing lately: no retry")
-	assert.Equal(t, "closed", e.guard.Targets()[0].Breaker.State)
+	assert.Equal(t, "closed", e.guard.Targets()[0].Breakers[0].State)
 }
 
 // Short deadlines: a call with 1 to 6 ms left, to a handler that answers

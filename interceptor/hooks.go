@@ -31,13 +31,22 @@ type Hooks struct {
 	// attempt the call waits for (a reply that is not a proto message), it
 	// is called once that attempt has returned.
 	OnRefusal func(RefusalEvent)
-	// OnBreakerChange is called after a target's breaker changed state, on
-	// the goroutine whose admission or report changed it: usually a call's,
-	// sometimes the goroutine of the Client's per-attempt timer, of the
-	// watcher that ends a stream whose caller left, or of a metrics
-	// collection (the breaker-state gauge). It is not called for breakers
-	// given with WithBreakers (set their Config.OnStateChange instead).
-	OnBreakerChange func(target string, from, to breaker.State)
+	// OnBreakerChange is called after the breaker of a target's method
+	// changed state, on the goroutine whose admission or report changed
+	// it: usually a call's, sometimes the goroutine of the Client's
+	// per-attempt timer, of the watcher that ends a stream whose caller
+	// left, or of a metrics collection (the breaker-state gauge). It is not
+	// called for breakers given with WithBreakers (set their
+	// Config.OnStateChange instead).
+	OnBreakerChange func(BreakerEvent)
+}
+
+// BreakerEvent describes a change of state of the breaker of one method of
+// a target (breakers are per target and method: see WithBreaker).
+type BreakerEvent struct {
+	Target   string // the target, canonical ("dns:///host:port" for "host:port")
+	Method   string // "/pkg.Svc/Method"
+	From, To breaker.State
 }
 
 // RetryEvent describes a retry the Client decided to send.
@@ -96,6 +105,21 @@ func (c *Client) onRefusal(e RefusalEvent) {
 	defer func() {
 		if v := recover(); v != nil {
 			c.hookPanicked("OnRefusal", v)
+		}
+	}()
+	h(e)
+}
+
+// onBreakerChange calls Hooks.OnBreakerChange, if set, recovering a
+// panic: it runs inside the breaker, which must not see it (see Hooks).
+func (c *Client) onBreakerChange(e BreakerEvent) {
+	h := c.o.hooks.OnBreakerChange
+	if h == nil {
+		return
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			c.hookPanicked("OnBreakerChange", v)
 		}
 	}()
 	h(e)

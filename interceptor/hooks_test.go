@@ -176,8 +176,8 @@ func TestPanickingOnBreakerChangeKeepsTheProbe(t *testing.T) {
 		}
 		return origin.Reply{}
 	}, append(opts, logTo(&logs), interceptor.WithHooks(interceptor.Hooks{
-		OnBreakerChange: func(_ string, _, to breaker.State) {
-			if to == breaker.StateHalfOpen {
+		OnBreakerChange: func(e interceptor.BreakerEvent) {
+			if e.To == breaker.StateHalfOpen {
 				panic("OnBreakerChange panics")
 			}
 		},
@@ -185,7 +185,7 @@ func TestPanickingOnBreakerChangeKeepsTheProbe(t *testing.T) {
 	for i := range 25 {
 		_, _ = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)}, interceptor.MaxAttempts(1))
 	}
-	require.Equal(t, "open", e.guard.Targets()[0].Breaker.State)
+	require.Equal(t, "open", e.guard.Targets()[0].Breakers[0].State)
 	down.Store(false)
 	clk.Advance(1200 * time.Millisecond) // past the open period (1 s, plus at most 20% jitter)
 	failed := 0

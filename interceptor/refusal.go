@@ -15,7 +15,7 @@ type Reason string
 // Reasons for a refused retry, hedge or call.
 const (
 	ReasonBudget        Reason = "budget"         // the retry budget had no token
-	ReasonBreaker       Reason = "breaker"        // the target's breaker is open, or it has served nothing lately
+	ReasonBreaker       Reason = "breaker"        // the method's breaker is open, or the target has served nothing lately
 	ReasonDeadline      Reason = "deadline"       // not enough time left before the deadline
 	ReasonPushback      Reason = "pushback"       // the server said not to retry
 	ReasonNotIdempotent Reason = "not_idempotent" // the method may not be repeated
@@ -70,9 +70,10 @@ func (r Reason) Propagates() bool { return r.info().propagates }
 const (
 	// ErrorDomain is the ErrorInfo domain of stormguard's details.
 	ErrorDomain = "stormguard"
-	// ErrorReasonCircuitOpen: the call was not sent because the target's
-	// breaker is open (code Unavailable, with a RetryInfo saying how long
-	// it stays open).
+	// ErrorReasonCircuitOpen: the call was not sent because the breaker
+	// of its method on its target is open (code Unavailable, with a
+	// RetryInfo saying how long it stays open; the metadata keys "target"
+	// and "method" name the breaker).
 	ErrorReasonCircuitOpen = "CIRCUIT_OPEN"
 	// ErrorReasonRetryRefused: the status is the last attempt's, unchanged;
 	// a retry was refused, and the metadata key "refused_by" says why
@@ -99,11 +100,13 @@ func annotate(err error, reason Reason) error {
 	return withInfo.Err()
 }
 
-// circuitOpenError is the status of a call refused by an open breaker.
-func circuitOpenError(b *breaker.Breaker) error {
-	st := status.New(codes.Unavailable, "stormguard: circuit breaker open for "+b.Target())
+// circuitOpenError is the status of a call on route r refused by its open
+// breaker b.
+func circuitOpenError(r *route, b *breaker.Breaker) error {
+	target := canonicalTarget(r.target)
+	st := status.New(codes.Unavailable, "stormguard: circuit breaker open for "+r.method+" on "+target)
 	withInfo, err := st.WithDetails(
-		&errdetails.ErrorInfo{Reason: ErrorReasonCircuitOpen, Domain: ErrorDomain, Metadata: map[string]string{"target": b.Target()}},
+		&errdetails.ErrorInfo{Reason: ErrorReasonCircuitOpen, Domain: ErrorDomain, Metadata: map[string]string{"target": target, "method": r.method}},
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(b.RetryAfter())},
 	)
 	if err != nil {

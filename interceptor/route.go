@@ -14,10 +14,12 @@ import (
 	"github.com/stormguard/stormguard/internal/protoreg"
 )
 
-// MaxRoutes bounds the (target, method) routes a Client caches. Generated
-// code has far fewer; a proxy forwarding caller-chosen method names gets,
-// beyond the bound, a route built for each call (and, for methods the
-// protobuf registry does not know, metrics under one "_OTHER" method).
+// MaxRoutes bounds the (target, method) routes a Client caches, and the
+// breakers it keeps (one per target and method). Generated code has far
+// fewer; a proxy forwarding caller-chosen method names gets, beyond the
+// bound, a route built for each call and no breaker for the methods past
+// it (and, for methods the protobuf registry does not know, metrics under
+// one "_OTHER" method).
 const MaxRoutes = 10_000
 
 // methodConfigTTL is how long a route trusts the grpc service config it
@@ -84,14 +86,14 @@ func (c *Client) newRoute(k routeKey) *route {
 	if r.perAttempt == 0 {
 		r.perAttempt = c.o.perAttempt
 	}
-	// Budgets and breakers are per service: "host:port" and
-	// "dns:///host:port" name the same one.
+	// Budgets are per service, breakers per service and method: "host:port"
+	// and "dns:///host:port" name the same service.
 	key := canonicalTarget(target)
 	if c.budgets != nil {
 		r.budget = c.budgets.For(key)
 	}
-	if c.breakers != nil {
-		r.breaker = c.breakers.For(key)
+	if c.breakerOn {
+		r.breaker = c.breakerFor(key, method, p.Known)
 	}
 	r.endpoints = c.endpoints.LoadOrCreate(key, func(string) *endpoints { return &endpoints{} })
 	if p.MaxAttempts > 0 {
@@ -116,6 +118,60 @@ func (c *Client) newRoute(k routeKey) *route {
 		r.lat = newLatency(c.hedgeQ)
 	}
 	return r
+}
+
+// routeBreaker is the breaker of one method of one (canonical) target.
+type routeBreaker struct {
+	target, method string
+	known          bool // the protobuf registry knows the method (its name goes into metrics)
+	b              *breaker.Breaker
+}
+
+// breakerFor returns the breaker of method on the canonical target, made
+// on first use; nil past MaxRoutes breakers. A breaker is per method, not
+// per target, so that a method that serves is never refused because
+// another method of the same target fails: each opens only on its own
+// method's failures. The budget and the endpoint table stay per target.
+func (c *Client) breakerFor(target, method string, known bool) *breaker.Breaker {
+	rb, ok := c.brk.LoadOrCreateIfRoom(routeKey{target, method}, func(k routeKey) *routeBreaker {
+		return c.newBreaker(k, known)
+	})
+	if !ok {
+		return nil
+	}
+	return rb.b
+}
+
+// BreakerName is the name of the breaker of method (a full method name,
+// "/pkg.Svc/Method") on target (canonical, as TargetState.Target): the
+// target followed by the method, "dns:///host:443/pkg.Svc/Method". It is
+// what a breaker.Registry given with WithBreakers is asked for, the
+// target an OnStateChange of WithBreaker's Config receives, and what
+// Breaker.Target returns.
+func BreakerName(target, method string) string { return target + method }
+
+// newBreaker makes the breaker of k: from WithBreakers' registry, or its
+// own, whose callback also calls Hooks.OnBreakerChange.
+func (c *Client) newBreaker(k routeKey, known bool) *routeBreaker {
+	rb := &routeBreaker{target: k.target, method: k.method, known: known}
+	name := BreakerName(k.target, k.method)
+	if c.breakers != nil {
+		rb.b = c.breakers.For(name)
+		return rb
+	}
+	cfg := c.breakerCfg
+	cfg.Target = name
+	if c.o.hooks.OnBreakerChange != nil {
+		user := cfg.OnStateChange
+		cfg.OnStateChange = func(name string, from, to breaker.State) {
+			if user != nil {
+				user(name, from, to)
+			}
+			c.onBreakerChange(BreakerEvent{Target: k.target, Method: k.method, From: from, To: to})
+		}
+	}
+	rb.b = breaker.New(cfg)
+	return rb
 }
 
 // canonicalTarget returns target in grpc's canonical form for the targets

@@ -175,8 +175,8 @@ func Start(cfg Config) (_ *Demo, err error) {
 		interceptor.WithMeterProvider(d.mp),
 		interceptor.WithHooks(interceptor.Hooks{
 			OnRefusal: func(e interceptor.RefusalEvent) { d.record(event{target: e.Target, reason: e.Reason}) },
-			OnBreakerChange: func(target string, from, to breaker.State) {
-				d.record(event{target: target, from: from, to: to})
+			OnBreakerChange: func(e interceptor.BreakerEvent) {
+				d.record(event{target: e.Target, from: e.From, to: e.To})
 			},
 		}),
 	}
