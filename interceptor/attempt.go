@@ -401,6 +401,12 @@ type attemptCreds struct {
 
 	guard   bool // refuse (in shadow mode: note), rather than send, a pick still among avoid after the re-picks
 	refused bool // the pick was refused for good (guard); set on the call's goroutine by collect
+	// count says to count grpc-go's attempts (n), for a call whose
+	// grpc-go retries are watched (see grpcRetries); tries is n of the
+	// last invocation, set by collect.
+	count bool
+	n     atomic.Int32
+	tries int32
 
 	called  atomic.Bool // GetRequestMetadata ran since prepare
 	mu      sync.Mutex
@@ -416,6 +422,9 @@ var errAvoided = status.Error(codes.Unavailable, "stormguard: endpoint avoided (
 
 // GetRequestMetadata implements credentials.PerRPCCredentials.
 func (a *attemptCreds) GetRequestMetadata(ctx context.Context, uri ...string) (map[string]string, error) {
+	if a.count {
+		a.n.Add(1)
+	}
 	if p, ok := peer.FromContext(ctx); ok {
 		a.mu.Lock()
 		a.addr = p.Addr
@@ -463,7 +472,13 @@ func (a *attemptCreds) RequireTransportSecurity() bool {
 // which case the caller invokes again. Nothing to lock when grpc never
 // asked (the attempt failed before a pick, or no transport ran).
 func (a *attemptCreds) collect() (vetoed bool) {
-	if a == nil || !a.called.Load() {
+	if a == nil {
+		return false
+	}
+	if a.count {
+		a.tries = a.n.Load()
+	}
+	if !a.called.Load() {
 		return false
 	}
 	a.mu.Lock()
@@ -478,6 +493,23 @@ func (a *attemptCreds) collect() (vetoed bool) {
 	return vetoed
 }
 
+// recount starts counting grpc-go's attempts again, before an attempt is
+// invoked again (see collect).
+func (a *attemptCreds) recount() {
+	if a.count {
+		a.n.Store(0)
+	}
+}
+
+// triesSoFar returns how many attempts grpc-go has made so far of a
+// watched stream attempt (see grpcRetries).
+func (a *attemptCreds) triesSoFar() int32 {
+	if !a.count {
+		return 0
+	}
+	return a.n.Load()
+}
+
 // prepare sets a up for the next attempt of c: every attempt avoids the
 // target's outlier endpoints (those that fail while the others serve), by
 // picking again, at most maxRepicks times, when grpc picked one of them.
@@ -486,6 +518,8 @@ func (a *attemptCreds) collect() (vetoed bool) {
 func (a *attemptCreds) prepare(c *call, at *attempt) {
 	a.last, a.avoid, a.repick, a.refused = nil, c.avoid, 0, false
 	a.guard = at.guarded != nil
+	a.count, a.tries = c.watched != nil, 0
+	a.n.Store(0)
 	if len(c.avoid) > 0 {
 		a.repick = maxRepicks
 	}
@@ -501,6 +535,7 @@ func (a *attemptCreds) reset(c *call, cs *callSettings) {
 		a.user = cs.userCreds.Creds
 	}
 	a.last, a.avoid, a.repick, a.guard, a.refused = nil, nil, 0, false, false
+	a.count, a.tries = false, 0
 }
 
 // newAttemptCreds returns credentials for one attempt of c, and the call

@@ -4,6 +4,7 @@ import (
 	"math"
 	"sync"
 	"time"
+	"weak"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -55,6 +56,9 @@ type Client struct {
 	hedgeQ    float64
 	routes    cowmap.Map[routeKey, *route]
 	endpoints cowmap.Map[string, *endpoints] // per canonical target
+	// grpcRetry is what the Client has seen of grpc-go's retries, per
+	// ClientConn installed by hand (see grpcRetries).
+	grpcRetry cowmap.Map[weak.Pointer[grpc.ClientConn], *grpcRetries]
 	// budgetAt and breakerAt are true when the budgets and breakers run on
 	// this Client's clock, so that the times it reads anyway can be passed
 	// to them instead of their reading the clock again.
@@ -80,6 +84,7 @@ func NewClient(opts ...ClientOption) *Client {
 	c := &Client{o: o}
 	c.routes.Max = MaxRoutes
 	c.endpoints.Max = MaxRoutes
+	c.grpcRetry.Max = MaxRoutes
 	c.resolver = idempotency.NewResolver(idempotency.ResolverConfig{Idempotent: o.idempotent})
 	ratio := budget.DefaultRatio
 	if !o.noBudget {
@@ -191,7 +196,8 @@ func (c *Client) afterFunc(d time.Duration, f func()) (stop func() bool) {
 // retries do not multiply the suite's, and both interceptors (after any
 // interceptors given earlier in the dial options). Interceptors installed
 // this way know grpc-go does not retry, so a service config retryPolicy
-// does not stop the suite from retrying (see Unary).
+// does not stop the suite from retrying, from the first call (see Unary
+// for interceptors installed by hand).
 func (c *Client) DialOptions() []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithDisableRetry(),
@@ -220,6 +226,6 @@ func (c *Client) warnGRPCRetry(r *route) {
 	if !r.warnedOnce.CompareAndSwap(false, true) {
 		return
 	}
-	c.logger().Warn("stormguard: grpc-go's service-config retryPolicy covers this method, so the suite sends one attempt per call and leaves retries to grpc-go; dial with Client.DialOptions (which disables grpc-go's retries) to let the suite retry within its budget",
+	c.logger().Warn("stormguard: grpc-go's service-config retryPolicy covers this method and grpc-go's retries are not known to be off, so the suite sends one attempt per call and leaves retries to grpc-go (a failure grpc-go does not retry shows they are off, and the suite then retries); dial with Client.DialOptions, which disables grpc-go's retries, to let the suite retry within its budget from the first call",
 		"method", r.method, "target", r.target)
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/stormguard/stormguard/breaker"
@@ -58,7 +59,13 @@ type methodConfig struct {
 	cc        *grpc.ClientConn
 	read      time.Time
 	timeout   time.Duration // 0: none
-	grpcRetry bool          // a retryPolicy: grpc-go retries the method itself
+	grpcRetry bool          // a retryPolicy: grpc-go retries the method itself, unless its retries are off
+	// The retryPolicy's retryable codes and attempts (see grpcRetries).
+	grpcCodes    idempotency.CodeSet
+	grpcAttempts int
+	// provisional: read before the ClientConn was ready, maybe before it
+	// had its service config: read again by the next call.
+	provisional bool
 }
 
 // routeFor returns the route of (target, method), cached up to MaxRoutes.
@@ -190,7 +197,7 @@ func canonicalTarget(target string) string {
 // none).
 func (r *route) methodConfig(cc *grpc.ClientConn, now time.Time) *methodConfig {
 	mc := r.mc.Load()
-	if mc != nil && mc.cc == cc && now.Sub(mc.read) < methodConfigTTL && !now.Before(mc.read) {
+	if mc != nil && mc.cc == cc && !mc.provisional && now.Sub(mc.read) < methodConfigTTL && !now.Before(mc.read) {
 		return mc
 	}
 	return r.readMethodConfig(cc, now)
@@ -199,7 +206,8 @@ func (r *route) methodConfig(cc *grpc.ClientConn, now time.Time) *methodConfig {
 // readMethodConfig reads the method's service config from cc now, and
 // caches it. The first calls on a new ClientConn run before grpc has its
 // service config (grpc resolves the target on the first call), so the
-// failure path reads it again.
+// failure path reads it again, and a config without a retryPolicy read
+// while cc was not ready is read again by the next call.
 func (r *route) readMethodConfig(cc *grpc.ClientConn, now time.Time) *methodConfig {
 	next := &methodConfig{cc: cc, read: now}
 	if cc != nil {
@@ -207,7 +215,16 @@ func (r *route) readMethodConfig(cc *grpc.ClientConn, now time.Time) *methodConf
 		if m.Timeout != nil && *m.Timeout > 0 {
 			next.timeout = *m.Timeout
 		}
-		next.grpcRetry = m.RetryPolicy != nil
+		if rp := m.RetryPolicy; rp != nil {
+			next.grpcRetry, next.grpcAttempts = true, rp.MaxAttempts
+			for code, ok := range rp.RetryableStatusCodes {
+				if ok {
+					next.grpcCodes |= idempotency.Codes(code)
+				}
+			}
+		} else {
+			next.provisional = cc.GetState() != connectivity.Ready
+		}
 	}
 	r.mc.Store(next)
 	return next

@@ -24,7 +24,8 @@ import (
 // WithReplayLimit). Until then every client message and CloseSend is kept
 // and replayed, in order, on each new attempt. After commit, errors go to
 // the caller unchanged and nothing is ever delivered twice. Streams are not
-// hedged.
+// hedged. A method with a service config retryPolicy is treated as Unary
+// says.
 func (c *Client) Stream() grpc.StreamClientInterceptor { return c.streamInterceptor(false) }
 
 func (c *Client) streamInterceptor(grpcRetryOff bool) grpc.StreamClientInterceptor {
@@ -121,7 +122,7 @@ func (s *clientStream) open(kind attemptKind, old *streamAttempt) error {
 		// stream's context, which grpc has made when the streamer returns.
 		opts := s.opts
 		var creds *attemptCreds
-		if k.hasDeadline || s.cs.hasCreds || len(k.avoid) > 0 || a.guarded != nil {
+		if k.hasDeadline || s.cs.hasCreds || len(k.avoid) > 0 || a.guarded != nil || k.watched != nil {
 			var credsOpt grpc.CallOption
 			creds, credsOpt = newAttemptCreds(k, &s.cs)
 			creds.prepare(k, a)
@@ -130,6 +131,7 @@ func (s *clientStream) open(kind attemptKind, old *streamAttempt) error {
 		}
 		sa.inner, err = s.streamer(a.ctx, s.desc, s.cc, s.method, opts...)
 		for creds.collect() && err != nil { // it picked an endpoint it avoids: pick again
+			creds.recount()
 			sa.inner, err = s.streamer(a.ctx, s.desc, s.cc, s.method, opts...)
 		}
 		if err == nil && creds == nil {
@@ -153,9 +155,13 @@ func (s *clientStream) open(kind attemptKind, old *streamAttempt) error {
 			}
 		}
 		// The attempt failed before it was handed to the caller.
-		var tr metadata.MD
+		var tr, hdr metadata.MD
 		if sa.inner != nil {
 			tr = sa.inner.Trailer()
+			hdr, _ = sa.inner.Header()
+		}
+		if k.watched != nil && creds != nil {
+			k.noteGRPCRetries(sa.ctx, creds.tries, err, hdr, tr, nil)
 		}
 		v := k.after(s.ctx, &sa.attempt, err, tr)
 		if !v.retry {
@@ -276,7 +282,12 @@ func (s *clientStream) fail(a *streamAttempt, err error) error {
 		return err
 	}
 	k := s.k
-	v := k.after(s.ctx, &a.attempt, err, a.inner.Trailer())
+	tr := a.inner.Trailer()
+	if k.watched != nil && a.creds != nil {
+		hdr, _ := a.inner.Header() // the attempt has ended: this does not wait
+		k.noteGRPCRetries(a.ctx, a.creds.triesSoFar(), err, hdr, tr, nil)
+	}
+	v := k.after(s.ctx, &a.attempt, err, tr)
 	if !v.retry {
 		ferr := k.conclude(s.ctx, v)
 		s.finish(ferr)
