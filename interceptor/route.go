@@ -63,8 +63,10 @@ type methodConfig struct {
 	// The retryPolicy's retryable codes and attempts (see grpcRetries).
 	grpcCodes    idempotency.CodeSet
 	grpcAttempts int
-	// provisional: read before the ClientConn was ready, maybe before it
-	// had its service config: read again by the next call.
+	// provisional: no retryPolicy, read before the ClientConn was ready,
+	// maybe before it had its service config: the calls that use it are
+	// watched as if it had one (see applyGRPCRetry), and the first call
+	// that finds the ClientConn ready reads it again.
 	provisional bool
 }
 
@@ -197,7 +199,8 @@ func canonicalTarget(target string) string {
 // none).
 func (r *route) methodConfig(cc *grpc.ClientConn, now time.Time) *methodConfig {
 	mc := r.mc.Load()
-	if mc != nil && mc.cc == cc && !mc.provisional && now.Sub(mc.read) < methodConfigTTL && !now.Before(mc.read) {
+	if mc != nil && mc.cc == cc && now.Sub(mc.read) < methodConfigTTL && !now.Before(mc.read) &&
+		(!mc.provisional || cc.GetState() != connectivity.Ready) {
 		return mc
 	}
 	return r.readMethodConfig(cc, now)
@@ -207,7 +210,7 @@ func (r *route) methodConfig(cc *grpc.ClientConn, now time.Time) *methodConfig {
 // caches it. The first calls on a new ClientConn run before grpc has its
 // service config (grpc resolves the target on the first call), so the
 // failure path reads it again, and a config without a retryPolicy read
-// while cc was not ready is read again by the next call.
+// while cc was not ready is provisional.
 func (r *route) readMethodConfig(cc *grpc.ClientConn, now time.Time) *methodConfig {
 	next := &methodConfig{cc: cc, read: now}
 	if cc != nil {
