@@ -196,7 +196,7 @@ func noop(bool) {}
 
 // admitSlow is Admit when the breaker is not (or was not, a moment ago)
 // closed.
-func (b *Breaker) admitSlow() (Ticket, error) {
+func (b *Breaker) admitSlow() (t Ticket, err error) {
 	if b.word.Load()&stateMask == uint64(StateOpen) && b.clock() < b.openUntilD() {
 		// Open and not due to change: refuse without the lock.
 		b.rejected.Add(1)
@@ -206,8 +206,7 @@ func (b *Breaker) admitSlow() (Ticket, error) {
 	now := b.clock()
 	b.advance(now)
 	w := b.word.Load()
-	var t Ticket
-	err := ErrOpen
+	err = ErrOpen
 	switch State(w & stateMask) {
 	case StateClosed:
 		t, err = Ticket{b: b, gen: w >> 2}, nil
@@ -222,7 +221,19 @@ func (b *Breaker) admitSlow() (Ticket, error) {
 	default:
 		b.rejected.Add(1)
 	}
-	b.unlock()
+	if !b.release() {
+		return t, err
+	}
+	// A callback that panics here must not take the admitted attempt (a
+	// half-open probe's slot) with it: the caller gets the panic and no
+	// Ticket, so the slot is freed for the next caller.
+	defer func() {
+		if v := recover(); v != nil {
+			t.Ignore()
+			panic(v)
+		}
+	}()
+	b.deliver()
 	return t, err
 }
 
@@ -285,14 +296,20 @@ func (b *Breaker) report(gen uint64, failed, ignored bool, now time.Duration) {
 
 // unlock releases mu and delivers any queued state changes.
 func (b *Breaker) unlock() {
+	if b.release() {
+		b.deliver()
+	}
+}
+
+// release releases mu and reports whether the caller must deliver the
+// queued state changes (deliver), having become their dispatcher.
+func (b *Breaker) release() bool {
 	deliver := len(b.pending) > 0 && !b.dispatching
 	if deliver {
 		b.dispatching = true
 	}
 	b.mu.Unlock()
-	if deliver {
-		b.deliver()
-	}
+	return deliver
 }
 
 // deliver calls OnStateChange for each queued transition, in order, outside

@@ -660,6 +660,46 @@ func TestCallbackPanicDoesNotWedgeDelivery(t *testing.T) {
 	}
 }
 
+// TestCallbackPanicKeepsTheProbe: a callback that panics as the breaker
+// goes half-open, in the Admit that let the probe through, does not lose
+// the probe: the panic reaches that Admit's caller, which gets no Ticket,
+// and the probe's slot is free for the next caller at once (it used to stay
+// taken until the probe was presumed failed, a whole Window later, and the
+// breaker then opened again).
+func TestCallbackPanicKeepsTheProbe(t *testing.T) {
+	clk := newClock()
+	b := New(Config{
+		Now: clk.Now, MinAttempts: 1, OpenTimeout: time.Second, Jitter: -1,
+		OnStateChange: func(_ string, _, to State) {
+			if to == StateHalfOpen {
+				panic("boom")
+			}
+		},
+	})
+	tk, err := b.Admit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk.Done(true)
+	clk.Advance(time.Second)
+	func() {
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Fatalf("recovered %v, want boom", r)
+			}
+		}()
+		_, _ = b.Admit()
+	}()
+	probe, err := b.Admit()
+	if err != nil {
+		t.Fatalf("after the panic the probe's slot is lost: Admit = %v (%+v)", err, b.Stats())
+	}
+	probe.Done(false)
+	if s := b.State(); s != StateClosed {
+		t.Fatalf("State after a good probe = %v", s)
+	}
+}
+
 // TestConcurrentUse hammers one breaker from many goroutines through every
 // state, and checks that callbacks never overlap, form one chain of
 // transitions, and that the half-open probe limit holds throughout.

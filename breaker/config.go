@@ -85,7 +85,12 @@ type Config struct {
 	// transitions. It may call back into the breaker. It may run on the
 	// goroutine of a later call, after the call that caused the transition
 	// has returned. Breakers of one Registry share it and may call it
-	// concurrently.
+	// concurrently. If it panics, the panic reaches the caller of the
+	// method that delivered the change (Admit, a Ticket's Done, State,
+	// ...) once the breaker's state is consistent: an attempt that Admit
+	// was admitting is not made (its caller gets the panic, not a Ticket)
+	// and its half-open probe slot is freed; changes not yet delivered go
+	// to the next caller.
 	OnStateChange func(target string, from, to State)
 
 	// Target names the breaker in OnStateChange and Target(). Registry.For

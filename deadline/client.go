@@ -11,16 +11,27 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// MaxMarginFraction caps [ClientConfig.MarginFraction].
+// MaxMarginFraction caps [ClientConfig.MarginFraction], and what Margin
+// and MarginFraction together take off the header: at least a tenth of
+// the time left is always sent.
 const MaxMarginFraction = 0.9
+
+// MaxMarginShare is the largest share of the time left that
+// [ClientConfig.Margin] takes off the header: a call with 2 ms left sends
+// at least 1.5 ms, whatever the margin. The margin is there so that a
+// server downstream gives up before its caller does; on a call whose
+// deadline is shorter than a few margins, taking it whole would refuse
+// work that plain grpc-go completes in time.
+const MaxMarginShare = 0.25
 
 // DefaultMargin is the Margin of a zero ClientConfig: the header is
 // relative, so each hop's deadline would otherwise land later than its
 // caller's by the time the request spent between the header's writing and
 // the server's reading it. With it, no handler down a chain has a deadline
 // later than the original caller's, as long as each hop takes less than
-// DefaultMargin (plus the rounding down to whole milliseconds) to get
-// there; see the package documentation for the measurement behind it.
+// DefaultMargin to get there and the call has at least 20 ms left (below
+// that, the margin is MaxMarginShare of the time left); see the package
+// documentation for the measurement behind it.
 const DefaultMargin = 5 * time.Millisecond
 
 // ClientConfig configures a [Client]. The zero value propagates the
@@ -36,11 +47,14 @@ type ClientConfig struct {
 	// 0: none (such calls are sent without a deadline and without the
 	// header).
 	DefaultTimeout time.Duration
-	// Margin is subtracted from the time written into the header; 0:
-	// DefaultMargin; negative: none.
+	// Margin is subtracted from the time written into the header, but
+	// never more than MaxMarginShare of the time left; 0: DefaultMargin;
+	// negative: none.
 	Margin time.Duration
 	// MarginFraction of the remaining time is subtracted from the header as
-	// well; clamped to [0, MaxMarginFraction]; NaN counts as 0.
+	// well; clamped to [0, MaxMarginFraction]; NaN counts as 0. Margin and
+	// MarginFraction together take at most MaxMarginFraction of the time
+	// left.
 	MarginFraction float64
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
@@ -121,11 +135,17 @@ func (c *Client) callContext(ctx context.Context) (context.Context, context.Canc
 }
 
 // Downstream returns the time written into the header for an attempt with
-// remaining time left: remaining less Margin and less MarginFraction of
-// remaining, and never below zero.
+// remaining time left: remaining less Margin (at most MaxMarginShare of
+// remaining) and less MarginFraction of remaining, together at most
+// MaxMarginFraction of it; zero when remaining is not positive. Any
+// positive remaining gives a positive result.
 func (c *Client) Downstream(remaining time.Duration) time.Duration {
-	d := remaining - c.margin - time.Duration(float64(remaining)*c.frac)
-	return max(d, 0)
+	if remaining <= 0 {
+		return 0
+	}
+	margin := min(c.margin, time.Duration(float64(remaining)*MaxMarginShare))
+	take := min(margin+time.Duration(float64(remaining)*c.frac), time.Duration(float64(remaining)*MaxMarginFraction))
+	return max(remaining-take, 1)
 }
 
 // Check returns the status error an attempt with left time before its
@@ -147,8 +167,8 @@ func (c *Client) Check(left time.Duration) error {
 // When ctx has a deadline that has passed, or with less than MinRemaining
 // left, it returns ctx and a status error with codes.DeadlineExceeded (see
 // Check): the attempt must not be sent. Otherwise it returns ctx with the outgoing
-// [MetadataKey] header set to Downstream(time left), in whole milliseconds
-// rounded down. A header already present in the outgoing metadata (say, a
+// [MetadataKey] header set to Downstream(time left), as [FormatHeader]
+// writes it. A header already present in the outgoing metadata (say, a
 // proxy copied its incoming metadata) is replaced, so exactly one value is
 // sent. When ctx has no deadline, no header is sent, and a stale one is
 // removed: the header only ever states this call's deadline.

@@ -45,11 +45,13 @@ func TestClientHeaderAndMargin(t *testing.T) {
 		{"default margin", deadline.ClientConfig{}, 250 * time.Millisecond, "245"},
 		{"no margin", deadline.ClientConfig{Margin: -1}, 250 * time.Millisecond, "250"},
 		{"rounded down", deadline.ClientConfig{Margin: -1}, 250*time.Millisecond - time.Nanosecond, "249"},
-		{"sub-millisecond", deadline.ClientConfig{Margin: -1}, 900 * time.Microsecond, "0"},
+		{"sub-millisecond", deadline.ClientConfig{Margin: -1}, 900 * time.Microsecond, "1"},
 		{"fixed margin", deadline.ClientConfig{Margin: 20 * time.Millisecond}, 250 * time.Millisecond, "230"},
 		{"fraction", deadline.ClientConfig{Margin: -1, MarginFraction: 0.1}, 250 * time.Millisecond, "225"},
 		{"both", deadline.ClientConfig{Margin: 20 * time.Millisecond, MarginFraction: 0.1}, 250 * time.Millisecond, "205"},
-		{"margin eats all", deadline.ClientConfig{Margin: time.Second}, 250 * time.Millisecond, "0"},
+		{"margin capped at a quarter", deadline.ClientConfig{Margin: time.Second}, 250 * time.Millisecond, "187"},
+		{"short deadline, default margin", deadline.ClientConfig{}, 6 * time.Millisecond, "4"},
+		{"margin and fraction capped", deadline.ClientConfig{Margin: time.Second, MarginFraction: 0.9}, time.Second, "100"},
 		{"fraction clamped", deadline.ClientConfig{Margin: -1, MarginFraction: 5}, time.Second, "100"},
 		{"fraction +Inf", deadline.ClientConfig{Margin: -1, MarginFraction: math.Inf(1)}, time.Second, "100"},
 		{"fraction negative", deadline.ClientConfig{Margin: -1, MarginFraction: -1}, time.Second, "1000"},
@@ -87,7 +89,7 @@ func TestClientFailFast(t *testing.T) {
 	assert.Equal(t, codes.DeadlineExceeded, status.Code(err))
 	ctx, err := c.AttemptContext(withDeadline(base.Add(time.Nanosecond)), base)
 	assert.NoError(t, err)
-	assert.Equal(t, []string{"0"}, sent(t, ctx))
+	assert.Equal(t, []string{"1"}, sent(t, ctx), "time left is never sent as expired")
 	// MinRemaining negative counts as zero.
 	c = deadline.NewClient(deadline.ClientConfig{MinRemaining: -time.Second})
 	_, err = c.AttemptContext(withDeadline(base), base)
@@ -123,7 +125,8 @@ func TestClientStaleHeader(t *testing.T) {
 func TestClientEachAttemptSendsWhatIsLeft(t *testing.T) {
 	c := deadline.NewClient(deadline.ClientConfig{Margin: 5 * time.Millisecond})
 	call := withDeadline(base.Add(300 * time.Millisecond))
-	for i, want := range []string{"295", "195", "45", "0"} {
+	// The last, with 1 ms left: the margin takes a quarter of it.
+	for i, want := range []string{"295", "195", "45", "1"} {
 		now := base.Add([]time.Duration{0, 100, 250, 299}[i] * time.Millisecond)
 		ctx, err := c.AttemptContext(call, now)
 		require.NoError(t, err)
@@ -164,8 +167,31 @@ func TestClientCallContext(t *testing.T) {
 func TestClientDownstream(t *testing.T) {
 	c := deadline.NewClient(deadline.ClientConfig{Margin: 10 * time.Millisecond, MarginFraction: 0.25})
 	assert.Equal(t, 65*time.Millisecond, c.Downstream(100*time.Millisecond))
-	assert.Equal(t, time.Duration(0), c.Downstream(10*time.Millisecond))
+	assert.Equal(t, 5*time.Millisecond, c.Downstream(10*time.Millisecond), "the margin takes at most a quarter")
+	assert.Equal(t, time.Duration(0), c.Downstream(0))
 	assert.Equal(t, time.Duration(0), c.Downstream(-time.Second))
+}
+
+// A short deadline is never made to look expired: with the default margin,
+// or none, an attempt with any time left sends a header a server reads as
+// time left (not "0"), and the margin takes at most a quarter of it. The
+// old client took its 5 ms whole and rounded the rest down: a call needed
+// about 7 ms left to reach a handler, where plain grpc-go needs 1 ms.
+func TestClientShortDeadlines(t *testing.T) {
+	for _, cfg := range []deadline.ClientConfig{{}, {Margin: -1}, {Margin: time.Second}} {
+		c := deadline.NewClient(cfg)
+		for _, left := range []time.Duration{time.Nanosecond, 100 * time.Microsecond, 900 * time.Microsecond, time.Millisecond,
+			1900 * time.Microsecond, 2 * time.Millisecond, 5 * time.Millisecond, 6 * time.Millisecond, 7 * time.Millisecond, 19 * time.Millisecond} {
+			down := c.Downstream(left)
+			assert.GreaterOrEqual(t, down, left-left/4, "margin %v, %v left: the margin takes at most a quarter", cfg.Margin, left)
+			ctx, err := c.AttemptContext(withDeadline(base.Add(left)), base)
+			require.NoError(t, err)
+			v := metadata.ValueFromOutgoingContext(ctx, deadline.MetadataKey)
+			require.Len(t, v, 1)
+			d, ok := deadline.ParseHeader(v[0])
+			assert.True(t, ok && d > 0, "margin %v, %v left: header %q reads as expired", cfg.Margin, left, v[0])
+		}
+	}
 }
 
 func TestClientAttemptAllocations(t *testing.T) {

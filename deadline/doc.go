@@ -24,7 +24,9 @@
 // # Wire format
 //
 // The header value is a plain non-negative decimal count of whole
-// milliseconds left when the attempt was sent, rounded down: "250". It is
+// milliseconds left when the attempt was sent, rounded down: "250"; a
+// positive time under a millisecond is written "1", so that "0" always
+// means that no time was left (the server refuses it). It is
 // relative, like grpc-timeout, so the clocks of client and server need not
 // agree. A value that is not 1 to 10 ASCII digits (signs, spaces, units,
 // fractions), or a header with several values, is ignored, and the
@@ -43,6 +45,13 @@
 // grpc-timeout). A stormguard server downstream then gives up first and
 // answers DeadlineExceeded while its caller still has the margin left to
 // receive that answer. In a chain, margins add up hop by hop.
+//
+// The margin never takes more than [MaxMarginShare] (a quarter) of the
+// time left, and Margin and MarginFraction together never more than
+// [MaxMarginFraction]. With the default margin, a call with a few
+// milliseconds left is sent with three quarters of them rather than
+// refused downstream as expired, so that a call plain grpc-go would
+// complete in time completes through stormguard too.
 //
 // The header is relative (time left when it is written), so without a
 // margin each hop's deadline lands later than its caller's by the time

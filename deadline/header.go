@@ -8,7 +8,8 @@ import (
 
 // MetadataKey is the request metadata key that carries the caller's
 // remaining time: a plain non-negative decimal count of whole milliseconds
-// left when the attempt was sent, e.g. "250".
+// left when the attempt was sent, e.g. "250" (see [FormatHeader] for the
+// rounding: "0" means no time was left).
 const MetadataKey = "stormguard-deadline-ms"
 
 // MaxHeader is the largest duration [ParseHeader] returns and
@@ -48,17 +49,22 @@ func ParseHeader(v string) (d time.Duration, ok bool) {
 }
 
 // headerMillis is the header value for d: whole milliseconds, rounded
-// down, in [0, MaxHeader].
+// down, in [0, MaxHeader]; 1 for a positive d under a millisecond.
 func headerMillis(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64(min(d, MaxHeader) / time.Millisecond)
+	return max(int64(min(d, MaxHeader)/time.Millisecond), 1)
 }
 
 // FormatHeader returns the [MetadataKey] value for a remaining duration d:
-// whole milliseconds, rounded down; a negative d gives "0" and one above
-// [MaxHeader] gives MaxHeader. [ParseHeader] accepts every value it returns.
+// whole milliseconds, rounded down, except that a positive d under a
+// millisecond gives "1": "0" means no time is left, and a server refuses
+// it, so a call with 0.9 ms left is not made to look expired (the
+// header's deadline then lands at most a millisecond late; grpc-timeout,
+// which a stormguard server also reads, is exact). A d of zero or less
+// gives "0" and one above [MaxHeader] gives MaxHeader. [ParseHeader]
+// accepts every value it returns.
 //
 // Values below 10 s (10,000 ms) are sliced from one shared, lazily built
 // string of 38,890 bytes and cost no allocation; larger ones allocate the

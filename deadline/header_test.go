@@ -48,7 +48,8 @@ func TestFormatHeader(t *testing.T) {
 	cases := map[time.Duration]string{
 		-time.Hour:           "0",
 		0:                    "0",
-		time.Millisecond - 1: "0",
+		1:                    "1", // time left is never written as "0" (expired)
+		time.Millisecond - 1: "1",
 		time.Millisecond:     "1",
 		9*time.Millisecond + 999*time.Microsecond: "9",
 		10 * time.Millisecond:                     "10",
@@ -70,7 +71,7 @@ func TestFormatHeader(t *testing.T) {
 	// Every value below the allocation-free table bound, and its edges.
 	for ms := range int64(12_000) {
 		d := time.Duration(ms)*time.Millisecond + 999*time.Microsecond
-		if got, want := deadline.FormatHeader(d), strconv.FormatInt(ms, 10); got != want {
+		if got, want := deadline.FormatHeader(d), strconv.FormatInt(max(ms, 1), 10); got != want {
 			t.Fatalf("FormatHeader(%v) = %q, want %q", d, got, want)
 		}
 	}

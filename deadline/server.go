@@ -13,7 +13,7 @@ import (
 )
 
 // Resolution is the precision of the [MetadataKey] header. Its value is
-// whole milliseconds rounded down, so a header deadline less than
+// whole milliseconds (see [FormatHeader]), so a header deadline less than
 // Resolution before the context deadline is rounding, not a tighter
 // deadline: the server keeps the context as it is (and allocates nothing)
 // in that case.
@@ -53,8 +53,9 @@ type ServerStats struct {
 //
 // The header is relative (time left when sent), so clocks of client and
 // server need not agree; time spent in transit is not subtracted, exactly
-// as with grpc-timeout. A header value of 0 means less than a millisecond
-// was left: such a call is refused. A malformed header is ignored (the
+// as with grpc-timeout. A header value of 0 means no time was left (a
+// [Client] writes 1 for any positive time under a millisecond): such a call
+// is refused. A malformed header is ignored (the
 // grpc-timeout deadline still applies) and counted; a value above
 // [MaxHeader] is clamped to it.
 //

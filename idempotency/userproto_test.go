@@ -2,6 +2,8 @@ package idempotency_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -212,19 +214,33 @@ inputs:
 
 // userModule writes the user's module into a new directory: go.mod
 // requiring this module through a replace, the .proto and the program.
+//
+// The user's go.mod requires what this module's go.mod requires, at the same
+// versions, and its go.sum is this module's: the user's build list is this
+// module's, so every module it needs is one that a `go test` of this module
+// has already downloaded, and the go command never needs the network
+// (goEnv turns it off). A user would run `go mod tidy` instead; tidy here
+// would also want the modules that only the tests of this module's
+// dependencies import (grpc's tests import go-cmp, gonum...), which no step
+// before this test is bound to have downloaded.
 func userModule(t *testing.T, ctx context.Context, gobin, root string) string {
 	t.Helper()
 	dir := t.TempDir()
-	write(t, filepath.Join(dir, "go.mod"), `module example.com/shop
-
-go 1.26
-
-require github.com/stormguard/stormguard v0.0.0-00010101000000-000000000000
-
-replace github.com/stormguard/stormguard => `+root+`
-`)
-	// This module's go.sum covers the dependencies the user's module
-	// shares with it, so that no checksum is fetched.
+	var mod struct {
+		Go      string
+		Require []struct{ Path, Version string }
+	}
+	if err := json.Unmarshal([]byte(run(t, ctx, root, goEnv, gobin, "mod", "edit", "-json")), &mod); err != nil {
+		t.Fatalf("go mod edit -json in %s: %v", root, err)
+	}
+	var gomod strings.Builder
+	fmt.Fprintf(&gomod, "module example.com/shop\n\ngo %s\n\nrequire (\n", mod.Go)
+	gomod.WriteString("\tgithub.com/stormguard/stormguard v0.0.0-00010101000000-000000000000\n")
+	for _, r := range mod.Require {
+		fmt.Fprintf(&gomod, "\t%s %s\n", r.Path, r.Version)
+	}
+	fmt.Fprintf(&gomod, ")\n\nreplace github.com/stormguard/stormguard => %s\n", root)
+	write(t, filepath.Join(dir, "go.mod"), gomod.String())
 	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
 	if err != nil {
 		t.Fatal(err)
@@ -254,15 +270,16 @@ func checkGenerated(t *testing.T, ctx context.Context, gobin, dir string) {
 	if _, err := os.Stat(gen); err != nil {
 		t.Fatalf("no generated code: %v", err)
 	}
-	run(t, ctx, dir, goEnv, gobin, "mod", "tidy")
 	if got := run(t, ctx, dir, goEnv, gobin, "run", "."); got != wantLookup {
 		t.Errorf("idempotency.Lookup in the user's program:\n%s\nwant:\n%s", got, wantLookup)
 	}
 }
 
-// goEnv keeps the go command in the user's module offline: every module it
-// needs is this module's, already in the module cache.
-var goEnv = []string{"GOFLAGS=-mod=mod", "GOPROXY=off", "GOWORK=off"}
+// goEnv keeps the go command in the user's module offline and its go.mod as
+// written: every module it needs is one of this module's requirements,
+// already in the module cache, and a missing requirement is an error naming
+// it rather than a lookup.
+var goEnv = []string{"GOFLAGS=-mod=readonly", "GOPROXY=off", "GOWORK=off"}
 
 func command(ctx context.Context, dir string, env []string, name string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, name, args...)

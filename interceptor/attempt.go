@@ -142,7 +142,7 @@ func (c *call) admit(ctx context.Context, a *attempt, now time.Time) (Reason, er
 		case c.client.o.shadow:
 			would = ReasonBreaker
 		default:
-			return ReasonBreaker, circuitOpenError(b)
+			return ReasonBreaker, circuitOpenError(c.route, b)
 		}
 		if would == "" && kind != kindFirst && c.servedNothing(b, now) {
 			if !c.client.o.shadow {
@@ -210,7 +210,7 @@ func (c *call) refusedAtPick(ctx context.Context, a *attempt) error {
 	if a.cancel != nil {
 		a.cancel()
 	}
-	err := circuitOpenError(a.guarded)
+	err := circuitOpenError(c.route, a.guarded)
 	if a.span != nil {
 		a.span.SetAttributes(AttrSent.Bool(false))
 		endSpan(a.span, codes.Unavailable, status.Convert(err).Message())
@@ -453,6 +453,12 @@ type attemptCreds struct {
 	free    bool // a fail-over retry: the budget pays if its pick is still among avoid after the re-picks
 	unpaid  bool // ...and it would not: the retry was not sent (in shadow mode: was); set by collect
 	eps     *endpoints
+	// count says to count grpc-go's attempts (n), for a call whose
+	// grpc-go retries are watched (see grpcRetries); tries is n of the
+	// last invocation, set by collect.
+	count bool
+	n     atomic.Int32
+	tries int32
 
 	called  atomic.Bool // GetRequestMetadata ran since prepare
 	mu      sync.Mutex
@@ -470,6 +476,9 @@ var errAvoided = status.Error(codes.Unavailable, "stormguard: endpoint avoided (
 
 // GetRequestMetadata implements credentials.PerRPCCredentials.
 func (a *attemptCreds) GetRequestMetadata(ctx context.Context, uri ...string) (map[string]string, error) {
+	if a.count {
+		a.n.Add(1)
+	}
 	if p, ok := peer.FromContext(ctx); ok {
 		a.mu.Lock()
 		a.addr = p.Addr
@@ -531,7 +540,13 @@ func (a *attemptCreds) RequireTransportSecurity() bool {
 // which case the caller invokes again. Nothing to lock when grpc never
 // asked (the attempt failed before a pick, or no transport ran).
 func (a *attemptCreds) collect() (vetoed bool) {
-	if a == nil || !a.called.Load() {
+	if a == nil {
+		return false
+	}
+	if a.count {
+		a.tries = a.n.Load()
+	}
+	if !a.called.Load() {
 		return false
 	}
 	a.mu.Lock()
@@ -547,6 +562,23 @@ func (a *attemptCreds) collect() (vetoed bool) {
 	return vetoed
 }
 
+// recount starts counting grpc-go's attempts again, before an attempt is
+// invoked again (see collect).
+func (a *attemptCreds) recount() {
+	if a.count {
+		a.n.Store(0)
+	}
+}
+
+// triesSoFar returns how many attempts grpc-go has made so far of a
+// watched stream attempt (see grpcRetries).
+func (a *attemptCreds) triesSoFar() int32 {
+	if !a.count {
+		return 0
+	}
+	return a.n.Load()
+}
+
 // prepare sets a up for the next attempt of c: every attempt avoids the
 // target's outlier endpoints (those that fail while the others serve), by
 // picking again, at most maxRepicks times, when grpc picked one of them.
@@ -557,6 +589,8 @@ func (a *attemptCreds) prepare(c *call, at *attempt) {
 	a.guard = at.guarded != nil
 	a.free, a.unpaid, a.paid = at.free, false, false
 	a.budget, a.eps = c.route.budget, c.route.endpoints
+	a.count, a.tries = c.watched != nil, 0
+	a.n.Store(0)
 	switch {
 	case len(c.avoid) > 0 && at.free:
 		a.repick = maxFreeRepicks
@@ -576,6 +610,7 @@ func (a *attemptCreds) reset(c *call, cs *callSettings) {
 	}
 	a.last, a.avoid, a.repick, a.guard, a.refused = nil, nil, 0, false, false
 	a.free, a.unpaid, a.paid, a.budget, a.eps = false, false, false, nil, nil
+	a.count, a.tries = false, 0
 }
 
 // newAttemptCreds returns credentials for one attempt of c, and the call

@@ -62,8 +62,10 @@ type call struct {
 	maxAttempts  int
 	repeatable   bool
 	hedge        bool
-	beside       bool // a per-attempt timeout sends a retry beside the slow attempt (see hedger)
-	grpcRetry    bool // grpc-go's retryPolicy covers the method: one attempt of ours
+	beside       bool          // a per-attempt timeout sends a retry beside the slow attempt (see hedger)
+	grpcRetry    bool          // grpc-go's retryPolicy covers the method: one attempt of ours
+	mc           *methodConfig // the method's service config, as last read
+	watched      *grpcRetries  // installed by hand, a retryPolicy: what grpc-go does with it is watched (see grpcRetries)
 	deadline     time.Time
 	hasDeadline  bool
 	sent         int // attempts sent
@@ -160,11 +162,33 @@ func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, 
 	return ctx, cancel, nil
 }
 
-// applyGRPCRetry notes that grpc-go retries the method itself (its service
-// config has a retryPolicy and grpc-go's retries are not known to be off):
-// sending more attempts of our own would multiply them.
+// applyGRPCRetry notes whether grpc-go retries the method itself: its
+// service config has a retryPolicy and grpc-go's retries are not known to
+// be off (DialOptions turns them off; installed by hand, the Client
+// watches what grpc-go does with such calls: see grpcRetries). Sending
+// more attempts of our own would multiply grpc-go's; when its retries are
+// off, the suite retries as for any other method.
 func (c *call) applyGRPCRetry(mc *methodConfig) {
-	if mc.grpcRetry && !c.grpcRetryOff && c.repeatable && !c.grpcRetry {
+	c.mc = mc
+	if c.grpcRetryOff || !c.repeatable {
+		return
+	}
+	if !mc.grpcRetry {
+		// Read before the ClientConn was ready, the config may not be
+		// grpc's yet: the attempt is watched all the same, in case its
+		// failure shows a retryPolicy (see noteGRPCRetries).
+		if mc.provisional && c.watched == nil {
+			c.watched = c.client.grpcRetriesOf(c.cc)
+		}
+		return
+	}
+	if c.watched == nil {
+		c.watched = c.client.grpcRetriesOf(c.cc)
+	}
+	switch {
+	case c.watched != nil && c.watched.off.Load():
+		c.grpcRetry = false
+	case !c.grpcRetry:
 		c.grpcRetry = true
 		c.client.warnGRPCRetry(c.route)
 	}

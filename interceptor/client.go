@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -36,13 +37,19 @@ const (
 // events and metrics.
 //
 // Create one with NewClient and use it for any number of ClientConns:
-// budgets and breakers are per target and shared by every ClientConn of
-// the same Client. A Client is safe for concurrent use.
+// budgets are per target, breakers per target and method, and both are
+// shared by every ClientConn of the same Client. A Client is safe for
+// concurrent use.
 type Client struct {
-	o         clientOptions
-	resolver  *idempotency.Resolver
-	budgets   *budget.Registry  // nil: no budget
-	breakers  *breaker.Registry // nil: no breaker
+	o          clientOptions
+	resolver   *idempotency.Resolver
+	budgets    *budget.Registry  // nil: no budget
+	breakerOn  bool              // breakers are on
+	breakers   *breaker.Registry // WithBreakers' registry; nil: the Client makes its own breakers
+	breakerCfg breaker.Config    // the config of its own breakers (callbacks wrapped)
+	// brk holds the breaker of each (canonical target, method), up to
+	// MaxRoutes.
+	brk       cowmap.Map[routeKey, *routeBreaker]
 	dl        *deadline.Client
 	tel       *telemetry
 	retryable idempotency.CodeSet
@@ -54,6 +61,9 @@ type Client struct {
 	// lastFailed is when (UnixNano, on the Client's clock) a call last
 	// failed: the table is looked at only for returnWindow after.
 	lastFailed atomic.Int64
+	// grpcRetry is what the Client has seen of grpc-go's retries, per
+	// ClientConn installed by hand (see grpcRetries).
+	grpcRetry cowmap.Map[weak.Pointer[grpc.ClientConn], *grpcRetries]
 	// breakerAt is true when the breakers run on this Client's clock, so
 	// that the times it reads anyway can be passed to them instead of
 	// their reading the clock again. Budgets always take the Client's
@@ -80,6 +90,7 @@ func NewClient(opts ...ClientOption) *Client {
 	c := &Client{o: o}
 	c.routes.Max = MaxRoutes
 	c.endpoints.Max = MaxRoutes
+	c.grpcRetry.Max = MaxRoutes
 	c.resolver = idempotency.NewResolver(idempotency.ResolverConfig{Idempotent: o.idempotent})
 	c.checkMarks()
 	ratio := budget.DefaultRatio
@@ -98,7 +109,9 @@ func NewClient(opts ...ClientOption) *Client {
 	// the rest for retries: hedge when an attempt is slower than the
 	// (1 - 0.75·ratio) quantile.
 	c.hedgeQ = min(max(1-0.75*ratio, 0.5), 0.999)
+	c.brk.Max = MaxRoutes
 	if !o.noBreaker {
+		c.breakerOn = true
 		if o.breakers != nil {
 			c.breakers = o.breakers
 		} else {
@@ -106,16 +119,14 @@ func NewClient(opts ...ClientOption) *Client {
 			if cfg.Now == nil { // the breaker runs on the Client's clock
 				cfg.Now, c.breakerAt = o.now, true
 			}
-			if h := o.hooks.OnBreakerChange; h != nil {
-				user := cfg.OnStateChange
-				cfg.OnStateChange = func(target string, from, to breaker.State) {
-					if user != nil {
-						user(target, from, to)
-					}
-					h(target, from, to)
-				}
+			// The callback runs wherever the breaker's state changes,
+			// also on the Client's own goroutines: a panic in it is
+			// recovered (see Hooks). Each breaker adds the hook (see
+			// newBreaker).
+			if user := cfg.OnStateChange; user != nil {
+				cfg.OnStateChange = c.safeStateChange("breaker.Config.OnStateChange", user)
 			}
-			c.breakers = breaker.NewRegistry(cfg)
+			c.breakerCfg = cfg
 		}
 	}
 	dcfg := o.deadlineCfg
@@ -189,7 +200,8 @@ func (c *Client) afterFunc(d time.Duration, f func()) (stop func() bool) {
 // retries do not multiply the suite's, and both interceptors (after any
 // interceptors given earlier in the dial options). Interceptors installed
 // this way know grpc-go does not retry, so a service config retryPolicy
-// does not stop the suite from retrying (see Unary).
+// does not stop the suite from retrying, from the first call (see Unary
+// for interceptors installed by hand).
 func (c *Client) DialOptions() []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithDisableRetry(),
@@ -218,6 +230,6 @@ func (c *Client) warnGRPCRetry(r *route) {
 	if !r.warnedOnce.CompareAndSwap(false, true) {
 		return
 	}
-	c.logger().Warn("stormguard: grpc-go's service-config retryPolicy covers this method, so the suite sends one attempt per call and leaves retries to grpc-go; dial with Client.DialOptions (which disables grpc-go's retries) to let the suite retry within its budget",
+	c.logger().Warn("stormguard: grpc-go's service-config retryPolicy covers this method and grpc-go's retries are not known to be off, so the suite sends one attempt per call and leaves retries to grpc-go (a failure grpc-go does not retry shows they are off, and the suite then retries); dial with Client.DialOptions, which disables grpc-go's retries, to let the suite retry within its budget from the first call",
 		"method", r.method, "target", r.target)
 }

@@ -73,11 +73,20 @@ func TestRoutesAreBounded(t *testing.T) {
 		require.NoError(t, ic(t.Context(), fmt.Sprintf("/proxy.v1.Any/M%d", i), &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv))
 	}
 	assert.Equal(t, interceptor.MaxRoutes, interceptor.RouteCount(c))
+	ts := c.Targets()
+	require.Len(t, ts, 1)
+	assert.Len(t, ts[0].Breakers, interceptor.MaxRoutes, "a breaker per method, up to MaxRoutes")
 	var rm metricdata.ResourceMetrics
 	require.NoError(t, reader.Collect(context.Background(), &rm))
 	found := false
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
+			if m.Name == interceptor.MetricBreakerState {
+				g := m.Data.(metricdata.Gauge[int64])
+				require.Equal(t, 1, len(g.DataPoints), "the breakers of unknown methods share one series")
+				v, _ := g.DataPoints[0].Attributes.Value("rpc.method")
+				assert.Equal(t, "_OTHER", v.AsString())
+			}
 			if m.Name != interceptor.MetricCalls {
 				continue
 			}

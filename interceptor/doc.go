@@ -1,7 +1,7 @@
 // Package interceptor composes stormguard's gRPC interceptors: a client
 // side (unary and stream) that retries and hedges only what may be
-// repeated, within a per-target retry budget and behind a per-target circuit
-// breaker, and a server side that applies propagated deadlines,
+// repeated, within a per-target retry budget and behind a circuit breaker
+// per target and method, and a server side that applies propagated deadlines,
 // deduplicates idempotency keys and tells callers when not to retry.
 //
 //	guard := interceptor.NewClient()
@@ -34,7 +34,8 @@
 //
 // Protection never refuses what no retries would have sent: a first
 // attempt is refused only by an open breaker, and the breaker opens only
-// when every attempt in its window failed. Partial failures are the
+// when every attempt in its window failed. Breakers are per method: one
+// method failing never gets another method of the same target refused. Partial failures are the
 // budget's: retries and hedges stay near 10% of the calls. A target that
 // has served nothing lately gets no retries or hedges at all. Attempts
 // avoid an endpoint that fails while the target's other endpoints serve,

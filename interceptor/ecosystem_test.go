@@ -40,9 +40,9 @@ func TestHooks(t *testing.T) {
 	hooks := interceptor.Hooks{
 		OnRetry:   func(e interceptor.RetryEvent) { mu.Lock(); retries = append(retries, e); mu.Unlock() },
 		OnRefusal: func(e interceptor.RefusalEvent) { mu.Lock(); refusals = append(refusals, e); mu.Unlock() },
-		OnBreakerChange: func(target string, from, to breaker.State) {
+		OnBreakerChange: func(e interceptor.BreakerEvent) {
 			mu.Lock()
-			changes = append(changes, from.String()+"→"+to.String())
+			changes = append(changes, e.From.String()+"→"+e.To.String())
 			mu.Unlock()
 		},
 	}
@@ -205,8 +205,9 @@ func TestTargetsAndStateHandler(t *testing.T) {
 	assert.Equal(t, e.server.Listener.Target, ts[0].Target)
 	require.NotNil(t, ts[0].Budget)
 	assert.Equal(t, uint64(1), ts[0].Budget.Requests)
-	require.NotNil(t, ts[0].Breaker)
-	assert.Equal(t, "closed", ts[0].Breaker.State)
+	require.Len(t, ts[0].Breakers, 1, "one breaker per method called")
+	assert.Equal(t, put, ts[0].Breakers[0].Method)
+	assert.Equal(t, "closed", ts[0].Breakers[0].State)
 	require.Len(t, ts[0].Endpoints, 1)
 	assert.Equal(t, int64(1), ts[0].Endpoints[0].OK)
 

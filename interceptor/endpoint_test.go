@@ -178,7 +178,7 @@ func TestOpenBreakerRefusesOnlyWhatGoesToADeadEndpoint(t *testing.T) {
 	for i := range 25 {
 		_, _ = echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("a", i)}, interceptor.MaxAttempts(1))
 	}
-	require.Equal(t, "open", guard.Targets()[0].Breaker.State)
+	require.Equal(t, "open", guard.Targets()[0].Breakers[0].State)
 	deadBefore := origins[0].Total()
 	_, err = echo.Put(t.Context(), &echov1.PutRequest{RequestId: "refused"})
 	assert.Equal(t, interceptor.ReasonBreaker, interceptor.RefusedBy(err), "only the dead backend: refused")
@@ -194,7 +194,7 @@ func TestOpenBreakerRefusesOnlyWhatGoesToADeadEndpoint(t *testing.T) {
 		}
 	}
 	assert.Equal(t, deadBefore, origins[0].Total(), "the dead backend got nothing more")
-	assert.Equal(t, "open", guard.Targets()[0].Breaker.State, "still within its open period")
+	assert.Equal(t, "open", guard.Targets()[0].Breakers[0].State, "still within its open period")
 }
 
 // A fail-over that can only reach the endpoint that failed is not free.

@@ -2,27 +2,51 @@ package interceptor
 
 import (
 	"log/slog"
+	"runtime/debug"
 	"time"
 
 	"github.com/stormguard/stormguard/breaker"
 )
 
 // Hooks are callbacks for the Client's decisions, for logs, audits and
-// tests. They are called synchronously, on the goroutine of the call (the
-// breaker's from the goroutine whose report changed its state), so they
-// must be fast and safe for concurrent use; they must not block. The zero
-// Hooks calls nothing.
+// tests. They are called synchronously, so they must be fast and safe for
+// concurrent use; they must not block. OnRetry and OnRefusal run on the
+// goroutine of the call; OnBreakerChange on the goroutine that changed the
+// breaker's state (see there). The zero Hooks calls nothing.
+//
+// A hook that panics does not disturb the call or the Client: the panic is
+// recovered where the hook was called, logged (level Error, with the
+// stack, on the WithLogger logger), and the call goes on as if the hook had
+// returned. A hook may run where a panic could not be handed to the
+// caller (OnBreakerChange on the Client's own timers, say), and a panic
+// half-way through a decision would leave the call's state inconsistent:
+// so no hook's panic ever leaves the Client.
 type Hooks struct {
 	// OnRetry is called when a retry has been decided, before its backoff.
 	// It may still be refused when it is due (the breaker, the budget, the
 	// deadline): OnRefusal then follows.
 	OnRetry func(RetryEvent)
-	// OnRefusal is called when a retry, a hedge or a call is refused.
+	// OnRefusal is called when a retry, a hedge or a call is refused. For a
+	// retry refused at a per-attempt timeout (EventTimeoutKept) of an
+	// attempt the call waits for (a reply that is not a proto message), it
+	// is called once that attempt has returned.
 	OnRefusal func(RefusalEvent)
-	// OnBreakerChange is called after a target's breaker changed state.
-	// It is not called for breakers given with WithBreakers (set their
+	// OnBreakerChange is called after the breaker of a target's method
+	// changed state, on the goroutine whose admission or report changed
+	// it: usually a call's, sometimes the goroutine of the Client's
+	// per-attempt timer, of the watcher that ends a stream whose caller
+	// left, or of a metrics collection (the breaker-state gauge). It is not
+	// called for breakers given with WithBreakers (set their
 	// Config.OnStateChange instead).
-	OnBreakerChange func(target string, from, to breaker.State)
+	OnBreakerChange func(BreakerEvent)
+}
+
+// BreakerEvent describes a change of state of the breaker of one method of
+// a target (breakers are per target and method: see WithBreaker).
+type BreakerEvent struct {
+	Target   string // the target, canonical ("dns:///host:port" for "host:port")
+	Method   string // "/pkg.Svc/Method"
+	From, To breaker.State
 }
 
 // RetryEvent describes a retry the Client decided to send.
@@ -49,4 +73,79 @@ func (c *Client) logger() *slog.Logger {
 		return c.o.logger
 	}
 	return slog.Default()
+}
+
+// hookPanicked logs the panic v of the hook named hook, recovered where
+// the Client called it (see Hooks).
+func (c *Client) hookPanicked(hook string, v any) {
+	c.logger().Error("stormguard: a hook panicked; the Client recovered the panic and went on",
+		"hook", hook, "panic", v, "stack", string(debug.Stack()))
+}
+
+// onRetry calls Hooks.OnRetry, if set, recovering a panic.
+func (c *Client) onRetry(e RetryEvent) {
+	h := c.o.hooks.OnRetry
+	if h == nil {
+		return
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			c.hookPanicked("OnRetry", v)
+		}
+	}()
+	h(e)
+}
+
+// onRefusal calls Hooks.OnRefusal, if set, recovering a panic.
+func (c *Client) onRefusal(e RefusalEvent) {
+	h := c.o.hooks.OnRefusal
+	if h == nil {
+		return
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			c.hookPanicked("OnRefusal", v)
+		}
+	}()
+	h(e)
+}
+
+// onBreakerChange calls Hooks.OnBreakerChange, if set, recovering a
+// panic: it runs inside the breaker, which must not see it (see Hooks).
+func (c *Client) onBreakerChange(e BreakerEvent) {
+	h := c.o.hooks.OnBreakerChange
+	if h == nil {
+		return
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			c.hookPanicked("OnBreakerChange", v)
+		}
+	}()
+	h(e)
+}
+
+// safeStateChange wraps a breaker state-change callback named hook so that
+// a panic in it is recovered and logged, never reaching the breaker or the
+// goroutine that delivered the change.
+func (c *Client) safeStateChange(hook string, f func(target string, from, to breaker.State)) func(target string, from, to breaker.State) {
+	return func(target string, from, to breaker.State) {
+		defer func() {
+			if v := recover(); v != nil {
+				c.hookPanicked(hook, v)
+			}
+		}()
+		f(target, from, to)
+	}
+}
+
+// recoverOwn recovers, on a goroutine the Client owns (a timer, a
+// watcher), a panic of code it does not control that reached it (the
+// callback of a breaker given with WithBreakers), and logs it: no panic
+// may end the process from a goroutine the caller does not own.
+func (c *Client) recoverOwn(where string) {
+	if v := recover(); v != nil {
+		c.logger().Error("stormguard: recovered a panic on the Client's own goroutine",
+			"where", where, "panic", v, "stack", string(debug.Stack()))
+	}
 }

@@ -189,8 +189,16 @@ func (c *call) refuse(ctx context.Context, reason Reason, event string) {
 
 // recordRefusal records refusal e of a call on route r: the metric, the
 // event on span (nil when the call's span does not record), the marker for
-// the server's don't-retry pushback, and the hook.
+// the server's don't-retry pushback, and, on the call's goroutine, the
+// hook.
 func recordRefusal(ctx context.Context, cl *Client, r *route, span trace.Span, e RefusalEvent) {
+	noteRefusal(ctx, cl, r, span, e)
+	refusalHook(cl, r, e)
+}
+
+// noteRefusal is recordRefusal but the hook: the part that may run on
+// another goroutine than the call's (a per-attempt timer's).
+func noteRefusal(ctx context.Context, cl *Client, r *route, span trace.Span, e RefusalEvent) {
 	cl.tel.refusals.Add(ctx, 1, r.tel.refusalOpts(e.Reason)...)
 	if span != nil {
 		span.AddEvent(e.Event, trace.WithAttributes(AttrReason.String(string(e.Reason))))
@@ -198,9 +206,13 @@ func recordRefusal(ctx context.Context, cl *Client, r *route, span trace.Span, e
 	if e.Reason.info().propagates {
 		markRefused(ctx)
 	}
-	if h := cl.o.hooks.OnRefusal; h != nil {
+}
+
+// refusalHook calls the OnRefusal hook with e, on the call's goroutine.
+func refusalHook(cl *Client, r *route, e RefusalEvent) {
+	if cl.o.hooks.OnRefusal != nil {
 		e.Method, e.Target = r.method, r.target
-		h(e)
+		cl.onRefusal(e)
 	}
 }
 
@@ -213,8 +225,8 @@ func (c *call) wouldRefuse(ctx context.Context, reason Reason) {
 
 // scheduled records a retry decision.
 func (c *call) scheduled(v verdict) {
-	if h := c.client.o.hooks.OnRetry; h != nil {
-		h(RetryEvent{Method: c.route.method, Target: c.route.target, Attempt: c.sent + 1, Delay: v.delay, Err: v.err})
+	if c.client.o.hooks.OnRetry != nil {
+		c.client.onRetry(RetryEvent{Method: c.route.method, Target: c.route.target, Attempt: c.sent + 1, Delay: v.delay, Err: v.err})
 	}
 	if !c.recording {
 		return

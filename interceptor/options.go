@@ -113,14 +113,20 @@ func WithoutBudget() ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.noBudget = true; o.budgets = nil })
 }
 
-// WithBreaker gives each target a circuit breaker configured by c (default:
-// breaker.Config{}). Its OnStateChange, if any, is kept. Ignored when
+// WithBreaker gives each method of each target a circuit breaker
+// configured by c (default: breaker.Config{}). Breakers are per target and
+// method, so that a method that serves is never refused because another
+// method of the same target fails; each is named BreakerName(target,
+// method) (Config.Target). Its OnStateChange, if any, is kept; like a
+// hook's, a panic in it is recovered and logged (see Hooks). Ignored when
 // WithBreakers is also given.
 func WithBreaker(c breaker.Config) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.breakerCfg = c; o.noBreaker = false })
 }
 
-// WithBreakers uses r for the per-target breakers. A nil r is ignored.
+// WithBreakers uses r for the breakers: the breaker of a method of a
+// target is r.For(BreakerName(target, method)), asked for up to MaxRoutes
+// of them. A nil r is ignored.
 func WithBreakers(r *breaker.Registry) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
 		if r != nil {

@@ -48,6 +48,10 @@ type perTry struct {
 	hasDeadline bool
 	backoff     time.Duration // the longest the retry's backoff can be
 	attempts    int           // attempts sent, this one included
+	// kept is the refusal of a kept attempt (state ptKept), written by
+	// fire before it sets the state; finish hands it to the OnRefusal
+	// hook on the call's goroutine.
+	kept RefusalEvent
 }
 
 // newPerTry arms the per-attempt timeout d of an attempt of c, sent with
@@ -79,18 +83,22 @@ func (c *call) mayFollow(ctx context.Context) bool {
 	return true
 }
 
-// fire runs when the per-attempt timeout expires: if a retry could be sent
-// now, it withdraws the retry's token and cuts the attempt; otherwise the
-// attempt keeps running, and the refused retry is recorded
-// (EventTimeoutKept).
+// fire runs when the per-attempt timeout expires, on the timer's
+// goroutine: if a retry could be sent now, it withdraws the retry's token
+// and cuts the attempt; otherwise the attempt keeps running, and the
+// refused retry is recorded (EventTimeoutKept; the hook is called by
+// finish, on the call's goroutine).
 func (p *perTry) fire() {
+	defer p.client.recoverOwn("per-attempt timeout")
 	if p.state.Load() != ptRunning {
 		return
 	}
 	now := p.client.now()
 	if reason := p.refusal(now); reason != "" {
+		e := RefusalEvent{Reason: reason, Event: EventTimeoutKept, Attempts: p.attempts}
+		p.kept = e
 		if p.state.CompareAndSwap(ptRunning, ptKept) {
-			recordRefusal(p.ctx, p.client, p.route, p.span, RefusalEvent{Reason: reason, Event: EventTimeoutKept, Attempts: p.attempts})
+			noteRefusal(p.ctx, p.client, p.route, p.span, e)
 		}
 		return
 	}
@@ -131,7 +139,14 @@ func (p *perTry) refusal(now time.Time) Reason {
 func (c *call) finish(ctx context.Context, a *attempt, err error) error {
 	p := a.pt
 	p.stop()
-	if p.state.CompareAndSwap(ptRunning, ptOver) || p.state.Load() != ptCut {
+	if p.state.CompareAndSwap(ptRunning, ptOver) {
+		return err
+	}
+	switch p.state.Load() {
+	case ptKept:
+		refusalHook(c.client, c.route, p.kept)
+		return err
+	case ptOver:
 		return err
 	}
 	c.prepaid = p.route.budget != nil && !c.client.o.shadow

@@ -17,7 +17,7 @@ type Reason string
 // Reasons for a refused retry, hedge or call.
 const (
 	ReasonBudget        Reason = "budget"         // the retry budget had no token
-	ReasonBreaker       Reason = "breaker"        // the target's breaker is open, or it has served nothing lately
+	ReasonBreaker       Reason = "breaker"        // the method's breaker is open, or the target has served nothing lately
 	ReasonDeadline      Reason = "deadline"       // not enough time left before the deadline
 	ReasonPushback      Reason = "pushback"       // the server said not to retry
 	ReasonNotIdempotent Reason = "not_idempotent" // the method may not be repeated
@@ -72,9 +72,10 @@ func (r Reason) Propagates() bool { return r.info().propagates }
 const (
 	// ErrorDomain is the ErrorInfo domain of stormguard's details.
 	ErrorDomain = "stormguard"
-	// ErrorReasonCircuitOpen: the call was not sent because the target's
-	// breaker is open (code Unavailable, with a RetryInfo saying how long
-	// it stays open).
+	// ErrorReasonCircuitOpen: the call was not sent because the breaker
+	// of its method on its target is open (code Unavailable, with a
+	// RetryInfo saying how long it stays open; the metadata keys "target"
+	// and "method" name the breaker).
 	ErrorReasonCircuitOpen = "CIRCUIT_OPEN"
 	// ErrorReasonRetryRefused: the status is the last attempt's code and
 	// message (the message ending with the refusal marker, see RefusedBy);
@@ -147,11 +148,13 @@ func reasonInMessage(msg string) Reason {
 	return ""
 }
 
-// circuitOpenError is the status of a call refused by an open breaker.
-func circuitOpenError(b *breaker.Breaker) error {
-	st := status.New(codes.Unavailable, circuitOpenPrefix+b.Target())
+// circuitOpenError is the status of a call on route r refused by its open
+// breaker b.
+func circuitOpenError(r *route, b *breaker.Breaker) error {
+	target := r.key
+	st := status.New(codes.Unavailable, circuitOpenPrefix+r.method+" on "+target)
 	withInfo, err := st.WithDetails(
-		&errdetails.ErrorInfo{Reason: ErrorReasonCircuitOpen, Domain: ErrorDomain, Metadata: map[string]string{"target": b.Target()}},
+		&errdetails.ErrorInfo{Reason: ErrorReasonCircuitOpen, Domain: ErrorDomain, Metadata: map[string]string{"target": target, "method": r.method}},
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(b.RetryAfter())},
 	)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/stormguard/stormguard/breaker"
@@ -14,10 +15,12 @@ import (
 	"github.com/stormguard/stormguard/internal/protoreg"
 )
 
-// MaxRoutes bounds the (target, method) routes a Client caches. Generated
-// code has far fewer; a proxy forwarding caller-chosen method names gets,
-// beyond the bound, a route built for each call (and, for methods the
-// protobuf registry does not know, metrics under one "_OTHER" method).
+// MaxRoutes bounds the (target, method) routes a Client caches, and the
+// breakers it keeps (one per target and method). Generated code has far
+// fewer; a proxy forwarding caller-chosen method names gets, beyond the
+// bound, a route built for each call and no breaker for the methods past
+// it (and, for methods the protobuf registry does not know, metrics under
+// one "_OTHER" method).
 const MaxRoutes = 10_000
 
 // methodConfigTTL is how long a route trusts the grpc service config it
@@ -32,6 +35,7 @@ type routeKey struct{ target, method string }
 type route struct {
 	method      string // "/pkg.Svc/Method"
 	target      string // the dependency's name (WithTargetName), or cc.Target()
+	key         string // its budget's, breakers' and endpoint table's key (see dependency)
 	policy      idempotency.Policy
 	budget      *budget.Budget   // nil: none
 	breaker     *breaker.Breaker // nil: none
@@ -56,7 +60,15 @@ type methodConfig struct {
 	cc        *grpc.ClientConn
 	read      time.Time
 	timeout   time.Duration // 0: none
-	grpcRetry bool          // a retryPolicy: grpc-go retries the method itself
+	grpcRetry bool          // a retryPolicy: grpc-go retries the method itself, unless its retries are off
+	// The retryPolicy's retryable codes and attempts (see grpcRetries).
+	grpcCodes    idempotency.CodeSet
+	grpcAttempts int
+	// provisional: no retryPolicy, read before the ClientConn was ready,
+	// maybe before it had its service config: the calls that use it are
+	// watched as if it had one (see applyGRPCRetry), and the first call
+	// that finds the ClientConn ready reads it again.
+	provisional bool
 }
 
 // routeFor returns the route of (target, method), cached up to MaxRoutes.
@@ -85,11 +97,12 @@ func (c *Client) newRoute(k routeKey) *route {
 	if r.perAttempt == 0 {
 		r.perAttempt = c.o.perAttempt
 	}
+	r.key = key
 	if c.budgets != nil {
 		r.budget = c.budgets.For(key)
 	}
-	if c.breakers != nil {
-		r.breaker = c.breakers.For(key)
+	if c.breakerOn {
+		r.breaker = c.breakerFor(key, method, p.Known)
 	}
 	r.endpoints = c.endpoints.LoadOrCreate(key, func(string) *endpoints { return &endpoints{} })
 	if p.MaxAttempts > 0 {
@@ -130,6 +143,60 @@ func (c *Client) dependency(target string) (name, key string) {
 	return target, canonicalTarget(target)
 }
 
+// routeBreaker is the breaker of one method of one (canonical) target.
+type routeBreaker struct {
+	target, method string
+	known          bool // the protobuf registry knows the method (its name goes into metrics)
+	b              *breaker.Breaker
+}
+
+// breakerFor returns the breaker of method on the canonical target, made
+// on first use; nil past MaxRoutes breakers. A breaker is per method, not
+// per target, so that a method that serves is never refused because
+// another method of the same target fails: each opens only on its own
+// method's failures. The budget and the endpoint table stay per target.
+func (c *Client) breakerFor(target, method string, known bool) *breaker.Breaker {
+	rb, ok := c.brk.LoadOrCreateIfRoom(routeKey{target, method}, func(k routeKey) *routeBreaker {
+		return c.newBreaker(k, known)
+	})
+	if !ok {
+		return nil
+	}
+	return rb.b
+}
+
+// BreakerName is the name of the breaker of method (a full method name,
+// "/pkg.Svc/Method") on target (canonical, as TargetState.Target): the
+// target followed by the method, "dns:///host:443/pkg.Svc/Method". It is
+// what a breaker.Registry given with WithBreakers is asked for, the
+// target an OnStateChange of WithBreaker's Config receives, and what
+// Breaker.Target returns.
+func BreakerName(target, method string) string { return target + method }
+
+// newBreaker makes the breaker of k: from WithBreakers' registry, or its
+// own, whose callback also calls Hooks.OnBreakerChange.
+func (c *Client) newBreaker(k routeKey, known bool) *routeBreaker {
+	rb := &routeBreaker{target: k.target, method: k.method, known: known}
+	name := BreakerName(k.target, k.method)
+	if c.breakers != nil {
+		rb.b = c.breakers.For(name)
+		return rb
+	}
+	cfg := c.breakerCfg
+	cfg.Target = name
+	if c.o.hooks.OnBreakerChange != nil {
+		user := cfg.OnStateChange
+		cfg.OnStateChange = func(name string, from, to breaker.State) {
+			if user != nil {
+				user(name, from, to)
+			}
+			c.onBreakerChange(BreakerEvent{Target: k.target, Method: k.method, From: from, To: to})
+		}
+	}
+	rb.b = breaker.New(cfg)
+	return rb
+}
+
 // canonicalTarget returns target in grpc's canonical form for the targets
 // whose scheme is implied: "host:port" is "dns:///host:port". Targets that
 // name a scheme ("dns:///x", "passthrough:///x", "unix:///p") are returned
@@ -146,7 +213,8 @@ func canonicalTarget(target string) string {
 // none).
 func (r *route) methodConfig(cc *grpc.ClientConn, now time.Time) *methodConfig {
 	mc := r.mc.Load()
-	if mc != nil && mc.cc == cc && now.Sub(mc.read) < methodConfigTTL && !now.Before(mc.read) {
+	if mc != nil && mc.cc == cc && now.Sub(mc.read) < methodConfigTTL && !now.Before(mc.read) &&
+		(!mc.provisional || cc.GetState() != connectivity.Ready) {
 		return mc
 	}
 	return r.readMethodConfig(cc, now)
@@ -155,7 +223,8 @@ func (r *route) methodConfig(cc *grpc.ClientConn, now time.Time) *methodConfig {
 // readMethodConfig reads the method's service config from cc now, and
 // caches it. The first calls on a new ClientConn run before grpc has its
 // service config (grpc resolves the target on the first call), so the
-// failure path reads it again.
+// failure path reads it again, and a config without a retryPolicy read
+// while cc was not ready is provisional.
 func (r *route) readMethodConfig(cc *grpc.ClientConn, now time.Time) *methodConfig {
 	next := &methodConfig{cc: cc, read: now}
 	if cc != nil {
@@ -163,7 +232,16 @@ func (r *route) readMethodConfig(cc *grpc.ClientConn, now time.Time) *methodConf
 		if m.Timeout != nil && *m.Timeout > 0 {
 			next.timeout = *m.Timeout
 		}
-		next.grpcRetry = m.RetryPolicy != nil
+		if rp := m.RetryPolicy; rp != nil {
+			next.grpcRetry, next.grpcAttempts = true, rp.MaxAttempts
+			for code, ok := range rp.RetryableStatusCodes {
+				if ok {
+					next.grpcCodes |= idempotency.Codes(code)
+				}
+			}
+		} else {
+			next.provisional = cc.GetState() != connectivity.Ready
+		}
 	}
 	r.mc.Store(next)
 	return next

@@ -89,7 +89,7 @@ func TestTargetNameSharesBudgetAndBreaker(t *testing.T) {
 	assert.Equal(t, 1, first, "the second client's first call was not retried: the shared breaker")
 	assert.Equal(t, sent+1, o.Total(), "its second call was refused by the shared breaker")
 	assert.Equal(t, interceptor.ReasonBreaker, interceptor.RefusedBy(err))
-	assert.Equal(t, "stormguard: circuit breaker open for etcd", status.Convert(err).Message(), "the error names the dependency")
+	assert.Equal(t, "stormguard: circuit breaker open for /echo.v1.EchoService/Put on etcd", status.Convert(err).Message(), "the error names the dependency")
 	var names []string
 	for _, ts := range guard.Targets() {
 		names = append(names, ts.Target)
@@ -123,4 +123,38 @@ func TestTargetNameDefault(t *testing.T) {
 	var keys []string
 	budgets.Range(func(target string, _ *budget.Budget) bool { keys = append(keys, target); return true })
 	assert.Equal(t, []string{"dns:///" + l.Target}, keys)
+}
+
+// One broken method never gets a method that serves refused: Put fails
+// every attempt, enough of them to open a breaker, while Get, called
+// rarely, serves. Every Get is sent and succeeds (the old per-target
+// breaker refused all ten), and Put stays refused by its own breaker.
+func TestBrokenMethodDoesNotRefuseAnother(t *testing.T) {
+	e := newEnv(t, func(c origin.Call) origin.Reply {
+		if c.Method == put {
+			return origin.Reply{Code: codes.Unavailable, Message: "Put is broken"}
+		}
+		return origin.Reply{}
+	})
+	for i := range 25 {
+		_, _ = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("p", i)}, interceptor.MaxAttempts(1))
+	}
+	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "refused"})
+	require.Equal(t, interceptor.ReasonBreaker, interceptor.RefusedBy(err), "Put's breaker is open")
+	refused := 0
+	for i := range 10 {
+		if _, err := e.echo.Get(t.Context(), &echov1.GetRequest{RequestId: fmt.Sprint("g", i)}); err != nil {
+			refused++
+			t.Logf("Get %d: %v", i, err)
+		}
+	}
+	assert.Zero(t, refused, "Gets refused because Put fails")
+	assert.Equal(t, 10, e.origin.Count(get))
+	ts := e.guard.Targets()
+	require.Len(t, ts, 1)
+	require.Len(t, ts[0].Breakers, 2, "one breaker per method")
+	assert.Equal(t, get, ts[0].Breakers[0].Method)
+	assert.Equal(t, "closed", ts[0].Breakers[0].State)
+	assert.Equal(t, put, ts[0].Breakers[1].Method)
+	assert.Equal(t, "open", ts[0].Breakers[1].State)
 }

@@ -22,10 +22,10 @@ import (
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
-// grpcRetryConfig is grpc-go's own retry policy for the demo service: 3
+// fleetRetryConfig is grpc-go's own retry policy for the demo service: 3
 // attempts on UNAVAILABLE, as the clients of a server that does not
 // control them might have.
-const grpcRetryConfig = `{"methodConfig": [{"name": [{"service": "echo.v1.EchoService"}],
+const fleetRetryConfig = `{"methodConfig": [{"name": [{"service": "echo.v1.EchoService"}],
   "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
     "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}`
 
@@ -90,7 +90,7 @@ func serveFleet(t *testing.T, n int, rate, p float64, dur time.Duration, dialOpt
 }
 
 func grpcRetryClients() ([]grpc.DialOption, func()) {
-	return []grpc.DialOption{grpc.WithDefaultServiceConfig(grpcRetryConfig)}, func() {}
+	return []grpc.DialOption{grpc.WithDefaultServiceConfig(fleetRetryConfig)}, func() {}
 }
 
 // The server's retry budget bounds the retries that reach its handler,

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/budget"
 )
 
@@ -16,8 +15,8 @@ import (
 // "host:port"), or the names WithTargetName gives them.
 type TargetState struct {
 	Target    string          `json:"target"`
-	Budget    *BudgetState    `json:"budget,omitempty"`  // nil without a budget
-	Breaker   *BreakerState   `json:"breaker,omitempty"` // nil without a breaker
+	Budget    *BudgetState    `json:"budget,omitempty"`   // nil without a budget
+	Breakers  []BreakerState  `json:"breakers,omitempty"` // one per method called, sorted by method; none without a breaker
 	Endpoints []EndpointState `json:"endpoints,omitempty"`
 }
 
@@ -32,9 +31,11 @@ type BudgetState struct {
 	Refused  uint64  `json:"refused"`
 }
 
-// BreakerState is a target's circuit breaker (see breaker.Stats).
+// BreakerState is the circuit breaker of one method of a target (see
+// breaker.Stats).
 type BreakerState struct {
-	State     string     `json:"state"` // closed, open or half-open
+	Method    string     `json:"method"` // "/pkg.Svc/Method"
+	State     string     `json:"state"`  // closed, open or half-open
 	Attempts  int64      `json:"attempts"`
 	Failures  int64      `json:"failures"`
 	OpenUntil *time.Time `json:"open_until,omitempty"`
@@ -73,23 +74,23 @@ func (c *Client) Targets() []TargetState {
 			return true
 		})
 	}
-	if c.breakers != nil {
-		c.breakers.Range(func(t string, b *breaker.Breaker) bool {
-			st := b.Stats()
-			bs := &BreakerState{State: st.State.String(), Attempts: st.Attempts, Failures: st.Failures, Opened: st.Opened, Rejected: st.Rejected}
-			if !st.OpenUntil.IsZero() {
-				bs.OpenUntil = &st.OpenUntil
-			}
-			get(t).Breaker = bs
-			return true
-		})
-	}
+	c.brk.Range(func(k routeKey, rb *routeBreaker) bool {
+		st := rb.b.Stats()
+		bs := BreakerState{Method: k.method, State: st.State.String(), Attempts: st.Attempts, Failures: st.Failures, Opened: st.Opened, Rejected: st.Rejected}
+		if !st.OpenUntil.IsZero() {
+			bs.OpenUntil = &st.OpenUntil
+		}
+		ts := get(k.target)
+		ts.Breakers = append(ts.Breakers, bs)
+		return true
+	})
 	c.endpoints.Range(func(t string, e *endpoints) bool {
 		get(t).Endpoints = e.snapshot(now)
 		return true
 	})
 	out := make([]TargetState, 0, len(byTarget))
 	for _, s := range byTarget {
+		slices.SortFunc(s.Breakers, func(a, b BreakerState) int { return strings.Compare(a.Method, b.Method) })
 		out = append(out, *s)
 	}
 	slices.SortFunc(out, func(a, b TargetState) int { return strings.Compare(a.Target, b.Target) })

@@ -24,7 +24,8 @@ import (
 // WithReplayLimit). Until then every client message and CloseSend is kept
 // and replayed, in order, on each new attempt. After commit, errors go to
 // the caller unchanged and nothing is ever delivered twice. Streams are not
-// hedged.
+// hedged. A method with a service config retryPolicy is treated as Unary
+// says.
 func (c *Client) Stream() grpc.StreamClientInterceptor { return c.streamInterceptor(false) }
 
 func (c *Client) streamInterceptor(grpcRetryOff bool) grpc.StreamClientInterceptor {
@@ -121,7 +122,7 @@ func (s *clientStream) open(kind attemptKind, old *streamAttempt) error {
 		// stream's context, which grpc has made when the streamer returns.
 		opts := s.opts
 		var creds *attemptCreds
-		if k.hasDeadline || s.cs.hasCreds || len(k.avoid) > 0 || a.guarded != nil {
+		if k.hasDeadline || s.cs.hasCreds || len(k.avoid) > 0 || a.guarded != nil || k.watched != nil {
 			var credsOpt grpc.CallOption
 			creds, credsOpt = newAttemptCreds(k, &s.cs)
 			creds.prepare(k, a)
@@ -130,6 +131,7 @@ func (s *clientStream) open(kind attemptKind, old *streamAttempt) error {
 		}
 		sa.inner, err = s.streamer(a.ctx, s.desc, s.cc, s.method, opts...)
 		for creds.collect() && err != nil { // it picked an endpoint it avoids: pick again
+			creds.recount()
 			sa.inner, err = s.streamer(a.ctx, s.desc, s.cc, s.method, opts...)
 		}
 		if err == nil && creds == nil {
@@ -157,9 +159,13 @@ func (s *clientStream) open(kind attemptKind, old *streamAttempt) error {
 			}
 		}
 		// The attempt failed before it was handed to the caller.
-		var tr metadata.MD
+		var tr, hdr metadata.MD
 		if sa.inner != nil {
 			tr = sa.inner.Trailer()
+			hdr, _ = sa.inner.Header()
+		}
+		if k.watched != nil && creds != nil {
+			k.noteGRPCRetries(sa.ctx, creds.tries, err, hdr, tr, nil)
 		}
 		v := k.after(s.ctx, &sa.attempt, err, tr)
 		if !v.retry {
@@ -235,20 +241,31 @@ func (s *clientStream) drainLocked(sa *streamAttempt) error {
 // takes the current attempt's receive lock first, so that it does not race
 // with a receiver that is deciding about a retry (the receiver returns
 // promptly: every attempt's context is derived from the caller's).
+//
+// It runs on a goroutine of its own (context.AfterFunc's), where a panic
+// reaching it (a breaker callback the Client does not wrap) is recovered
+// and logged.
 func (s *clientStream) callerLeft() {
+	defer s.k.client.recoverOwn("stream watcher")
 	for {
 		a, finished := s.current()
-		if finished {
+		if finished || s.finishIfCurrent(a) {
 			return
 		}
-		a.recvMu.Lock()
-		if cur, _ := s.current(); cur == a {
-			s.finish(status.FromContextError(s.ctx.Err()).Err())
-			a.recvMu.Unlock()
-			return
-		}
-		a.recvMu.Unlock()
 	}
+}
+
+// finishIfCurrent finishes the stream because the caller left, if a is
+// still its current attempt, holding a's receive lock (released however
+// it ends).
+func (s *clientStream) finishIfCurrent(a *streamAttempt) bool {
+	a.recvMu.Lock()
+	defer a.recvMu.Unlock()
+	if cur, _ := s.current(); cur != a {
+		return false
+	}
+	s.finish(status.FromContextError(s.ctx.Err()).Err())
+	return true
 }
 
 // fail handles the failure of attempt a, whose recvMu the caller holds:
@@ -269,7 +286,12 @@ func (s *clientStream) fail(a *streamAttempt, err error) error {
 		return err
 	}
 	k := s.k
-	v := k.after(s.ctx, &a.attempt, err, a.inner.Trailer())
+	tr := a.inner.Trailer()
+	if k.watched != nil && a.creds != nil {
+		hdr, _ := a.inner.Header() // the attempt has ended: this does not wait
+		k.noteGRPCRetries(a.ctx, a.creds.triesSoFar(), err, hdr, tr, nil)
+	}
+	v := k.after(s.ctx, &a.attempt, err, tr)
 	if !v.retry {
 		ferr := k.conclude(s.ctx, v)
 		s.finish(ferr)
@@ -334,22 +356,7 @@ func (s *clientStream) commitLocked() {
 func (s *clientStream) resolve(a *streamAttempt) (replaced bool) {
 	for {
 		if a.recvMu.TryLock() {
-			s.mu.Lock()
-			if s.cur != a || s.finished || s.committed {
-				replaced = s.cur != a && !s.finished
-				s.mu.Unlock()
-				a.recvMu.Unlock()
-				return replaced
-			}
-			err := s.drainLocked(a)
-			s.mu.Unlock()
-			if err == nil { // a response arrived: committed, nothing to retry
-				a.recvMu.Unlock()
-				return false
-			}
-			ferr := s.fail(a, err)
-			a.recvMu.Unlock()
-			return ferr == nil
+			return s.resolveLocked(a)
 		}
 		select {
 		case <-a.done:
@@ -357,6 +364,24 @@ func (s *clientStream) resolve(a *streamAttempt) (replaced bool) {
 			return false
 		}
 	}
+}
+
+// resolveLocked is resolve once it holds a's receive lock, which it
+// releases however it ends (a panic included).
+func (s *clientStream) resolveLocked(a *streamAttempt) (replaced bool) {
+	defer a.recvMu.Unlock()
+	s.mu.Lock()
+	if s.cur != a || s.finished || s.committed {
+		replaced = s.cur != a && !s.finished
+		s.mu.Unlock()
+		return replaced
+	}
+	err := s.drainLocked(a)
+	s.mu.Unlock()
+	if err == nil { // a response arrived: committed, nothing to retry
+		return false
+	}
+	return s.fail(a, err) == nil
 }
 
 // SendMsg records m for replay (until commit) and sends it on the current
@@ -424,25 +449,29 @@ func (s *clientStream) RecvMsg(m any) error {
 		}
 		a := s.cur
 		s.mu.Unlock()
-		a.recvMu.Lock()
-		if cur, _ := s.current(); cur != a {
-			a.recvMu.Unlock()
-			continue
-		}
-		err := a.inner.RecvMsg(m)
-		if err == nil {
-			s.mu.Lock()
-			s.commitLocked()
-			s.mu.Unlock()
-			a.recvMu.Unlock()
-			return nil
-		}
-		ferr := s.fail(a, err)
-		a.recvMu.Unlock()
-		if ferr != nil {
-			return ferr
+		if done, err := s.recvOn(a, m); done {
+			return err
 		}
 	}
+}
+
+// recvOn receives m on attempt a, holding a's receive lock (released
+// however it ends, a panic included). done is false when a is no longer
+// the current attempt, or failed and was replaced: receive again.
+func (s *clientStream) recvOn(a *streamAttempt, m any) (done bool, err error) {
+	a.recvMu.Lock()
+	defer a.recvMu.Unlock()
+	if cur, _ := s.current(); cur != a {
+		return false, nil
+	}
+	if err := a.inner.RecvMsg(m); err != nil {
+		ferr := s.fail(a, err)
+		return ferr != nil, ferr
+	}
+	s.mu.Lock()
+	s.commitLocked()
+	s.mu.Unlock()
+	return true, nil
 }
 
 // Header returns the response header; receiving one commits the stream.

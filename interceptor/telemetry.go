@@ -193,7 +193,7 @@ func newTelemetry(o *clientOptions, c *Client) *telemetry {
 // report only the first Client's targets.
 func registerGauges(m metric.Meter, c *Client) metric.Registration {
 	state, err := m.Int64ObservableGauge(MetricBreakerState, metric.WithUnit("{state}"),
-		metric.WithDescription("Breaker state per target: 0 closed, 1 open, 2 half-open."))
+		metric.WithDescription("Breaker state per target and method: 0 closed, 1 open, 2 half-open."))
 	handle(err)
 	balance, err2 := m.Float64ObservableGauge(MetricBudgetBalance, metric.WithUnit("{retry}"),
 		metric.WithDescription("Retries (or hedges) the target's budget would grant now."))
@@ -202,12 +202,9 @@ func registerGauges(m metric.Meter, c *Client) metric.Registration {
 		return nil
 	}
 	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		if c.breakers != nil {
-			c.breakers.Range(func(target string, b *breaker.Breaker) bool {
-				o.ObserveInt64(state, breakerStateValue(b.State()), metric.WithAttributes(targetAttrs(target)...))
-				return true
-			})
-		}
+		observeBreakers(c, func(v int64, attrs []attribute.KeyValue) {
+			o.ObserveInt64(state, v, metric.WithAttributes(attrs...))
+		})
 		if c.budgets != nil {
 			now := c.now()
 			c.budgets.Range(func(target string, b *budget.Budget) bool {
@@ -224,6 +221,40 @@ func registerGauges(m metric.Meter, c *Client) metric.Registration {
 func handle(err error) {
 	if err != nil {
 		otel.Handle(err)
+	}
+}
+
+// observeBreakers reports the state of each breaker of c with its target
+// and method attributes. The methods the protobuf registry does not know
+// share the method "_OTHER" (as in the other metrics): their breakers are
+// reported as one, open if any is open, else half-open if any is.
+func observeBreakers(c *Client, observe func(v int64, attrs []attribute.KeyValue)) {
+	type point struct {
+		v     int64
+		attrs []attribute.KeyValue
+	}
+	var others map[string]*point // by target
+	c.brk.Range(func(k routeKey, rb *routeBreaker) bool {
+		v := breakerStateValue(rb.b.State())
+		if rb.known {
+			observe(v, append(targetAttrs(k.target), semconv.RPCMethod(strings.TrimPrefix(k.method, "/"))))
+			return true
+		}
+		if others == nil {
+			others = map[string]*point{}
+		}
+		p, ok := others[k.target]
+		if !ok {
+			p = &point{v: v, attrs: append(targetAttrs(k.target), semconv.RPCMethod(otherMethodSemconv))}
+			others[k.target] = p
+		}
+		if v == 1 || (v == 2 && p.v == 0) { // open wins, then half-open
+			p.v = v
+		}
+		return true
+	})
+	for _, p := range others {
+		observe(p.v, p.attrs)
 	}
 }
 

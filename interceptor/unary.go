@@ -14,6 +14,17 @@ import (
 // grpc.WithChainUnaryInterceptor, together with grpc.WithDisableRetry so
 // that grpc's own retries do not stack on top (or use DialOptions, which
 // does both).
+//
+// A method that a service config gives a retryPolicy is retried by
+// grpc-go itself unless its retries are off, and an interceptor installed
+// by hand cannot ask the ClientConn whether they are. It sends one attempt
+// per such call, leaving the retries to grpc-go, until a failure that
+// grpc-go would have retried comes back after a single attempt of
+// grpc-go's: its retries are off (grpc.WithDisableRetry), and from that
+// call on the suite retries such methods within its budget, as through
+// DialOptions. With grpc-go's retries on, the suite keeps sending one
+// attempt per call, so that the two never multiply. The README's table
+// "grpc-go's own retries" lists the four combinations.
 func (c *Client) Unary() grpc.UnaryClientInterceptor { return c.unaryInterceptor(false) }
 
 func (c *Client) unaryInterceptor(grpcRetryOff bool) grpc.UnaryClientInterceptor {
@@ -66,6 +77,8 @@ type unaryState struct {
 	credsOpt grpc.CallOption
 	tr       metadata.MD
 	trOpt    grpc.CallOption
+	hdr      metadata.MD // a watched call's response header (see grpcRetries)
+	hdrOpt   grpc.CallOption
 	peer     peer.Peer
 	peerOpt  grpc.CallOption
 }
@@ -74,12 +87,13 @@ var unaryPool = sync.Pool{New: func() any {
 	s := &unaryState{}
 	s.credsOpt = grpc.PerRPCCredentials(&s.creds)
 	s.trOpt = grpc.TrailerCallOption{TrailerAddr: &s.tr}
+	s.hdrOpt = grpc.HeaderCallOption{HeaderAddr: &s.hdr}
 	s.peerOpt = grpc.PeerCallOption{PeerAddr: &s.peer}
 	return s
 }}
 
 func (s *unaryState) release() {
-	s.tr, s.peer = nil, peer.Peer{}
+	s.tr, s.hdr, s.peer = nil, nil, peer.Peer{}
 	s.creds.user = nil
 	clear(s.opts)
 	s.opts = s.opts[:0]
@@ -88,18 +102,15 @@ func (s *unaryState) release() {
 	unaryPool.Put(s)
 }
 
-// sequential runs attempts one after the other: the retry path.
-func (c *call) sequential(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, cs *callSettings) error {
-	// Every attempt learns the endpoint it went to (grpc.Peer); one that
-	// may retry also captures its trailer (a server's pushback). The call
-	// credentials go along only when they have work: a deadline header to
-	// write, endpoints to avoid, or a pick an open breaker guards (inside
-	// grpc they cost a few allocations per attempt).
-	var trp *metadata.MD // where this call's trailers land
-	st := unaryPool.Get().(*unaryState)
-	defer st.release()
+// callOptions fills st.opts with the options every attempt of c is sent
+// with (the caller's, and those that capture what the call needs to see),
+// and returns where the attempts' trailers land (nil: not captured).
+func (c *call) callOptions(st *unaryState, opts []grpc.CallOption) (trp *metadata.MD) {
 	st.opts = append(st.opts, opts...)
-	if c.maxAttempts > 1 {
+	if c.watched != nil {
+		st.opts = append(st.opts, st.hdrOpt)
+	}
+	if c.maxAttempts > 1 || c.watched != nil {
 		for _, o := range opts {
 			if t, ok := o.(grpc.TrailerCallOption); ok {
 				trp = t.TrailerAddr
@@ -110,6 +121,21 @@ func (c *call) sequential(ctx context.Context, method string, req, reply any, cc
 		}
 	}
 	st.opts = append(st.opts, st.peerOpt)
+	return trp
+}
+
+// sequential runs attempts one after the other: the retry path.
+func (c *call) sequential(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, cs *callSettings) error {
+	// Every attempt learns the endpoint it went to (grpc.Peer); one that
+	// may retry also captures its trailer (a server's pushback). The call
+	// credentials go along only when they have work: a deadline header to
+	// write, endpoints to avoid, or a pick an open breaker guards (inside
+	// grpc they cost a few allocations per attempt). A call whose grpc-go
+	// retries are watched (see grpcRetries) has them, and captures its
+	// header and trailer.
+	st := unaryPool.Get().(*unaryState)
+	defer st.release()
+	trp := c.callOptions(st, opts)
 	creds := &st.creds
 	creds.reset(c, cs)
 	kind := kindFirst
@@ -124,7 +150,7 @@ func (c *call) sequential(ctx context.Context, method string, req, reply any, cc
 		}
 		creds.prepare(c, &a)
 		aopts := st.opts
-		if c.hasDeadline || cs.hasCreds || len(c.avoid) > 0 || a.guarded != nil {
+		if c.hasDeadline || cs.hasCreds || len(c.avoid) > 0 || a.guarded != nil || c.watched != nil {
 			a.creds = creds
 			st.withCred = append(append(st.withCred[:0], st.opts...), st.credsOpt)
 			aopts = st.withCred
@@ -134,8 +160,11 @@ func (c *call) sequential(ctx context.Context, method string, req, reply any, cc
 		if trp != nil {
 			*trp = nil
 		}
+		st.hdr = nil
 		err = invoker(a.ctx, method, req, reply, cc, aopts...)
 		for creds.collect() { // it picked an endpoint it avoids: pick again
+			st.hdr = nil
+			creds.recount()
 			err = invoker(a.ctx, method, req, reply, cc, aopts...)
 		}
 		if a.pt != nil {
@@ -154,6 +183,9 @@ func (c *call) sequential(ctx context.Context, method string, req, reply any, cc
 		var tr metadata.MD
 		if trp != nil {
 			tr = *trp
+		}
+		if c.watched != nil && a.creds != nil {
+			c.noteGRPCRetries(a.ctx, creds.tries, err, st.hdr, tr, req)
 		}
 		v := c.after(ctx, &a, err, tr)
 		if !v.retry {

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,6 +104,7 @@ type Demo struct {
 type event struct {
 	tick     int
 	target   string
+	method   string             // a breaker change's method, "Put"
 	reason   interceptor.Reason // a refusal
 	from, to breaker.State      // a breaker change (when reason is "")
 }
@@ -175,8 +177,8 @@ func Start(cfg Config) (_ *Demo, err error) {
 		interceptor.WithMeterProvider(d.mp),
 		interceptor.WithHooks(interceptor.Hooks{
 			OnRefusal: func(e interceptor.RefusalEvent) { d.record(event{target: e.Target, reason: e.Reason}) },
-			OnBreakerChange: func(target string, from, to breaker.State) {
-				d.record(event{target: target, from: from, to: to})
+			OnBreakerChange: func(e interceptor.BreakerEvent) {
+				d.record(event{target: e.Target, method: path.Base(e.Method), from: e.From, to: e.To})
 			},
 		}),
 	}
@@ -249,11 +251,13 @@ type Tally struct {
 // Seen counts events and says at which ticks the first and the last were.
 type Seen struct{ N, First, Last int }
 
-// BreakerChange is a change of state of a service's breaker
-// (interceptor.Hooks.OnBreakerChange), at a tick.
+// BreakerChange is a change of state of the breaker of one method of a
+// service (interceptor.Hooks.OnBreakerChange; the suite keeps a breaker per
+// target and method), at a tick.
 type BreakerChange struct {
 	Tick     int
 	Service  string // "orders" or "search"
+	Method   string // "Put", "Notify" or "Get"
 	From, To breaker.State
 }
 
@@ -330,7 +334,7 @@ func (d *Demo) collect(r *PhaseReport) {
 			service, t = "orders", &r.Orders
 		}
 		if e.reason == "" {
-			r.Breakers = append(r.Breakers, BreakerChange{Tick: e.tick, Service: service, From: e.from, To: e.to})
+			r.Breakers = append(r.Breakers, BreakerChange{Tick: e.tick, Service: service, Method: e.method, From: e.from, To: e.to})
 			continue
 		}
 		c, ok := t.Refusals[e.reason]

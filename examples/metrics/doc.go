@@ -16,15 +16,16 @@
 //     3 s the target's recent window (the last 3 to 4 s) still holds the
 //     flaky phase's successes, so every call is sent and the budget pays
 //     for the retries: its credit and its loan first (two retries each
-//     for five Puts, then max_attempts), then a tenth of the calls,
+//     for six Puts, then max_attempts), then a tenth of the calls,
 //     refusing the rest (budget). Then the target has served nothing lately: retries are
-//     refused (breaker), first attempts still sent. Once the breaker's own
-//     10 s window holds failures only (tick 1200) it opens, and calls are
-//     refused without being sent (breaker); its probes after 1 s and 2 s
-//     (plus jitter) fail, and it opens for 4 s, the longest.
-//  3. recovery (ticks 1700-2399): orders answers again; the breaker, still
-//     open, refuses calls until its probe finds orders back (tick 2007),
-//     and closes.
+//     refused (breaker), first attempts still sent. Once a method's
+//     breaker finds failures only in its own 10 s window (Notify's at tick
+//     1200, Put's at 1201) it opens, and that method's calls are refused
+//     without being sent (breaker); its probes after 1 s and 2 s (plus
+//     jitter) fail, and it opens for 4 s, the longest.
+//  3. recovery (ticks 1700-2399): orders answers again; each breaker, still
+//     open, refuses its method's calls until its probe finds orders back
+//     (ticks 1980 and 1984), and closes.
 //
 // search answers every Get, but stalls the first attempt of every 25th for
 // 500 ms: adaptive hedging sends a second attempt, which wins.

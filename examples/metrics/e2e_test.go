@@ -104,10 +104,13 @@ func TestPrometheusE2E(t *testing.T) {
 	assert.Equal(t, float64(wantRetries),
 		prom.vector(fmt.Sprintf(`sum(grpc_client_call_retries_sum{%s,grpc_target=%q})`, sel, ordersAddr)).get(nil))
 
-	// Gauges, observed at the last scrape: both breakers closed, and the
-	// orders budget as it stands at the last tick of the simulated clock.
+	// Gauges, observed at the last scrape: every breaker closed (one per
+	// method: orders' Put and Notify, search's Get), and the orders budget
+	// as it stands at the last tick of the simulated clock.
 	assert.Equal(t, map[string]float64{orders["server_port"]: 0, search["server_port"]: 0},
-		prom.vector(`stormguard_breaker_state{`+sel+`}`).by("server_port"))
+		prom.vector(`max by (server_port) (stormguard_breaker_state{`+sel+`})`).by("server_port"))
+	assert.Equal(t, map[string]float64{"echo.v1.EchoService/Notify": 0, "echo.v1.EchoService/Put": 0},
+		prom.vector(`stormguard_breaker_state{`+ordersSel+`}`).by("rpc_method"), "a breaker per method")
 	assert.Contains(t, ordersWant.budgetBalance, prom.vector(`stormguard_budget_balance{`+ordersSel+`}`).get(orders))
 
 	// What the callers saw per phase agrees with what Prometheus holds.

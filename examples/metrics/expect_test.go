@@ -1,10 +1,12 @@
 package main
 
 import (
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 
 	"github.com/stormguard/stormguard/breaker"
@@ -15,17 +17,20 @@ import (
 // What the example's traffic must produce on the simulated clock (the
 // default, seed 1), checked on /metrics by TestTraffic and in Prometheus by
 // TestPrometheusE2E. The orders numbers are the same in every run. The
-// suite runs with its defaults: a breaker that opens when every attempt of
-// its 10 s window (ten buckets of 1 s, from tick 0) failed, with at least
-// 20, for 1 s, then 2 s, then 4 s (the cap) while its probes fail, each
-// lengthened by up to 20% (seeded jitter); no retry when the target served
-// nothing lately (its endpoints' window, four slots of 1 s of the Client's
-// clock, aligned on whole seconds, holds ≥ 3 attempts, all failed); a
-// budget of 10% of the calls that banks at most one retry and lends at
-// least 5 (or a tenth of the last second's calls) ahead of the calls that
-// repay them; 3 attempts at most. Derived by arithmetic (TestExpectationsAreDerived redoes
-// it) unless marked PINNED: those come from the budget's bookkeeping and
-// were identical in every run (go run . -exit three times, go test -count=5
+// suite runs with its defaults: a breaker per method of each target, which
+// opens when every attempt of its 10 s window (ten buckets of 1 s, from
+// tick 0) failed, with at least 20, for 1 s, then 2 s, then 4 s (the cap)
+// while its probes fail, each lengthened by up to 20% (seeded jitter, one
+// draw per opening, the breakers of both methods drawing from one
+// sequence); no retry when the target served nothing lately (its
+// endpoints' window, four slots of 1 s of the Client's clock, aligned on
+// whole seconds, holds ≥ 3 attempts, all failed); a budget of 10% of the
+// calls that banks at most two retries and lends at least 5 (or a tenth
+// of the last second's calls) ahead of the calls that repay them; 3
+// attempts at most.
+// Derived by arithmetic (TestExpectationsAreDerived redoes it) unless
+// marked PINNED: those come from the budget's bookkeeping and were
+// identical in every run (go run . -exit three times, go test -count=5
 // -run TestTraffic).
 //
 //   - flaky (ticks 0-299): 270 Puts, of which 15 (ticks ≡ 7 mod 20) fail
@@ -36,37 +41,42 @@ import (
 //   - outage (ticks 300-1699), the first 3 s (300-599): the endpoints'
 //     window still holds the flaky phase's successes of ticks 200-299 (slot
 //     2), so retries are the budget's. Every call is sent: 30 Notifies
-//     (not_idempotent) and 270 Puts. PINNED: the budget's credit (one
-//     retry) and its loan (a tenth of the last second's 100 calls) give the
-//     first five Puts (ticks 301-305) two retries each, which fail, so they
-//     stop at max_attempts (5); then it grants a retry each time the calls
-//     have paid for one: 30 retries in all (a tenth of the 300 calls, and
-//     the credit carried in), every other Put is refused a retry once:
-//     budget 265 (ticks 306-599).
-//   - outage, served nothing lately (600-1199): slot 2 has left the
+//     (not_idempotent) and 270 Puts. PINNED: the budget's credit (two
+//     retries) and its loan (a tenth of the last second's 100 calls) give
+//     the first six Puts (ticks 301-306) two retries each, which fail, so
+//     they stop at max_attempts (6); then it grants a retry each time the
+//     calls have paid for one: 31 retries in all (a tenth of the 300 calls,
+//     and the credit carried in); every other Put is refused a retry once:
+//     budget 264 (ticks 307-599).
+//   - outage, served nothing lately (from 600): slot 2 has left the
 //     endpoints' window (slots 3-6 hold failures only), so every Put's
-//     retry is refused when it is due, after its backoff (breaker; 540
-//     Puts), while the
-//     breaker's own window, 10 s, still holds the flaky phase's successes
-//     and every call is sent (60 Notifies: not_idempotent).
-//   - outage, breaker open (1200-1699): at tick 1200 (a Notify) bucket 2 has
-//     left the breaker's window too, which holds failures only (900+,
-//     ≥ 20), and the first failure there opens it. Its seeded open periods
-//     (1 s·(1+0.2·0.238), 2 s·(1+0.2·0.972), 4 s·(1+0.2·0.781)) end at
-//     ticks 1305 and 1544, whose probes (Puts) fail, their retry refused by
-//     the breaker, and at 2007. The 497 other calls are refused by the
-//     breaker without being sent: breaker 540 + 497 + 2 = 1039 (ticks
-//     1201-1699); 1200's Notify is the 91st not_idempotent. Attempts:
-//     900 + 1 + 2 probes + 30 retries = 933.
-//   - recovery (1700-2399): orders answers again, but the breaker, open
-//     since 1544, refuses the calls of ticks 1700-2006 (307); the probe at
-//     2007 succeeds and closes it: 393 calls, all OK, one attempt each.
+//     retry is refused when it is due, after its backoff (breaker), while
+//     the breakers' own windows, 10 s, still hold the flaky phase's
+//     successes and every call is sent (Notifies: not_idempotent).
+//   - outage, breakers open: bucket 2 leaves the breakers' windows at tick
+//     1200, and each opens at its method's first failure from then on:
+//     Notify's at tick 1200, Put's at 1201 (their last successes, ticks
+//     290 and 299, were in bucket 2). Each then probes at its method's
+//     first call at or after the end of its open period: Notify at 1310
+//     and 1550, Put at 1321 and 1543 (their probes fail: a Put's retry is
+//     refused by its breaker, a Notify is not_idempotent), and both close
+//     in the recovery, Notify at 1980 and Put at 1984. Every other call of
+//     a method whose breaker is open is refused without being sent
+//     (breaker). So from tick 600 on, every Put records one breaker
+//     refusal (990), and the Notifies after 1200 but the probes do (47):
+//     breaker 1037 (ticks 601-1699); 91 + 2 Notifies are not_idempotent.
+//     Attempts: 300 + 602 sent before the breakers opened, + 4 probes, +
+//     31 retries = 937.
+//   - recovery (1700-2399): orders answers again, but each breaker, still
+//     open, refuses its method's calls until its probe succeeds and closes
+//     it: 28 Notifies (1700-1970) and 255 Puts (1701-1983), breaker 283;
+//     417 calls, all OK, one attempt each.
 //
 // Every failed call records exactly one refusal. The budget's balance at
-// the end is its credit of one retry and a loan of a tenth of the calls it
-// counts as the last second's: 11, or 10 when the clock has moved into the
-// next 100 ms slot of its window (a call counts for 0.9 to 1 s), which
-// depends on the backoff timers still pending when the traffic stops. search answers
+// the end is its credit and a loan of a tenth of the calls it counts as the
+// last second's: one of budgetBalance, which one depending on where the
+// clock stands in the 100 ms slot of its window (a call counts for 0.9 to
+// 1 s) when the traffic stops, with its backoff timers. search answers
 // every Get: 2,400 first attempts, and hedges whose number depends on the
 // measured latencies (adaptive hedging), so only bounds are checked there.
 
@@ -85,36 +95,44 @@ var wantPhases = []phaseWant{
 		refusals:  map[interceptor.Reason]Seen{interceptor.ReasonNotIdempotent: {6, 0, 250}},
 	},
 	{
-		calls: 1400, ok: 0, failed: 1400, attempts: 933,
-		refusedBy: map[interceptor.Reason]int{interceptor.ReasonBreaker: 1039, interceptor.ReasonBudget: 265},
+		calls: 1400, ok: 0, failed: 1400, attempts: 937,
+		refusedBy: map[interceptor.Reason]int{interceptor.ReasonBreaker: 1037, interceptor.ReasonBudget: 264},
 		refusals: map[interceptor.Reason]Seen{
-			interceptor.ReasonNotIdempotent: {91, 300, 1200},
-			interceptor.ReasonMaxAttempts:   {5, 301, 305},
-			interceptor.ReasonBudget:        {265, 306, 599},
-			interceptor.ReasonBreaker:       {1039, 601, 1699},
+			interceptor.ReasonNotIdempotent: {93, 300, 1550},
+			interceptor.ReasonMaxAttempts:   {6, 301, 306},
+			interceptor.ReasonBudget:        {264, 307, 599},
+			interceptor.ReasonBreaker:       {1037, 601, 1699},
 		},
 	},
 	{
-		calls: 700, ok: 393, failed: 307, attempts: 393,
-		refusedBy: map[interceptor.Reason]int{interceptor.ReasonBreaker: 307},
-		refusals:  map[interceptor.Reason]Seen{interceptor.ReasonBreaker: {307, 1700, 2006}},
+		calls: 700, ok: 417, failed: 283, attempts: 417,
+		refusedBy: map[interceptor.Reason]int{interceptor.ReasonBreaker: 283},
+		refusals:  map[interceptor.Reason]Seen{interceptor.ReasonBreaker: {283, 1700, 1983}},
 	},
 }
 
-// wantBreaker is orders' breaker, tick by tick: opened at 1200, probes at
-// 1305 and 1544 (failed) and at 2007 (succeeded). search's never opens.
+// wantBreaker is the breakers of orders' two methods, tick by tick: each
+// opened once, probed twice in vain and closed by its third probe.
+// search's never opens.
 var wantBreaker = []BreakerChange{
-	{1200, "orders", breaker.StateClosed, breaker.StateOpen},
-	{1305, "orders", breaker.StateOpen, breaker.StateHalfOpen},
-	{1305, "orders", breaker.StateHalfOpen, breaker.StateOpen},
-	{1544, "orders", breaker.StateOpen, breaker.StateHalfOpen},
-	{1544, "orders", breaker.StateHalfOpen, breaker.StateOpen},
-	{2007, "orders", breaker.StateOpen, breaker.StateHalfOpen},
-	{2007, "orders", breaker.StateHalfOpen, breaker.StateClosed},
+	{1200, "orders", "Notify", breaker.StateClosed, breaker.StateOpen},
+	{1201, "orders", "Put", breaker.StateClosed, breaker.StateOpen},
+	{1310, "orders", "Notify", breaker.StateOpen, breaker.StateHalfOpen},
+	{1310, "orders", "Notify", breaker.StateHalfOpen, breaker.StateOpen},
+	{1321, "orders", "Put", breaker.StateOpen, breaker.StateHalfOpen},
+	{1321, "orders", "Put", breaker.StateHalfOpen, breaker.StateOpen},
+	{1543, "orders", "Put", breaker.StateOpen, breaker.StateHalfOpen},
+	{1543, "orders", "Put", breaker.StateHalfOpen, breaker.StateOpen},
+	{1550, "orders", "Notify", breaker.StateOpen, breaker.StateHalfOpen},
+	{1550, "orders", "Notify", breaker.StateHalfOpen, breaker.StateOpen},
+	{1980, "orders", "Notify", breaker.StateOpen, breaker.StateHalfOpen},
+	{1980, "orders", "Notify", breaker.StateHalfOpen, breaker.StateClosed},
+	{1984, "orders", "Put", breaker.StateOpen, breaker.StateHalfOpen},
+	{1984, "orders", "Put", breaker.StateHalfOpen, breaker.StateClosed},
 }
 
-// wantRetries is the number of retries sent to orders (15 + 30, PINNED).
-const wantRetries = 45
+// wantRetries is the number of retries sent to orders (15 + 31, PINNED).
+const wantRetries = 46
 
 // ordersWant is what the metrics of the orders target must say at the end:
 // the phases' sums.
@@ -124,14 +142,14 @@ var ordersWant = struct {
 	refusalsByReason map[string]float64 // stormguard.reason
 	budgetBalance    []float64          // at the end, on the simulated clock: one of these
 }{
-	callsByStatus:    map[string]float64{"OK": 687, "UNAVAILABLE": 1713},
-	attemptsByKind:   map[string]float64{"first": 1596, "retry": wantRetries},
-	refusalsByReason: map[string]float64{"breaker": 1346, "budget": 265, "max_attempts": 5, "not_idempotent": 97},
-	budgetBalance:    []float64{10, 11},
+	callsByStatus:    map[string]float64{"OK": 711, "UNAVAILABLE": 1689},
+	attemptsByKind:   map[string]float64{"first": 1623, "retry": wantRetries},
+	refusalsByReason: map[string]float64{"breaker": 1320, "budget": 264, "max_attempts": 6, "not_idempotent": 99},
+	budgetBalance:    []float64{11, 12},
 }
 
-// ordersAmplification is attempts per call on orders: (315+933+393)/2400.
-const ordersAmplification = 1641.0 / 2400.0
+// ordersAmplification is attempts per call on orders: (315+937+417)/2400.
+const ordersAmplification = 1669.0 / 2400.0
 
 // TestExpectationsAreDerived redoes the arithmetic of the comment above
 // from the phases, the scripts, the seed and the breaker's defaults, and
@@ -149,19 +167,24 @@ func TestExpectationsAreDerived(t *testing.T) {
 		}
 		return "put"
 	}
+	method := map[string]string{"notify": "Notify", "put": "Put"}
 
 	// flaky: failed Puts are retried once and succeed; failed Notifies fail.
 	var calls, notifyFailed, putRetried int
 	var notifyTicks []int
+	lastOK := map[string]int{} // by kind: the tick of the last success
 	for tick := flaky.From; tick < flaky.To; tick++ {
 		calls++
-		switch k := kindAt(tick); {
+		k := kindAt(tick)
+		switch {
 		case k == "notify" && failsFirst(k, tick):
 			notifyFailed++
 			notifyTicks = append(notifyTicks, tick)
+			continue
 		case k == "put" && failsFirst(k, tick):
 			putRetried++
 		}
+		lastOK[k] = tick
 	}
 	assert.Equal(t, wantPhases[0].calls, calls)
 	assert.Equal(t, wantPhases[0].failed, notifyFailed)
@@ -169,92 +192,125 @@ func TestExpectationsAreDerived(t *testing.T) {
 	assert.Equal(t, wantPhases[0].attempts, calls+putRetried)
 	assert.Equal(t, Seen{notifyFailed, notifyTicks[0], notifyTicks[len(notifyTicks)-1]}, wantPhases[0].refusals[interceptor.ReasonNotIdempotent])
 
-	// The breaker opens at the first tick of the first bucket after the
-	// one holding the flaky phase's last success, plus the window.
+	// Each method's breaker opens at the method's first call (a failure)
+	// from the first tick of the first bucket after the one holding its
+	// last success, plus the window. Then it probes at the method's first
+	// call at or after the end of each open period; openings draw their
+	// jitter from one sequence, in the order they happen.
 	bucket := breaker.DefaultWindow / 10
-	lastOK := time.Duration(flaky.To-1) * Step
-	opened := int((lastOK/bucket + 10) * bucket / Step)
-	// Then each open period ends at the first tick at or after its end.
+	opensFrom := map[string]int{}
+	for k, ok := range lastOK {
+		opensFrom[k] = int((time.Duration(ok)*Step/bucket + 10) * bucket / Step)
+	}
 	u := lockedRand(seed)
-	period, at := breaker.DefaultOpenTimeout, opened
-	var probes []int
-	for {
-		jittered := period + time.Duration(float64(period)*breaker.DefaultJitter*u())
-		end := time.Duration(at)*Step + jittered
-		at = int((end + Step - 1) / Step)
-		probes = append(probes, at)
-		if at >= outage.To {
-			break // orders answers again: the probe closes the breaker
+	type state struct {
+		open      bool
+		rounds    int
+		until     time.Duration
+		probes    []int // the ticks of its failed probes
+		opened    int
+		closedAt  int
+		everOpen  bool
+		closedYet bool
+	}
+	st := map[string]*state{"notify": {}, "put": {}}
+	reopen := func(s *state, tick int) {
+		period := breaker.DefaultOpenTimeout
+		for range s.rounds {
+			period = min(2*period, breaker.DefaultMaxOpenFactor*breaker.DefaultOpenTimeout)
 		}
-		period = min(2*period, breaker.DefaultMaxOpenFactor*breaker.DefaultOpenTimeout)
+		s.open, s.until = true, time.Duration(tick)*Step+period+time.Duration(float64(period)*breaker.DefaultJitter*u())
 	}
 	var want []BreakerChange
-	want = append(want, BreakerChange{opened, "orders", breaker.StateClosed, breaker.StateOpen})
-	for i, p := range probes {
-		to := breaker.StateOpen
-		if i == len(probes)-1 {
-			to = breaker.StateClosed
+	for tick := outage.From; tick < Ticks; tick++ {
+		k := kindAt(tick)
+		s := st[k]
+		switch {
+		case !s.everOpen && tick >= opensFrom[k]:
+			s.everOpen, s.opened = true, tick
+			reopen(s, tick)
+			want = append(want, BreakerChange{tick, "orders", method[k], breaker.StateClosed, breaker.StateOpen})
+		case s.open && time.Duration(tick)*Step >= s.until:
+			want = append(want, BreakerChange{tick, "orders", method[k], breaker.StateOpen, breaker.StateHalfOpen})
+			if tick < outage.To { // the probe fails
+				s.rounds++
+				s.probes = append(s.probes, tick)
+				reopen(s, tick)
+				want = append(want, BreakerChange{tick, "orders", method[k], breaker.StateHalfOpen, breaker.StateOpen})
+				continue
+			}
+			s.open, s.closedAt, s.closedYet = false, tick, true
+			want = append(want, BreakerChange{tick, "orders", method[k], breaker.StateHalfOpen, breaker.StateClosed})
 		}
-		want = append(want, BreakerChange{p, "orders", breaker.StateOpen, breaker.StateHalfOpen}, BreakerChange{p, "orders", breaker.StateHalfOpen, to})
 	}
 	assert.Equal(t, want, wantBreaker)
-	closedAt := probes[len(probes)-1]
+	require.True(t, st["put"].closedYet && st["notify"].closedYet, "both breakers close in the recovery")
 
 	// Retries stop being the budget's once the endpoints' window (the last
 	// epSlots slots of 1 s) no longer holds the flaky phase's last success.
 	const epSlots, epSlot = 4, time.Second
-	servedNothing := int((lastOK/epSlot + epSlots) * epSlot / Step)
+	lastAnyOK := max(lastOK["put"], lastOK["notify"])
+	servedNothing := int((time.Duration(lastAnyOK)*Step/epSlot + epSlots) * epSlot / Step)
 
-	// outage until the breaker opens: every first attempt is sent.
-	var notifies, budgetPuts, refusedPuts int
-	for tick := outage.From; tick < opened; tick++ {
-		switch {
-		case kindAt(tick) == "notify":
-			notifies++
-		case tick < servedNothing:
-			budgetPuts++
-		default:
-			refusedPuts++ // their retry is refused: served nothing lately
-		}
-	}
+	// outage: a call is sent unless its method's breaker is open (its
+	// opener and its probes are sent). A sent Put's retry is the budget's
+	// before servedNothing, refused (breaker) after; a sent Notify is
+	// not_idempotent; a call not sent is refused (breaker).
 	ph := wantPhases[1]
-	sentInOutage := []int{opened} // the opener, then the failed probes
-	for _, p := range probes {
-		if p < outage.To {
-			sentInOutage = append(sentInOutage, p)
+	isProbe := func(k string, tick int) bool { return slices.Contains(st[k].probes, tick) }
+	var notifies, budgetPuts, breakerRefusals, sent int
+	firstBreaker := -1
+	var lastNotify int
+	for tick := outage.From; tick < outage.To; tick++ {
+		k := kindAt(tick)
+		s := st[k]
+		sentNow := tick <= s.opened || isProbe(k, tick)
+		if sentNow {
+			sent++
 		}
-	}
-	probeRetries := 0
-	for _, tick := range sentInOutage {
-		if kindAt(tick) == "notify" {
+		switch {
+		case k == "notify" && sentNow:
 			notifies++
-		} else {
-			probeRetries++ // a Put's retry, refused by the breaker
+			lastNotify = tick
+		case k == "put" && sentNow && tick < servedNothing:
+			budgetPuts++
+		default: // a Put's retry refused, or a call refused unsent
+			breakerRefusals++
+			if firstBreaker < 0 {
+				firstBreaker = tick
+			}
 		}
 	}
 	assert.Equal(t, outage.To-outage.From, ph.calls)
 	assert.Equal(t, ph.calls, ph.failed)
-	assert.Equal(t, Seen{notifies, outage.From, opened}, ph.refusals[interceptor.ReasonNotIdempotent])
-	refusedCalls := ph.calls - (opened - outage.From) - len(sentInOutage)
-	assert.Equal(t, Seen{refusedPuts + refusedCalls + probeRetries, servedNothing + 1, outage.To - 1}, ph.refusals[interceptor.ReasonBreaker],
-		"tick %d is a Notify", servedNothing)
-	// The budget's share (PINNED): 30 retries; the 5 Puts that used two of
+	assert.Equal(t, Seen{notifies, outage.From, lastNotify}, ph.refusals[interceptor.ReasonNotIdempotent])
+	assert.Equal(t, Seen{breakerRefusals, firstBreaker, outage.To - 1}, ph.refusals[interceptor.ReasonBreaker])
+	assert.Equal(t, servedNothing+1, firstBreaker, "tick %d is a Notify", servedNothing)
+	// The budget's share (PINNED): 31 retries; the 6 Puts that used two of
 	// them stopped at max_attempts, every other Put was refused once.
 	const outageRetries = wantRetries - 15
 	maxed := ph.refusals[interceptor.ReasonMaxAttempts].N
 	assert.Equal(t, budgetPuts-maxed, ph.refusals[interceptor.ReasonBudget].N, "every Put not maxed out is refused by the budget once")
 	assert.Equal(t, servedNothing-1, ph.refusals[interceptor.ReasonBudget].Last)
-	assert.Equal(t, (opened-outage.From)+len(sentInOutage)+outageRetries, ph.attempts)
+	assert.Equal(t, sent+outageRetries, ph.attempts)
 	assert.Equal(t, map[interceptor.Reason]int{
 		interceptor.ReasonBudget:  ph.refusals[interceptor.ReasonBudget].N,
 		interceptor.ReasonBreaker: ph.refusals[interceptor.ReasonBreaker].N,
 	}, ph.refusedBy)
 
-	// recovery: refused until the probe that closes the breaker.
+	// recovery: a method's calls are refused until the probe that closes
+	// its breaker.
 	ph = wantPhases[2]
+	var refused, lastRefused int
+	for tick := recovery.From; tick < Ticks; tick++ {
+		if tick < st[kindAt(tick)].closedAt {
+			refused++
+			lastRefused = tick
+		}
+	}
 	assert.Equal(t, Ticks-recovery.From, ph.calls)
-	assert.Equal(t, Seen{closedAt - recovery.From, recovery.From, closedAt - 1}, ph.refusals[interceptor.ReasonBreaker])
-	assert.Equal(t, Ticks-closedAt, ph.ok)
+	assert.Equal(t, Seen{refused, recovery.From, lastRefused}, ph.refusals[interceptor.ReasonBreaker])
+	assert.Equal(t, ph.calls-refused, ph.ok)
 	assert.Equal(t, ph.ok, ph.attempts)
 
 	// The totals are the phases' sums.

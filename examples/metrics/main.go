@@ -81,7 +81,8 @@ func realMain(ctx context.Context, out io.Writer, args []string) error {
 // PrintReports prints one line per phase and service: calls, how many
 // succeeded and failed, the attempts that reached the service, attempts per
 // call, and the refusals by reason (interceptor.Hooks.OnRefusal) with the
-// ticks of the first and the last; then the changes of the breakers' states.
+// ticks of the first and the last; then the changes of the breakers' states,
+// one line per method whose breaker changed.
 func PrintReports(out io.Writer, reports []PhaseReport) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "phase\tticks\tservice\tcalls\tok\tfailed\tattempts\tper call\trefusals by reason (ticks)")
@@ -100,18 +101,25 @@ func PrintReports(out io.Writer, reports []PhaseReport) {
 	}
 	_ = tw.Flush()
 	for _, service := range []string{"orders", "search"} {
-		var parts []string
+		var methods []string // in the order their breakers first changed
+		parts := map[string][]string{}
 		for _, r := range reports {
 			for _, c := range r.Breakers {
-				if c.Service == service {
-					parts = append(parts, fmt.Sprintf("%d %s", c.Tick, c.To))
+				if c.Service != service {
+					continue
 				}
+				if _, ok := parts[c.Method]; !ok {
+					methods = append(methods, c.Method)
+				}
+				parts[c.Method] = append(parts[c.Method], fmt.Sprintf("%d %s", c.Tick, c.To))
 			}
 		}
-		if len(parts) == 0 {
-			parts = []string{"closed throughout"}
+		if len(methods) == 0 {
+			fmt.Fprintf(out, "%s breakers: closed throughout\n", service)
 		}
-		fmt.Fprintf(out, "%s breaker (tick state): %s\n", service, strings.Join(parts, ", "))
+		for _, m := range methods {
+			fmt.Fprintf(out, "%s %s breaker (tick state): %s\n", service, m, strings.Join(parts[m], ", "))
+		}
 	}
 }
 

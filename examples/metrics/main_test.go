@@ -73,7 +73,9 @@ func TestTraffic(t *testing.T) {
 	assert.Equal(t, ordersWant.attemptsByKind, sumBy(fams, "stormguard_client_attempts_total", orders, "stormguard_attempt_kind"))
 	assert.Equal(t, ordersWant.refusalsByReason, sumBy(fams, "stormguard_client_refusals_total", orders, "stormguard_reason"))
 	assert.Contains(t, ordersWant.budgetBalance, sumBy(fams, "stormguard_budget_balance", orders, "")[""])
-	assert.Equal(t, map[string]float64{"": 0}, sumBy(fams, "stormguard_breaker_state", orders, ""), "orders' breaker closed again")
+	assert.Equal(t, map[string]float64{"": 0}, sumBy(fams, "stormguard_breaker_state", orders, ""), "orders' breakers closed again")
+	assert.Equal(t, map[string]float64{"echo.v1.EchoService/Notify": 0, "echo.v1.EchoService/Put": 0},
+		sumBy(fams, "stormguard_breaker_state", orders, "rpc_method"), "a breaker per method")
 	// The attempts the suite counted are the attempts that reached orders.
 	attempts := sumBy(fams, "stormguard_client_attempts_total", orders, "")[""]
 	assert.Equal(t, float64(d.orders.Total()), attempts)
@@ -136,10 +138,11 @@ func TestRealMain(t *testing.T) {
 		"metrics: 2400 ticks on a simulated clock, 10ms per tick; orders at 127.0.0.1:",
 		"phase     ticks      service  calls  ok    failed  attempts  per call  refusals by reason (ticks)",
 		"flaky     0-299      orders   300    294   6       315       1.05      not_idempotent 6 (0-250)",
-		"outage    300-1699   orders   1400   0     1400    933       0.67      not_idempotent 91 (300-1200), max_attempts 5 (301-305), budget 265 (306-599), breaker 1039 (601-1699)",
-		"recovery  1700-2399  orders   700    393   307     393       0.56      breaker 307 (1700-2006)",
-		"orders breaker (tick state): 1200 open, 1305 half-open, 1305 open, 1544 half-open, 1544 open, 2007 half-open, 2007 closed",
-		"search breaker (tick state): closed throughout",
+		"outage    300-1699   orders   1400   0     1400    937       0.67      not_idempotent 93 (300-1550), max_attempts 6 (301-306), budget 264 (307-599), breaker 1037 (601-1699)",
+		"recovery  1700-2399  orders   700    417   283     417       0.60      breaker 283 (1700-1983)",
+		"orders Notify breaker (tick state): 1200 open, 1310 half-open, 1310 open, 1550 half-open, 1550 open, 1980 half-open, 1980 closed",
+		"orders Put breaker (tick state): 1201 open, 1321 half-open, 1321 open, 1543 half-open, 1543 open, 1984 half-open, 1984 closed",
+		"search breakers: closed throughout",
 		"metrics: traffic done in ",
 	} {
 		assert.Contains(t, s, want)

@@ -91,6 +91,42 @@ func (c *Map[K, V]) LoadOrCreate(k K, create func(K) V) V {
 	return v
 }
 
+// LoadOrCreateIfRoom is LoadOrCreate for values that must not be created
+// unless they are kept (they register themselves elsewhere, say): once the
+// map is full (see Max), a missing key gets the zero V and false, and
+// create is not called. Otherwise it returns the stored value and true.
+func (c *Map[K, V]) LoadOrCreateIfRoom(k K, create func(K) V) (V, bool) {
+	if v, ok := c.Load(k); ok {
+		return v, true
+	}
+	var zero V
+	if c.full.Load() {
+		return zero, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if read := c.read.Load(); read != nil {
+		if v, ok := (*read)[k]; ok {
+			return v, true
+		}
+	}
+	if v, ok := c.pending[k]; ok {
+		return v, true
+	}
+	if c.Max > 0 && c.lenLocked() >= c.Max {
+		c.full.Store(true)
+		return zero, false
+	}
+	v := create(k)
+	if c.pending == nil {
+		c.pending = map[K]V{}
+	}
+	c.pending[k] = v
+	c.npending.Store(int32(len(c.pending)))
+	c.maybePromoteLocked()
+	return v, true
+}
+
 // maybePromoteLocked publishes the pending keys once they are as many as
 // the published ones, or once as many locked reads have hit them: each
 // copy is paid for by at least as many inserts or reads as it copies.

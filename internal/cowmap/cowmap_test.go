@@ -112,3 +112,23 @@ func BenchmarkInsert10k(b *testing.B) {
 		}
 	}
 }
+
+func TestLoadOrCreateIfRoom(t *testing.T) {
+	m := Map[string, int]{Max: 2}
+	created := 0
+	create := func(k string) int { created++; return len(k) }
+	for _, k := range []string{"a", "bb", "a"} {
+		if v, ok := m.LoadOrCreateIfRoom(k, create); !ok || v != len(k) {
+			t.Fatalf("LoadOrCreateIfRoom(%q) = %d, %v", k, v, ok)
+		}
+	}
+	if v, ok := m.LoadOrCreateIfRoom("ccc", create); ok || v != 0 {
+		t.Fatalf("full map: LoadOrCreateIfRoom(ccc) = %d, %v; want 0, false", v, ok)
+	}
+	if v, ok := m.LoadOrCreateIfRoom("bb", create); !ok || v != 2 {
+		t.Fatalf("full map, stored key: LoadOrCreateIfRoom(bb) = %d, %v", v, ok)
+	}
+	if created != 2 || m.Len() != 2 {
+		t.Fatalf("created %d values, kept %d; want 2, 2", created, m.Len())
+	}
+}

@@ -1,0 +1,156 @@
+package interceptor_test
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/stormguard/stormguard/interceptor"
+	"github.com/stormguard/stormguard/internal/origin"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
+)
+
+// grpcRetryConfig is the service config of grpc-go's retry tests
+// (test/retry_test.go), for the demo service: a retryPolicy of 4 attempts
+// on UNAVAILABLE, with millisecond backoffs.
+const grpcRetryConfig = `{"methodConfig":[{"name":[{"service":"echo.v1.EchoService"}],
+  "retryPolicy":{"maxAttempts":4,"initialBackoff":"0.001s","maxBackoff":"0.001s","backoffMultiplier":1,"retryableStatusCodes":["UNAVAILABLE"]}}]}`
+
+// scriptedFailures fails the first n attempts of a request whose id is
+// "<n>-<code>-<anything>" with that code (UNAVAILABLE: "u", INTERNAL:
+// "i"), as grpc-go's retry tests script their server.
+func scriptedFailures(c origin.Call) origin.Reply {
+	var n int
+	var code string
+	if _, err := fmt.Sscanf(strings.ReplaceAll(c.RequestID, "-", " "), "%d %s", &n, &code); err != nil || c.Attempt > n {
+		return origin.Reply{}
+	}
+	cd := codes.Unavailable
+	if code == "i" {
+		cd = codes.Internal
+	}
+	return origin.Reply{Code: cd, Message: fmt.Sprintf("scripted failure %d of %s", c.Attempt, c.RequestID)}
+}
+
+// retryCase is one call of the ported tests: a request's scripted
+// failures, and, per install, the code it ends with and the attempts the
+// server saw.
+type retryCase struct {
+	id string
+	// With grpc-go's retries off (the suite's 3 attempts) and on
+	// (grpc-go's 4 attempts, the suite's one).
+	offCode, onCode         codes.Code
+	offAttempts, onAttempts int
+}
+
+// The cases of grpc-go's TestRetryUnary, on the suite's codes: successes,
+// retryable failures that a retry rescues, a non-retryable failure, and
+// failures past every attempt.
+var retryCases = []retryCase{
+	{"0-u-a", codes.OK, codes.OK, 1, 1},
+	{"1-u-b", codes.OK, codes.OK, 2, 2},
+	{"2-u-c", codes.OK, codes.OK, 3, 3},
+	{"1-i-d", codes.Internal, codes.Internal, 1, 1},
+	{"3-u-e", codes.Unavailable, codes.OK, 3, 4},
+	{"9-u-f", codes.Unavailable, codes.Unavailable, 3, 4},
+	{"1-u-g", codes.OK, codes.OK, 2, 2},
+}
+
+// grpc-go's retry tests ported onto the suite installed three ways, with
+// a service config retryPolicy: with DialOptions (grpc-go's retries off),
+// by hand with grpc.WithDisableRetry as the README says (off too), and by
+// hand without it (grpc-go's retries on). Off, the by-hand install retries
+// exactly as DialOptions does, within the suite's budget: the same codes,
+// the same attempts at the server (the old code sent one attempt and left
+// the retries to grpc-go, whose retries were off: nobody retried). On,
+// grpc-go retries and the suite does not: the server sees what it sees
+// from grpc-go alone, nothing multiplied.
+func TestGRPCRetryTestsByHand(t *testing.T) {
+	installs := []struct {
+		name   string
+		off    bool // grpc-go's retries are off
+		dialed func(guard *interceptor.Client) []grpc.DialOption
+	}{
+		{"DialOptions", true, func(g *interceptor.Client) []grpc.DialOption { return g.DialOptions() }},
+		{"by hand, WithDisableRetry", true, func(g *interceptor.Client) []grpc.DialOption {
+			return []grpc.DialOption{grpc.WithDisableRetry(), grpc.WithChainUnaryInterceptor(g.Unary()), grpc.WithChainStreamInterceptor(g.Stream())}
+		}},
+		{"by hand, grpc-go's retries on", false, func(g *interceptor.Client) []grpc.DialOption {
+			return []grpc.DialOption{grpc.WithChainUnaryInterceptor(g.Unary()), grpc.WithChainStreamInterceptor(g.Stream())}
+		}},
+		{"grpc-go alone (control)", false, func(*interceptor.Client) []grpc.DialOption { return nil }},
+	}
+	for _, in := range installs {
+		t.Run(in.name, func(t *testing.T) {
+			o := origin.New(scriptedFailures)
+			l := origin.Bufconn()
+			defer origin.Serve(l, o).Stop()
+			guard := interceptor.NewClient(append(noopProviders(), fast, interceptor.WithoutBudget())...)
+			cc, err := grpc.NewClient(l.Target, l.ConnectOptions(append([]grpc.DialOption{grpc.WithDefaultServiceConfig(grpcRetryConfig)}, in.dialed(guard)...)...)...)
+			require.NoError(t, err)
+			defer cc.Close()
+			echo := echov1.NewEchoServiceClient(cc)
+			failed := 0
+			for _, tc := range retryCases {
+				wantCode, wantAttempts := tc.onCode, tc.onAttempts
+				if in.off {
+					wantCode, wantAttempts = tc.offCode, tc.offAttempts
+				}
+				_, err := echo.Put(t.Context(), &echov1.PutRequest{RequestId: tc.id})
+				got := o.CountID(put, tc.id)
+				if status.Code(err) != wantCode || got != wantAttempts {
+					failed++
+					t.Errorf("Put %s: %v after %d attempts; want %v after %d", tc.id, status.Code(err), got, wantCode, wantAttempts)
+				}
+			}
+			// TestRetryStreaming's simplest case: a server stream that fails
+			// before its first message is retried.
+			for _, id := range []string{"1-u-s", "2-u-t"} {
+				want := 2
+				if id == "2-u-t" {
+					want = 3
+				}
+				s, err := echo.List(t.Context(), &echov1.ListRequest{RequestId: id, Count: 2})
+				require.NoError(t, err)
+				n := 0
+				for {
+					if _, err = s.Recv(); err != nil {
+						break
+					}
+					n++
+				}
+				if err != io.EOF || n != 2 || o.CountID(list, id) != want {
+					failed++
+					t.Errorf("List %s: %d messages, then %v, after %d attempts; want 2, EOF, %d", id, n, err, o.CountID(list, id), want)
+				}
+			}
+			// A fresh ClientConn whose first call fails: the call runs
+			// before grpc has the service config.
+			cc2, err := grpc.NewClient(l.Target, l.ConnectOptions(append([]grpc.DialOption{grpc.WithDefaultServiceConfig(grpcRetryConfig)}, in.dialed(guard)...)...)...)
+			require.NoError(t, err)
+			defer cc2.Close()
+			_, err = echov1.NewEchoServiceClient(cc2).Put(t.Context(), &echov1.PutRequest{RequestId: "1-u-first"})
+			if status.Code(err) != codes.OK || o.CountID(put, "1-u-first") != 2 {
+				failed++
+				t.Errorf("a fresh ClientConn's first Put: %v after %d attempts; want OK after 2", err, o.CountID(put, "1-u-first"))
+			}
+			// And one whose first call is a stream that fails.
+			cc3, err := grpc.NewClient(l.Target, l.ConnectOptions(append([]grpc.DialOption{grpc.WithDefaultServiceConfig(grpcRetryConfig)}, in.dialed(guard)...)...)...)
+			require.NoError(t, err)
+			defer cc3.Close()
+			s, err := echov1.NewEchoServiceClient(cc3).List(t.Context(), &echov1.ListRequest{RequestId: "1-u-firststream", Count: 1})
+			require.NoError(t, err)
+			if _, err = s.Recv(); err != nil || o.CountID(list, "1-u-firststream") != 2 {
+				failed++
+				t.Errorf("a fresh ClientConn's first List: %v after %d attempts; want a message after 2", err, o.CountID(list, "1-u-firststream"))
+			}
+			t.Logf("%s: %d of %d calls not as grpc-go's retry tests want", in.name, failed, len(retryCases)+4)
+		})
+	}
+}
