@@ -72,6 +72,10 @@ const (
 	// clients): cells are started in batches whose rates add up to at
 	// most this, and at least one cell per batch.
 	fleetMaxConcurrentRate = 7000
+	// fleetMaxConcurrentClients bounds the clients of the cells that run
+	// side by side: each client holds two sockets of this process (its
+	// connection's two ends).
+	fleetMaxConcurrentClients = 4000
 )
 
 // orDefault returns s, or defaultFleet if s is the zero shape.
@@ -85,8 +89,8 @@ func (s fleetShape) orDefault() fleetShape {
 // validate reports a shape the scenario cannot run.
 func (s fleetShape) validate() error {
 	switch {
-	case s.clients < 1:
-		return fmt.Errorf("fleet: %d clients, want at least 1", s.clients)
+	case s.clients < 1 || s.clients > fleetMaxConcurrentClients:
+		return fmt.Errorf("fleet: %d clients, want 1 to %d (each holds two sockets of this process)", s.clients, fleetMaxConcurrentClients)
 	case !(s.rate > 0) || s.rate > 1000:
 		return fmt.Errorf("fleet: %g calls/s per client, want more than 0 and at most 1000", s.rate)
 	case s.warmup < 0:
@@ -502,14 +506,14 @@ func fleet(ctx context.Context) (*Result, error) { return fleetWith(ctx, default
 // fleetWith runs the fleet scenario on shape s (the zero shape: the
 // defaults): every row at every failure probability, each cell with its
 // own origin and clients, as many side by side as fleetMaxConcurrentRate
-// allows.
+// and fleetMaxConcurrentClients allow.
 func fleetWith(ctx context.Context, s fleetShape) (*Result, error) {
 	s = s.orDefault()
 	if err := s.validate(); err != nil {
 		return nil, err
 	}
 	rows := fleetRows()
-	batch := max(1, int(fleetMaxConcurrentRate/s.askedRate()))
+	batch := max(1, min(int(fleetMaxConcurrentRate/s.askedRate()), fleetMaxConcurrentClients/s.clients, len(rows)*len(s.ps)))
 	warm := "the failure starts with the first call (a cold fleet)"
 	if s.warmup > 0 {
 		warm = fmt.Sprintf("%v healthy first (a warm fleet), then the failure", s.warmup)
@@ -521,8 +525,8 @@ func fleetWith(ctx context.Context, s fleetShape) (*Result, error) {
 			"%s; for %v each attempt fails with UNAVAILABLE with probability p (seeded by request id and attempt). "+
 			"Counts are of the failure's calls: first = those due in its first %v, after = the rest. "+
 			"at server = attempts that reached the server, origin = those that reached the handler (they differ behind the suite's server). "+
-			"p99 = the calls' latency; calls/s = sent on schedule (asked). %d cell(s) side by side.",
-			s.clients, s.rate, s.askedRate(), warm, s.failure, s.settle, min(batch, len(rows)*len(s.ps))),
+			"p99 = the calls' latency; calls/s = sent on schedule (asked). Up to %d cell(s) side by side, each with its own origin.",
+			s.clients, s.rate, s.askedRate(), warm, s.failure, s.settle, batch),
 		cols: []col{colVariant, colPolicy, colCalls, colFleetSent, colOrigin, colAmpl, colFleetFirst, colFleetAfter,
 			colFleetAfterAmpl, colFleetSentAfterAmpl, colOKPct, colErrors, colRefused, colP99, colFleetRate},
 	}
@@ -535,11 +539,34 @@ func fleetWith(ctx context.Context, s fleetShape) (*Result, error) {
 	// A batch's cells are all set up before their common start, and torn
 	// down after they have all ended; the next batch starts after that.
 	// So no cell's set-up or teardown falls in another cell's measured
-	// time.
-	for from := 0; from < len(jobs); from += batch {
-		if err := s.runBatch(ctx, jobs[from:min(from+batch, len(jobs))]); err != nil {
-			return nil, fmt.Errorf("%s, %w", res.Title, err)
+	// time. The cells that fell behind their schedule run again, in
+	// batches half as large; a cell that falls behind alone is an error.
+	for pending, size := jobs, batch; len(pending) > 0; size = max(1, size/2) {
+		var behind []*fleetJob
+		for from := 0; from < len(pending); from += size {
+			b := pending[from:min(from+size, len(pending))]
+			if err := s.runBatch(ctx, b); err != nil {
+				return nil, fmt.Errorf("%s, %w", res.Title, err)
+			}
+			for _, j := range b {
+				switch {
+				case j.err == nil:
+				case errors.Is(j.err, errBehind) && size > 1:
+					behind = append(behind, j)
+				default:
+					return nil, fmt.Errorf("%s, p=%g, %s (%d cells side by side): %w", res.Title, j.p, j.f.p.name, len(b), j.err)
+				}
+			}
 		}
+		if len(behind) > 0 {
+			var names []string
+			for _, j := range behind {
+				names = append(names, fmt.Sprintf("p=%g %s", j.p, j.f.p.name))
+			}
+			res.Notes = append(res.Notes, fmt.Sprintf("%d cell(s) fell behind with up to %d side by side and ran again with up to %d: %s (first: %v).",
+				len(behind), size, max(1, size/2), strings.Join(names, ", "), behind[0].err))
+		}
+		pending = behind
 	}
 	for _, j := range jobs {
 		res.Rows = append(res.Rows, j.row)
@@ -547,15 +574,17 @@ func fleetWith(ctx context.Context, s fleetShape) (*Result, error) {
 	return res, nil
 }
 
-// fleetJob is one cell to run, and its row.
+// fleetJob is one cell to run, and its row or why it has none.
 type fleetJob struct {
 	f   fleetRow
 	p   float64
 	row Row
+	err error
 }
 
 // runBatch sets up the jobs' cells, runs their load from one common start,
-// and fills in their rows.
+// and fills in their rows (or errors). It returns an error if the cells
+// could not be set up or ctx ended.
 func (s fleetShape) runBatch(ctx context.Context, jobs []*fleetJob) error {
 	cells := make([]*fleetCell, len(jobs))
 	defer func() {
@@ -586,11 +615,7 @@ func (s fleetShape) runBatch(ctx context.Context, jobs []*fleetJob) error {
 		return err
 	}
 	for i, c := range cells {
-		row, err := c.row()
-		if err != nil {
-			return fmt.Errorf("p=%g, %s: %w", c.p, c.f.p.name, err)
-		}
-		jobs[i].row = row
+		jobs[i].row, jobs[i].err = c.row()
 	}
 	return nil
 }

@@ -269,6 +269,7 @@ func TestFleetShapeAndFlags(t *testing.T) {
 	}
 	for _, bad := range []func(*fleetShape){
 		func(s *fleetShape) { s.clients = 0 },
+		func(s *fleetShape) { s.clients = fleetMaxConcurrentClients + 1 },
 		func(s *fleetShape) { s.rate = 0 },
 		func(s *fleetShape) { s.rate = -1 },
 		func(s *fleetShape) { s.warmup = -time.Second },
