@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -39,11 +40,15 @@ type fleetShape struct {
 	ps      []float64     // the failure probabilities, one variant each
 }
 
-// defaultFleet is the fleet scenario as the lab runs it: 200 clients at 5
-// calls/s each (1,000 calls/s), 2 s healthy, then 10 s of failure, the
-// first 5 s of which are the start-up allowance.
+// defaultFleet is the fleet scenario as the lab runs it: 100 clients at 5
+// calls/s each (500 calls/s), 2 s healthy, then 10 s of failure, the
+// first 5 s of which are the start-up allowance. Each client decides
+// alone, so the fleet's size changes its totals, not its amplification
+// (the start-up allowance, 5 retries per client, is 5 ÷ (r × 10 s) of the
+// calls whatever N); 100 clients keep the scenario within about 80 s on
+// two idle cores.
 var defaultFleet = fleetShape{
-	clients: 200,
+	clients: 100,
 	rate:    5,
 	warmup:  2 * time.Second,
 	failure: 10 * time.Second,
@@ -67,11 +72,16 @@ const (
 	// fails with an error. It is half a percent: the availability bounds
 	// compare ok% to half a point.
 	fleetMaxTimeouts = 0.005
-	// fleetMaxConcurrentRate bounds the calls per second asked of the
-	// cells that run side by side (each cell has its own origin and
-	// clients): cells are started in batches whose rates add up to at
-	// most this, and at least one cell per batch.
-	fleetMaxConcurrentRate = 7000
+	// fleetMaxConcurrentAttempts bounds the attempts per second that the
+	// cells run side by side may send (each cell has its own origin and
+	// clients), estimated from above as the cell's calls per second times
+	// 1 + p + p² (what three attempts on independent failures send; 1 for
+	// no retries): cells are started in batches whose estimates add up
+	// to at most this, and at least one cell per batch. An attempt costs
+	// this process about 0.25 ms of CPU on a 2-vCPU VM (both ends of its
+	// RPC; each client has its own connection, so nothing is batched), so
+	// this is at most about 1.25 of two cores.
+	fleetMaxConcurrentAttempts = 5000
 	// fleetMaxConcurrentClients bounds the clients of the cells that run
 	// side by side: each client holds two sockets of this process (its
 	// connection's two ends).
@@ -505,15 +515,14 @@ func fleet(ctx context.Context) (*Result, error) { return fleetWith(ctx, default
 
 // fleetWith runs the fleet scenario on shape s (the zero shape: the
 // defaults): every row at every failure probability, each cell with its
-// own origin and clients, as many side by side as fleetMaxConcurrentRate
-// and fleetMaxConcurrentClients allow.
+// own origin and clients, as many side by side as
+// fleetMaxConcurrentAttempts and fleetMaxConcurrentClients allow.
 func fleetWith(ctx context.Context, s fleetShape) (*Result, error) {
 	s = s.orDefault()
 	if err := s.validate(); err != nil {
 		return nil, err
 	}
 	rows := fleetRows()
-	batch := max(1, min(int(fleetMaxConcurrentRate/s.askedRate()), fleetMaxConcurrentClients/s.clients, len(rows)*len(s.ps)))
 	warm := "the failure starts with the first call (a cold fleet)"
 	if s.warmup > 0 {
 		warm = fmt.Sprintf("%v healthy first (a warm fleet), then the failure", s.warmup)
@@ -525,8 +534,9 @@ func fleetWith(ctx context.Context, s fleetShape) (*Result, error) {
 			"%s; for %v each attempt fails with UNAVAILABLE with probability p (seeded by request id and attempt). "+
 			"Counts are of the failure's calls: first = those due in its first %v, after = the rest. "+
 			"at server = attempts that reached the server, origin = those that reached the handler (they differ behind the suite's server). "+
-			"p99 = the calls' latency; calls/s = sent on schedule (asked). Up to %d cell(s) side by side, each with its own origin.",
-			s.clients, s.rate, s.askedRate(), warm, s.failure, s.settle, batch),
+			"p99 = the calls' latency; calls/s = sent on schedule (asked). "+
+			"Cells side by side, each with its own origin, while their calls/s × (1 + p + p²) add up to at most %d.",
+			s.clients, s.rate, s.askedRate(), warm, s.failure, s.settle, fleetMaxConcurrentAttempts),
 		cols: []col{colVariant, colPolicy, colCalls, colFleetSent, colOrigin, colAmpl, colFleetFirst, colFleetAfter,
 			colFleetAfterAmpl, colFleetSentAfterAmpl, colOKPct, colErrors, colRefused, colP99, colFleetRate},
 	}
@@ -540,31 +550,33 @@ func fleetWith(ctx context.Context, s fleetShape) (*Result, error) {
 	// down after they have all ended; the next batch starts after that.
 	// So no cell's set-up or teardown falls in another cell's measured
 	// time. The cells that fell behind their schedule run again, in
-	// batches half as large; a cell that falls behind alone is an error.
-	for pending, size := jobs, batch; len(pending) > 0; size = max(1, size/2) {
+	// batches of half the attempts; a cell that falls behind alone is an
+	// error.
+	for pending, most := jobs, float64(fleetMaxConcurrentAttempts); len(pending) > 0; most /= 2 {
 		var behind []*fleetJob
-		for from := 0; from < len(pending); from += size {
-			b := pending[from:min(from+size, len(pending))]
+		batches := s.batches(pending, most)
+		for _, b := range batches {
 			if err := s.runBatch(ctx, b); err != nil {
 				return nil, fmt.Errorf("%s, %w", res.Title, err)
 			}
 			for _, j := range b {
 				switch {
 				case j.err == nil:
-				case errors.Is(j.err, errBehind) && size > 1:
+				case errors.Is(j.err, errBehind) && len(b) > 1:
 					behind = append(behind, j)
 				default:
-					return nil, fmt.Errorf("%s, p=%g, %s (%d cells side by side): %w", res.Title, j.p, j.f.p.name, len(b), j.err)
+					return nil, fmt.Errorf("%s, p=%g, %s (%d cell(s) side by side): %w", res.Title, j.p, j.f.p.name, len(b), j.err)
 				}
 			}
 		}
+		res.Notes = append(res.Notes, fmt.Sprintf("%d cell(s) in %d batch(es) of at most %.0f attempts/s.", len(pending), len(batches), most))
 		if len(behind) > 0 {
 			var names []string
 			for _, j := range behind {
 				names = append(names, fmt.Sprintf("p=%g %s", j.p, j.f.p.name))
 			}
-			res.Notes = append(res.Notes, fmt.Sprintf("%d cell(s) fell behind with up to %d side by side and ran again with up to %d: %s (first: %v).",
-				len(behind), size, max(1, size/2), strings.Join(names, ", "), behind[0].err))
+			res.Notes = append(res.Notes, fmt.Sprintf("%d fell behind and ran again: %s (first: %v).",
+				len(behind), strings.Join(names, ", "), behind[0].err))
 		}
 		pending = behind
 	}
@@ -572,6 +584,41 @@ func fleetWith(ctx context.Context, s fleetShape) (*Result, error) {
 		res.Rows = append(res.Rows, j.row)
 	}
 	return res, nil
+}
+
+// attempts estimates from above the attempts per second of f at p: the
+// fleet's calls per second times what three attempts on independent
+// failures send on average (one for no retries).
+func (s fleetShape) attempts(f fleetRow, p float64) float64 {
+	if f.p.key == noRetries {
+		return s.askedRate()
+	}
+	return s.askedRate() * (1 + p + p*p)
+}
+
+// batches packs jobs into batches whose attempts add up to at most most
+// and whose clients to at most fleetMaxConcurrentClients (a job that
+// alone exceeds them is a batch of its own): first fit, dearest first.
+func (s fleetShape) batches(jobs []*fleetJob, most float64) [][]*fleetJob {
+	sorted := slices.Clone(jobs)
+	slices.SortStableFunc(sorted, func(a, b *fleetJob) int {
+		return cmp.Compare(s.attempts(b.f, b.p), s.attempts(a.f, a.p))
+	})
+	var out [][]*fleetJob
+	var load []float64
+	for _, j := range sorted {
+		a, placed := s.attempts(j.f, j.p), false
+		for i := range out {
+			if load[i]+a <= most && (len(out[i])+1)*s.clients <= fleetMaxConcurrentClients {
+				out[i], load[i], placed = append(out[i], j), load[i]+a, true
+				break
+			}
+		}
+		if !placed {
+			out, load = append(out, []*fleetJob{j}), append(load, a)
+		}
+	}
+	return out
 }
 
 // fleetJob is one cell to run, and its row or why it has none.

@@ -15,9 +15,9 @@ import (
 // makes every RPC several times dearer: half the cells, a fifth of the
 // calls).
 func smallFleet() fleetShape {
-	s := fleetShape{clients: 20, rate: 5, warmup: 500 * time.Millisecond, failure: 2500 * time.Millisecond, settle: time.Second, ps: []float64{0.5, 1}}
+	s := fleetShape{clients: 10, rate: 5, warmup: 500 * time.Millisecond, failure: 2500 * time.Millisecond, settle: time.Second, ps: []float64{0.5, 1}}
 	if raceEnabled {
-		s.clients, s.rate, s.ps = 10, 2, []float64{1}
+		s.rate, s.ps = 2, []float64{1}
 	}
 	return s
 }
@@ -142,7 +142,11 @@ func TestFleet(t *testing.T) {
 	if want := 10 * len(s.ps); len(fleetChecks) != want {
 		t.Errorf("%d fleet checks, want %d", len(fleetChecks), want)
 	}
-	for _, s := range []string{"12. A fleet of quiet clients", "at server", "calls/s (asked)", "p=0.5", "p=1"} {
+	want := []string{"12. A fleet of quiet clients", "at server", "calls/s sent (asked)", "in 1 batch(es)"}
+	for _, p := range s.ps {
+		want = append(want, fmt.Sprintf("p=%g ", p))
+	}
+	for _, s := range want {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("output lacks %q", s)
 		}
@@ -298,5 +302,49 @@ func TestFleetShapeAndFlags(t *testing.T) {
 	}
 	if got := joinFloats(defaultFleet.ps); got != "0.3,0.5,0.9,1" {
 		t.Errorf("joinFloats = %q", got)
+	}
+}
+
+// TestFleetBatches: every cell runs once, no batch is over the attempts or
+// the clients it may have unless it is a single cell, and the default
+// fleet fits in few batches.
+func TestFleetBatches(t *testing.T) {
+	for _, c := range []struct {
+		s       fleetShape
+		most    float64
+		batches int // the fewest possible for the default: ⌈28,550 ÷ 5,000⌉ = 6
+	}{
+		{defaultFleet, fleetMaxConcurrentAttempts, 6},
+		{defaultFleet, fleetMaxConcurrentAttempts / 2, 0},
+		{fleetShape{clients: 1000, rate: 50, ps: []float64{0.5}}, fleetMaxConcurrentAttempts, 7},
+		{fleetShape{clients: 1500, rate: 1, ps: []float64{0.5, 1}}, fleetMaxConcurrentAttempts, 0},
+	} {
+		var jobs []*fleetJob
+		for _, p := range c.s.ps {
+			for _, f := range fleetRows() {
+				jobs = append(jobs, &fleetJob{f: f, p: p})
+			}
+		}
+		batches := c.s.batches(jobs, c.most)
+		seen := map[*fleetJob]bool{}
+		for _, b := range batches {
+			var a float64
+			for _, j := range b {
+				if seen[j] {
+					t.Errorf("%+v: a cell in two batches", c.s)
+				}
+				seen[j] = true
+				a += c.s.attempts(j.f, j.p)
+			}
+			if len(b) > 1 && (a > c.most || len(b)*c.s.clients > fleetMaxConcurrentClients) {
+				t.Errorf("%+v: a batch of %d cells, %.0f attempts/s, %d clients", c.s, len(b), a, len(b)*c.s.clients)
+			}
+		}
+		if len(seen) != len(jobs) {
+			t.Errorf("%+v: %d of %d cells in the batches", c.s, len(seen), len(jobs))
+		}
+		if c.batches > 0 && len(batches) != c.batches {
+			t.Errorf("%+v: %d batches, want %d", c.s, len(batches), c.batches)
+		}
 	}
 }

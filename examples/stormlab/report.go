@@ -106,7 +106,7 @@ func (c col) head() string {
 		"p50", "p99", "slowest", "wasted", "peak/tick", "peak ampl.", "served",
 		"requests", "ok %", "dead", "dead ÷ none",
 		"recovery", "goodput per step", "server refused", "would refuse (shadow)",
-		"at server", "origin first", "origin after", "ampl. after", "at server ampl. after", "calls/s (asked)"}[c]
+		"at server", "origin first", "origin after", "ampl. after", "at server ampl. after", "calls/s sent (asked)"}[c]
 }
 
 // left reports whether the column is left-aligned (text) rather than
@@ -181,7 +181,7 @@ func (r Row) cell(c col) string {
 		case colFleetSentAfterAmpl:
 			return fmt.Sprintf("%.2f×", f.After.SentAmplification)
 		case colFleetRate:
-			return fmt.Sprintf("%.0f (%.0f)", f.Rate, f.AskedRate)
+			return fmt.Sprintf("%.0f (%.0f), late p99 %s", f.Rate, f.AskedRate, ms(f.LateP99ms))
 		}
 	}
 	return ""
