@@ -45,8 +45,8 @@ type fleetShape struct {
 // first 5 s of which are the start-up allowance. Each client decides
 // alone, so the fleet's size changes its totals, not its amplification
 // (the start-up allowance, 5 retries per client, is 5 ÷ (r × 10 s) of the
-// calls whatever N); 100 clients keep the scenario within about 80 s on
-// two idle cores.
+// calls whatever N); 100 clients keep the scenario within about 90 s on
+// two cores.
 var defaultFleet = fleetShape{
 	clients: 100,
 	rate:    5,
