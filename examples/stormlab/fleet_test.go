@@ -291,6 +291,11 @@ func TestFleetShapeAndFlags(t *testing.T) {
 		if _, err := fleetWith(t.Context(), s); err == nil {
 			t.Errorf("fleetWith ran shape %+v", s)
 		}
+		// The lab refuses it before it runs anything.
+		var out bytes.Buffer
+		if _, err := run(t.Context(), config{scenarios: "outage,fleet", fleet: s}, &out); err == nil || strings.Contains(out.String(), "Outage") {
+			t.Errorf("the lab ran shape %+v: %v\n%s", s, err, out.String())
+		}
 	}
 	if ps, err := parseProbabilities(" 0.3,0.5 ,1"); err != nil || len(ps) != 3 || ps[2] != 1 {
 		t.Errorf("parseProbabilities: %v, %v", ps, err)

@@ -89,6 +89,11 @@ func run(ctx context.Context, cfg config, w io.Writer) (*Report, error) {
 	if cfg.goodput != "" && !slices.ContainsFunc(selected, func(s scenario) bool { return s.key == "metastable" }) {
 		return nil, fmt.Errorf("-goodput-svg draws the metastable scenario, which is not selected")
 	}
+	if slices.ContainsFunc(selected, func(s scenario) bool { return s.key == "fleet" }) {
+		if err := cfg.fleet.orDefault().validate(); err != nil { // before the other scenarios run
+			return nil, err
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, labTimeout)
 	defer cancel()
 	start := time.Now()
