@@ -50,6 +50,15 @@ const (
 	// defaults do no harm: at least this share of no retries' successes
 	// (the rows differ by a few calls from run to run).
 	minNoPerTryOK = 0.98
+	// A fleet of quiet clients, each with its own Client: the fleet's
+	// attempts at most 1.10× its calls once the failure's first seconds
+	// are past, and over the whole failure at most that plus a start-up
+	// burst of fleetBurst retries per client; where grpc-go's
+	// retryThrottling sends no more than the suite, the suite's ok% is at
+	// least its ok% less fleetThrottleSlack points.
+	maxFleetLoad       = 1.10
+	fleetBurst         = 5
+	fleetThrottleSlack = 0.5
 )
 
 // checkBounds returns the checks that apply to the scenarios in results.
@@ -199,6 +208,8 @@ func checkBounds(results []*Result, tailP99 time.Duration) []Check {
 				add(r, quiet.Policy, "metastable: refusals without the trigger", fmt.Sprint(maxFalseRefusals),
 					fmt.Sprint(n), n <= maxFalseRefusals)
 			}
+		case "fleet":
+			out = append(out, fleetChecks(r)...)
 		case "tail":
 			if suite != nil {
 				got := time.Duration(suite.P99ms * float64(time.Millisecond))

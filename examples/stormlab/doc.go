@@ -5,12 +5,14 @@
 // with its budget only, and the suite with its defaults (and, in scenario
 // 9, the suite with the outlier load-balancing policy; in scenarios 1-4
 // and 6, the suite in shadow mode, which refuses nothing and shows what it
-// would have refused).
+// would have refused; in scenario 12, the suite's client with a plain
+// server and with its own, and grpc-go's clients with the suite's server).
 //
-//	go run ./examples/stormlab              # every scenario, about 95 s
+//	go run ./examples/stormlab              # every scenario, about 3 min
 //	go run ./examples/stormlab -quick       # scenarios 1, 2, 3, 4, 7, 9 in a few seconds (CI)
 //	go run ./examples/stormlab -scenario chain,tail -svg chart.svg -json
 //	go run ./examples/stormlab -scenario metastable -goodput-svg goodput.svg
+//	go run ./examples/stormlab -scenario fleet -fleet-clients 100 -fleet-rate 5 -fleet-p 0.5,0.9
 //
 // Every server and client is real gRPC on 127.0.0.1 inside this process;
 // each row gets a fresh origin (internal/origin) and fresh clients, so
@@ -39,7 +41,21 @@
 //     per-attempt timeout (the suite must serve as many as no retries)
 //     and without the trigger (false refusals). About 50 s; not in -quick;
 //  11. an overload blip: 2 s of overload with 100 ms deadlines; the suite's
-//     protection must not outlast it. About 20 s; not in -quick.
+//     protection must not outlast it. About 20 s; not in -quick;
+//  12. a fleet of quiet clients: 100 clients (-fleet-clients), each with its
+//     own ClientConn and, in the suite's rows, its own interceptor.Client,
+//     each sending 5 Puts/s (-fleet-rate) open loop to one origin that is
+//     healthy for 2 s (-fleet-warmup) and then for 10 s (-fleet-seconds)
+//     fails each attempt with probability p = 0.3, 0.5, 0.9, 1 (-fleet-p).
+//     Rows add grpc-go's retryPolicy clients against the suite's server;
+//     attempts are counted at the server and at the handler, before and
+//     after the failure's first 5 s. The fleet's attempts must stay within
+//     1.10× its calls after those 5 s (and 1.10× plus 5 retries per client
+//     over the whole failure), at the handler too behind the suite's
+//     server, at no cost in availability against no retries or grpc-go's
+//     retryThrottling. Cells run side by side as far as the machine keeps
+//     their schedule; a cell it cannot run in real time, even alone, is an
+//     error. About 90 s; not in -quick.
 //
 // Scenarios 1-4 hold every first attempt at the origin until all callers'
 // first attempts have arrived (a wave), and 6 and 8 choose failing or slow

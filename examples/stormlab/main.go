@@ -25,15 +25,27 @@ type config struct {
 	json      bool
 	// tailP99 is the long-tail bound (loosened by the tests under -race).
 	tailP99 time.Duration
+	// fleet is the fleet scenario's shape (-fleet-*; the zero shape: its
+	// defaults).
+	fleet fleetShape
 }
 
 func main() {
-	var cfg config
+	var (
+		cfg          config
+		fleetSeconds float64
+		fleetP       string
+	)
 	flag.StringVar(&cfg.scenarios, "scenario", "", "run only these scenarios, by number or name, comma-separated (e.g. 1,4 or outage,chain)")
 	flag.BoolVar(&cfg.quick, "quick", false, "run the quick subset (scenarios 1, 2, 3, 4, 7 and 9) in a few seconds, as CI does")
 	flag.StringVar(&cfg.svg, "svg", "", "also write a bar chart of the amplification per policy and scenario to this SVG `file`")
 	flag.StringVar(&cfg.goodput, "goodput-svg", "", "also write the goodput over time of the metastable scenario's rows to this SVG `file`")
 	flag.BoolVar(&cfg.json, "json", false, "print the results as JSON instead of tables")
+	flag.IntVar(&cfg.fleet.clients, "fleet-clients", defaultFleet.clients, "fleet scenario: clients, each with its own ClientConn and Client")
+	flag.Float64Var(&cfg.fleet.rate, "fleet-rate", defaultFleet.rate, "fleet scenario: calls per second per client")
+	flag.Float64Var(&fleetSeconds, "fleet-seconds", defaultFleet.failure.Seconds(), "fleet scenario: seconds of failure (more than the first 5 s it allows for start-up)")
+	flag.DurationVar(&cfg.fleet.warmup, "fleet-warmup", defaultFleet.warmup, "fleet scenario: healthy time before the failure (0: a cold fleet)")
+	flag.StringVar(&fleetP, "fleet-p", joinFloats(defaultFleet.ps), "fleet scenario: failure probabilities per attempt, comma-separated")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "Usage: go run ./examples/stormlab [flags]\n\n"+
 			"Reruns the retry-storm scenarios of the seed articles with real gRPC servers and clients on\n"+
@@ -47,6 +59,13 @@ func main() {
 		os.Exit(2)
 	}
 	cfg.tailP99 = maxTailP99
+	cfg.fleet.failure = time.Duration(fleetSeconds * float64(time.Second))
+	cfg.fleet.settle = defaultFleet.settle
+	var err error
+	if cfg.fleet.ps, err = parseProbabilities(fleetP); err != nil {
+		fmt.Fprintln(os.Stderr, "stormlab:", err)
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	rep, err := run(ctx, cfg, os.Stdout)
@@ -70,6 +89,11 @@ func run(ctx context.Context, cfg config, w io.Writer) (*Report, error) {
 	if cfg.goodput != "" && !slices.ContainsFunc(selected, func(s scenario) bool { return s.key == "metastable" }) {
 		return nil, fmt.Errorf("-goodput-svg draws the metastable scenario, which is not selected")
 	}
+	if slices.ContainsFunc(selected, func(s scenario) bool { return s.key == "fleet" }) {
+		if err := cfg.fleet.orDefault().validate(); err != nil { // before the other scenarios run
+			return nil, err
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, labTimeout)
 	defer cancel()
 	start := time.Now()
@@ -81,6 +105,9 @@ func run(ctx context.Context, cfg config, w io.Writer) (*Report, error) {
 	fmt.Fprintf(text, "stormlab — %s\n%s\n", rep.Machine, rep.Settings)
 	var results []*Result
 	for _, s := range selected {
+		if s.key == "fleet" {
+			s.run = func(ctx context.Context) (*Result, error) { return fleetWith(ctx, cfg.fleet) }
+		}
 		t := time.Now()
 		res, err := s.run(ctx)
 		if err != nil {

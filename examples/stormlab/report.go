@@ -58,6 +58,9 @@ type Row struct {
 	// ServerRefused counts, for the suite's rows, what its servers'
 	// overload protection refused, by overload.Reason.
 	ServerRefused map[string]int `json:"server_refused,omitempty"`
+	// Fleet is, for the fleet scenario, the load generator's figures and
+	// the counts by part of the time line and at the server.
+	Fleet *fleetStats `json:"fleet,omitempty"`
 	// Chart is the value drawn in the SVG chart for this row, if any.
 	Chart float64 `json:"-"`
 	// marks are the Goodput steps where the trigger starts and ends.
@@ -90,13 +93,20 @@ const (
 	colGoodput
 	colServerRefused
 	colWouldRefuse
+	colFleetSent
+	colFleetFirst
+	colFleetAfter
+	colFleetAfterAmpl
+	colFleetSentAfterAmpl
+	colFleetRate
 )
 
 func (c col) head() string {
 	return [...]string{"", "policy", "origin", "ampl.", "ok", "errors by code", "retries refused",
 		"p50", "p99", "slowest", "wasted", "peak/tick", "peak ampl.", "served",
 		"requests", "ok %", "dead", "dead ÷ none",
-		"recovery", "goodput per step", "server refused", "would refuse (shadow)"}[c]
+		"recovery", "goodput per step", "server refused", "would refuse (shadow)",
+		"at server", "origin first", "origin after", "ampl. after", "at server ampl. after", "calls/s sent (asked)"}[c]
 }
 
 // left reports whether the column is left-aligned (text) rather than
@@ -157,6 +167,22 @@ func (r Row) cell(c col) string {
 		return counts(r.ServerRefused)
 	case colWouldRefuse:
 		return counts(r.WouldRefuse)
+	}
+	if f := r.Fleet; f != nil {
+		switch c {
+		case colFleetSent:
+			return strconv.Itoa(f.Sent)
+		case colFleetFirst:
+			return strconv.Itoa(f.First.Origin)
+		case colFleetAfter:
+			return strconv.Itoa(f.After.Origin)
+		case colFleetAfterAmpl:
+			return fmt.Sprintf("%.2f×", f.After.Amplification)
+		case colFleetSentAfterAmpl:
+			return fmt.Sprintf("%.2f×", f.After.SentAmplification)
+		case colFleetRate:
+			return fmt.Sprintf("%.0f (%.0f), late p99 %s", f.Rate, f.AskedRate, ms(f.LateP99ms))
+		}
 	}
 	return ""
 }

@@ -39,6 +39,7 @@ func scenarios() []scenario {
 		{9, "backend-dead", true, backendDead},
 		{10, "metastable", false, metastable},
 		{11, "blip", false, overloadBlip},
+		{12, "fleet", false, fleet},
 	}
 }
 
