@@ -36,7 +36,7 @@ func main() {
 	flag.BoolVar(&cfg.json, "json", false, "print the results as JSON instead of tables")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "Usage: go run ./examples/stormlab [flags]\n\n"+
-			"Reruns the retry-storm scenarios of the seed articles with real gRPC servers and clients on\n"+
+			"Reruns published retry-storm scenarios with real gRPC servers and clients on\n"+
 			"127.0.0.1, one table per scenario, one row per client policy, and checks the suite's bounds\n"+
 			"(exit status 1 when one is missed).\n\n")
 		flag.PrintDefaults()
