@@ -164,6 +164,8 @@ func thisMachine() Machine {
 	return m
 }
 
+// String describes the machine in one line: Go version, OS and
+// architecture, CPUs and, where known, the load average.
 func (m Machine) String() string {
 	s := fmt.Sprintf("%s %s/%s, %d CPUs (GOMAXPROCS %d)", m.Go, m.OS, m.Arch, m.CPUs, m.GOMAXPROCS)
 	if m.Load != "" {
