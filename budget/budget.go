@@ -60,7 +60,7 @@ const (
 
 // Config configures a Budget. The zero Config is valid and means the
 // defaults: 10% retries, lent ahead up to 5 at a time (or up to 10% of the
-// last second's requests, if more) for at most 5 seconds.
+// last second's requests, if more) for at most LendFor (3 s) of a failure.
 //
 // Fields are read once, by New (or NewRegistry); later changes to the Config
 // have no effect on Budgets already made.

@@ -60,17 +60,11 @@
 // owes, at most max(Burst, Ratio × the last second's requests).
 //
 // A fleet of N clients, each with its own Budget (the common shape of a
-// microservice dependency), sums this up. With the defaults, every cell of
-// the fleet test (20 to 1,000 clients at 1 to 50 calls a second, and one
-// client at 1,000 and 2,000, fresh or warm, attempts failing with
-// probability 0.3 to 1 for 30 s) sends at most 1.10× its calls from 5 s on
-// (to one attempt in 25,000: the credits the clients hold at 5 s), and over
-// the whole 30 s at most 1.10× plus 3 retries per client: the start-up
-// burst of a client at one call a second, which has not repaid its loan of
-// five. A per-client floor of retries per second, as Finagle's and
-// Linkerd's budgets have, cannot give such a bound: a fleet of clients
-// that each send fewer requests than the floor gets every retry it asks
-// for.
+// microservice dependency), sums this up: with the defaults, a fleet of 20
+// to 1,000 clients sends at most 1.10× its calls from 5 s into a failure
+// on (TestFleetBound). The grid behind that figure, and why a per-client
+// floor of retries per second cannot give such a bound, are in the
+// package's design notes, budget/README.md.
 //
 // # Time
 //

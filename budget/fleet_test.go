@@ -130,7 +130,7 @@ func runFleet(c fleetCell) fleetResult {
 }
 
 // TestFleetBound is the fleet bound of the package documentation, over
-// the grid it states: N clients, each with its own Budget, at r calls a
+// the grid of budget/README.md: N clients, each with its own Budget, at r calls a
 // second each, every attempt failing with probability p for 30 s, up to 3
 // attempts per call; fresh clients, and clients warmed by JudgeWindow of
 // healthy calls.

@@ -65,13 +65,10 @@ type ClientConfig struct {
 // default one, and writes the time left, less a margin, into the
 // [MetadataKey] header of every attempt.
 //
-// The context deadline stays the primary carrier: grpc sends it as
-// grpc-timeout, and the Client never changes an attempt's own deadline. The
-// margin shrinks only the value written into the header, so that a
-// stormguard server downstream gives up (and answers DeadlineExceeded)
-// before its caller does, and the caller still has the margin left to
-// receive that answer instead of timing out blind. A server that does not
-// read the header is bound by grpc-timeout alone.
+// The Client never changes an attempt's own deadline, which grpc sends as
+// grpc-timeout: the margin shrinks only the header (see Margin in the
+// package documentation), and a server that does not read the header is
+// bound by grpc-timeout alone.
 //
 // Create a Client with [NewClient]; the zero Client behaves as
 // NewClient(ClientConfig{}). A Client is immutable and safe for concurrent
@@ -173,16 +170,10 @@ func (c *Client) Check(left time.Duration) error {
 // sent. When ctx has no deadline, no header is sent, and a stale one is
 // removed: the header only ever states this call's deadline.
 //
-// The value is computed when AttemptContext runs. If the attempt then waits
-// (for a connection to be set up, or with grpc.WaitForReady), the header
-// overstates the time left by that wait, while grpc-timeout, written by the
-// transport when the stream starts, does not: a stormguard server takes the
-// tighter of the two, so its deadline is never late, but the wait eats into
-// the margin.
-//
-// The common case (a deadline and no stale header) costs the allocations
-// of one metadata.AppendToOutgoingContext; values of 10 s and more add the
-// header string.
+// The header states the time left when AttemptContext runs: a wait before
+// the stream starts (connection set-up, grpc.WaitForReady) eats into the
+// margin, never past grpc-timeout, which a stormguard server also reads.
+// The common case costs one metadata.AppendToOutgoingContext.
 func (c *Client) AttemptContext(ctx context.Context, now time.Time) (context.Context, error) {
 	dl, ok := ctx.Deadline()
 	// ValueFromOutgoingContext allocates only when it finds a value.

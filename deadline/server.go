@@ -102,9 +102,8 @@ var (
 // grpc-timeout deadline, which grpc measures from arrival, but not to the
 // header's.
 //
-// With no header, or a header that is not tighter, Apply returns ctx itself
-// and allocates nothing itself (grpc's metadata.ValueFromIncomingContext
-// copies a header it finds: one small allocation).
+// With no header, or one that is not tighter, Apply returns ctx itself
+// (grpc copies a header it finds: one small allocation).
 func (s *Server) Apply(ctx context.Context) (context.Context, context.CancelFunc, error) {
 	ctx, cancel, _, err := s.apply(ctx)
 	return ctx, cancel, err

@@ -145,7 +145,9 @@ const maxCached = 10_000
 // Resolver resolves method names to Policies, with optional overrides, and
 // caches the results.
 //
-// Create one with [NewResolver]; a Resolver is safe for concurrent use.
+// Create one with [NewResolver]; the zero Resolver knows no method and
+// resolves every name to an unmarked Policy. A Resolver is safe for
+// concurrent use.
 type Resolver struct {
 	files      *protoregistry.Files
 	idempotent protoreg.MethodSet // marked IDEMPOTENT by ResolverConfig

@@ -8,17 +8,12 @@ package overload
 // attempt. IsRetry never allocates and reads at most the first 11 bytes of
 // a value.
 //
-// The header is what the caller says, and protects the server from the
-// retries and hedges of clients that send it, as the suite's client and
-// grpc-go's retries and hedging do: retry-aware shedding sheds those
-// before first attempts. A malformed or repeated header buys nothing: it
-// is taken for a retry. But nothing in a request proves it is a first
-// attempt: a retry whose client omits the header, or sends "0", is served
-// as a first attempt, shed only where first attempts are (at
-// MaxConcurrency, or at an adaptive limit when it has no deadline the
-// Guard believes) and admitted as one otherwise. Only what bounds a
-// caller's calls (MaxConcurrency, quotas by caller outside this package)
-// bounds the retries of a client that hides them.
+// The header is the caller's word. It protects the server from the retries
+// and hedges of clients that send it, as the suite's client and grpc-go
+// do, and a malformed or repeated one buys nothing; but a retry sent
+// without it, or with "0", is a first attempt to the Guard. Only what
+// bounds a caller's calls (MaxConcurrency, quotas by caller) bounds the
+// retries of a client that hides them; see docs/overload.md.
 func IsRetry(values []string) bool {
 	switch len(values) {
 	case 0:

@@ -24,17 +24,12 @@ const (
 // admission and adaptive, retry-aware shedding, both with the defaults
 // below. New reads it once; later changes have no effect.
 type Config struct {
-	// MaxDeadline is the longest remaining deadline the Guard believes. A
-	// deadline is what the caller claims (grpc-timeout, or the suite's
-	// stormguard-deadline-ms), and a first attempt with one is judged by
-	// admission instead of being shed at an adaptive limit; a request
-	// that claims more than MaxDeadline is treated in every way as one
-	// without a deadline, so that a forged long deadline buys nothing: it
-	// is shed at a limit as a request without one is, and does not raise
-	// the latency that DeadlineShare tolerates. A caller that claims a
-	// deadline within MaxDeadline that it does not have still gets what
-	// that deadline gets. Set it to the longest deadline the server's
-	// honest callers use. ≤ 0 → 10s.
+	// MaxDeadline is the longest remaining deadline the Guard believes
+	// (grpc-timeout, or the suite's stormguard-deadline-ms): a request that
+	// claims more is treated in every way as one without a deadline, so
+	// that a forged long deadline buys nothing. A deadline within it is
+	// believed. Set it to the longest deadline the server's honest callers
+	// use. ≤ 0 → 10s.
 	MaxDeadline time.Duration
 
 	// NoAdmission turns deadline-aware admission off.

@@ -12,18 +12,18 @@ import (
 type Reason uint8
 
 const (
-	// Admitted: the request may run. Report its end on the Ticket.
+	// Admitted means the request may run. Report its end on the Ticket.
 	Admitted Reason = iota
-	// RefusedDeadline: the request's remaining deadline is shorter than
-	// what the method needs now. The caller should not retry it with the
-	// same deadline.
+	// RefusedDeadline means the request's remaining deadline is shorter
+	// than what the method needs now. The caller should not retry it with
+	// the same deadline.
 	RefusedDeadline
-	// ShedRetry: a retry or hedge shed because the requests in flight
+	// ShedRetry means a retry or hedge shed because the requests in flight
 	// reached RetryShare of a concurrency limit. The caller should not
 	// retry.
 	ShedRetry
-	// ShedFirst: a first attempt shed at a concurrency limit. The caller
-	// may retry after Decision.RetryAfter.
+	// ShedFirst means a first attempt shed at a concurrency limit. The
+	// caller may retry after Decision.RetryAfter.
 	ShedFirst
 )
 
@@ -68,8 +68,8 @@ type Stats struct {
 }
 
 // Guard is a server's overload protection: deadline-aware admission and
-// retry-aware shedding, per method. Create one with New; a Guard is safe
-// for concurrent use and must not be copied.
+// retry-aware shedding, per method. Create one with New; the zero Guard is
+// not usable. A Guard is safe for concurrent use and must not be copied.
 type Guard struct {
 	s        settings
 	epoch    time.Time
@@ -106,8 +106,8 @@ func (g *Guard) at(t time.Time) int64 { return int64(t.Sub(g.epoch)) }
 func (g *Guard) Now() time.Time { return g.s.now() }
 
 // Method is the state of one method: its latency history, requests in
-// flight and adaptive limit. Get it with Guard.Method; it is safe for
-// concurrent use.
+// flight and adaptive limit. Get it with Guard.Method (the zero Method is
+// not usable); it is safe for concurrent use.
 type Method struct {
 	g        *Guard
 	born     int64

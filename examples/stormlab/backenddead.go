@@ -18,7 +18,7 @@ import (
 	"github.com/stormguard/stormguard/outlier"
 )
 
-// The workload of scenario 9, as issue 14 measured it.
+// The workload of scenario 9, the same for every row.
 const (
 	deadCalls    = 2000
 	deadWorkers  = 8
@@ -35,7 +35,7 @@ func deadPolicies() []policy {
 	return append(policies(), policy{suiteOutlier, "stormguard + outlier"})
 }
 
-// Scenario 9 (issue 14): one backend of N answers UNAVAILABLE to
+// Scenario 9: one backend of N answers UNAVAILABLE to
 // everything, behind grpc-go's round_robin.
 func backendDead(ctx context.Context) (*Result, error) {
 	res := &Result{

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// blipShape is the overload blip of issue 14: an origin of 4 workers ×
+// blipShape is the overload blip: an origin of 4 workers ×
 // 5 ms (800/s) with a queue of 100, 560 calls/s with a 100 ms deadline,
 // and 2 s at 16 ms per request.
 var blipShape = shape{
@@ -19,7 +19,7 @@ var blipShape = shape{
 // no retries (which recover within a step), within 0.5 s of its end.
 const maxBlipRecovery = 0.5
 
-// Scenario 11 (issue 14): a short overload. Protection must not outlast
+// Scenario 11: a short overload. Protection must not outlast
 // its cause: the old defaults' breaker opened during the blip and kept
 // refusing a healthy origin for 5.5 s after it.
 func overloadBlip(ctx context.Context) (*Result, error) {

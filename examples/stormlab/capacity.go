@@ -10,13 +10,13 @@ import (
 	"github.com/stormguard/stormguard/budget"
 )
 
-// The capacity-drop model of seed 004 (the same model as
-// budget/sim_test.go): 20 ticks of one second; 900 requests per tick; the
-// upstream serves 1,000 attempts per tick, but only 200 in ticks 5-7; each
-// request makes up to 3 attempts within its tick, and an attempt beyond
-// the tick's capacity fails. The article reports a peak of 2,300 attempts
-// per tick without a budget and 1,169 with its 10% budget, 15,900 requests
-// served either way.
+// The capacity-drop model of "Implementing Retry Budgets to Prevent Retry
+// Storms" (the same model as budget/capacity_test.go): 20 ticks of one
+// second; 900 requests per tick; the upstream serves 1,000 attempts per
+// tick, but only 200 in ticks 5-7; each request makes up to 3 attempts
+// within its tick, and an attempt beyond the tick's capacity fails. The
+// article reports a peak of 2,300 attempts per tick without a budget and
+// 1,169 with its 10% budget, 15,900 requests served either way.
 const (
 	capTicks       = 20
 	capRequests    = 900
@@ -150,11 +150,11 @@ func capPolicy(p policy) (capClient, func(int)) {
 	return c, setTick
 }
 
-// Scenario 7 (seed 004): the upstream's capacity drops to a fifth for three
-// ticks.
+// Scenario 7 (the capacity drop of "Implementing Retry Budgets to Prevent
+// Retry Storms"): the upstream's capacity drops to a fifth for three ticks.
 func capacityDrop(context.Context) (*Result, error) {
 	res := &Result{
-		ID: 7, Key: "capacity", Title: "Capacity drop (the seed-004 model, on an injected clock)",
+		ID: 7, Key: "capacity", Title: "Capacity drop (the retry-budget article's model, on an injected clock)",
 		Setup: "20 ticks of 1 s, 900 requests per tick; the upstream serves 1,000 attempts per tick, only 200 in ticks 5-7; " +
 			"up to 3 attempts per request within its tick. The budget and breaker are the real packages on a clock set to each tick.",
 		cols:  []col{colPolicy, colPeak, colPeakAmpl, colOrigin, colAmpl, colServed},

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Check is one bound the issue sets for a row, and whether the run met it.
+// Check is one bound a row must meet, and whether the run met it.
 type Check struct {
 	Scenario int    `json:"scenario"`
 	Row      string `json:"row"`
@@ -16,8 +16,8 @@ type Check struct {
 	OK       bool   `json:"ok"`
 }
 
-// The bounds of the suite's default row, and the seed numbers the naive
-// row must reproduce (a check that the lab's model still works).
+// The bounds of the suite's default row, and the articles' numbers the
+// naive row must reproduce (a check that the lab's model still works).
 const (
 	maxOutageAmpl   = 1.05
 	maxChainOrigin  = 12
@@ -29,7 +29,7 @@ const (
 	naiveCapPeak    = 2300
 	maxTailP99      = 50 * time.Millisecond
 	maxTailLoad     = 1.10
-	// Issue 14: independent failures, and one backend of N dead.
+	// Partial failures: independent failures, and one backend of N dead.
 	maxIndependentLoad = 1.10
 	// At p = 0.5 the suite's ratio of 10% must rescue what it pays for:
 	// at least 54% of the calls succeed (no retries: 50%).
@@ -38,7 +38,7 @@ const (
 	maxDeadRatio         = 1.10 // requests at the dead backend ÷ no retries'
 	minOutlierOKPct      = 99.0 // the suite with the outlier policy
 	maxOutlierLoad       = 1.10
-	// The metastable scenario (issue 18): the suite's defaults are back to
+	// The metastable scenario: the suite's defaults are back to
 	// full goodput within 2 s of the trigger's end, the naive row takes
 	// at least five times as long (at least 5 steps when the suite takes
 	// none) or never recovers, and the suite's server refuses nothing
@@ -133,7 +133,7 @@ func checkBounds(results []*Result, tailP99 time.Duration) []Check {
 					fmt.Sprint(suite.Served), suite.Served == capacityServed)
 			}
 			if naiveRow != nil {
-				add(r, naive, "capacity-drop peak without budget (seed: 2,300)", fmt.Sprint(naiveCapPeak),
+				add(r, naive, "capacity-drop peak without budget (article: 2,300)", fmt.Sprint(naiveCapPeak),
 					fmt.Sprint(naiveRow.Peak), naiveRow.Peak == naiveCapPeak)
 			}
 		case "independent":
@@ -141,8 +141,8 @@ func checkBounds(results []*Result, tailP99 time.Duration) []Check {
 				if row.Policy != suiteDefaults {
 					continue
 				}
-				// Issue 14 bounds p = 0.05, 0.3 and 0.5; the lab holds
-				// every rate it runs to the same rule.
+				// Every rate the lab runs is held to the same rule:
+				// no fewer successes than no retries.
 				if none := r.row(noRetries, row.Variant); none != nil {
 					add(r, suiteDefaults, fmt.Sprintf("independent %s: success ≥ no retries", row.Variant), fmt.Sprintf("≥ %d", none.OK),
 						fmt.Sprint(row.OK), row.OK >= none.OK)

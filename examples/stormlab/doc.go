@@ -1,12 +1,13 @@
 // Command stormlab reruns, on this machine, the retry-storm scenarios that
-// the seed articles measured, and prints one table per scenario with one
-// row per client policy: no retries, three attempts without a budget,
-// grpc-go's own retryPolicy (with and without retryThrottling), the suite
-// with its budget only, and the suite with its defaults (and, in scenario
-// 9, the suite with the outlier load-balancing policy; in scenarios 1-4
-// and 6, the suite in shadow mode, which refuses nothing and shows what it
-// would have refused; in scenario 12, the suite's client with a plain
-// server and with its own, and grpc-go's clients with the suite's server).
+// published articles measured (the README names them), and prints one table
+// per scenario with one row per client policy: no retries, three attempts
+// without a budget, grpc-go's own retryPolicy (with and without
+// retryThrottling), the suite with its budget only, and the suite with its
+// defaults (and, in scenario 9, the suite with the outlier load-balancing
+// policy; in scenarios 1-4 and 6, the suite in shadow mode, which refuses
+// nothing and shows what it would have refused; in scenario 12, the
+// suite's client with a plain server and with its own, and grpc-go's
+// clients with the suite's server).
 //
 //	go run ./examples/stormlab              # every scenario, about 3 min
 //	go run ./examples/stormlab -quick       # scenarios 1, 2, 3, 4, 7, 9 in a few seconds (CI)
@@ -28,8 +29,9 @@
 //     with caller deadlines of 2 s and 100 ms;
 //  6. independent failures: 2,000 sequential calls at p = 0.05, 0.3, 0.5,
 //     0.7, 0.9;
-//  7. the seed-004 capacity drop, a model run with the real budget and
-//     breaker on an injected clock;
+//  7. the capacity drop of "Implementing Retry Budgets to Prevent Retry
+//     Storms", a model run with the real budget and breaker on an
+//     injected clock;
 //  8. a long tail: 5% of attempts slow, with and without hedging;
 //  9. one backend of N dead: 2,000 calls from 8 workers through grpc-go's
 //     round_robin over 2 and over 3 origins, one answering UNAVAILABLE.
@@ -63,7 +65,7 @@
 // not depend on goroutine scheduling; see the README for which counts may
 // still vary, and why.
 //
-// After the tables, stormlab checks the bounds that issues 9, 14 and 18 set
-// for the suite's rows (and the seed numbers the naive row must reproduce) and
-// exits with status 1 if one is missed; 2 if the lab could not run.
+// After the tables, stormlab checks the bounds the suite's rows must meet
+// (and the articles' numbers the naive row must reproduce) and exits with
+// status 1 if one is missed; 2 if the lab could not run.
 package main

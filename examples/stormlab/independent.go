@@ -11,8 +11,9 @@ import (
 	"github.com/stormguard/stormguard/internal/origin"
 )
 
-// Scenario 6 (seeds 001 and 004, issue 14): failures that are independent
-// of load, at five rates.
+// Scenario 6 (from "Retry Budget" and "Implementing Retry Budgets to
+// Prevent Retry Storms"): failures that are independent of load, at five
+// rates.
 func independentFailures(ctx context.Context) (*Result, error) {
 	const calls = 2000
 	rates := []float64{0.05, 0.3, 0.5, 0.7, 0.9}

@@ -34,7 +34,8 @@ func slowAttempts(seed uint64) origin.Script {
 	}
 }
 
-// Scenario 8 (seed 004's long tail): hedging.
+// Scenario 8 (the long tail of "Implementing Retry Budgets to Prevent
+// Retry Storms"): hedging.
 func longTail(ctx context.Context) (*Result, error) {
 	res := &Result{
 		ID: 8, Key: "tail", Title: "Long tail: hedging",

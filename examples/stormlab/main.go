@@ -48,7 +48,7 @@ func main() {
 	flag.StringVar(&fleetP, "fleet-p", joinFloats(defaultFleet.ps), "fleet scenario: failure probabilities per attempt, comma-separated")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "Usage: go run ./examples/stormlab [flags]\n\n"+
-			"Reruns the retry-storm scenarios of the seed articles with real gRPC servers and clients on\n"+
+			"Reruns published retry-storm scenarios with real gRPC servers and clients on\n"+
 			"127.0.0.1, one table per scenario, one row per client policy, and checks the suite's bounds\n"+
 			"(exit status 1 when one is missed).\n\n")
 		flag.PrintDefaults()
@@ -191,6 +191,8 @@ func thisMachine() Machine {
 	return m
 }
 
+// String describes the machine in one line: Go version, OS and
+// architecture, CPUs and, where known, the load average.
 func (m Machine) String() string {
 	s := fmt.Sprintf("%s %s/%s, %d CPUs (GOMAXPROCS %d)", m.Go, m.OS, m.Arch, m.CPUs, m.GOMAXPROCS)
 	if m.Load != "" {

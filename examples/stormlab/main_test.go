@@ -214,7 +214,7 @@ func TestGRPCServiceConfigParses(t *testing.T) {
 	}
 }
 
-// issueShape is the trial of issue 18 as the issue ran it: 4 workers ×
+// issueShape is the fast shape of the metastable trial: 4 workers ×
 // 5 ms, a queue of 2,000, 560 calls/s, 1 s deadlines, 100 ms per attempt,
 // 2 s at 16 ms. Scenario 10 is the same system four times slower.
 var issueShape = shape{

@@ -30,15 +30,16 @@ type shape struct {
 	after    time.Duration // from the trigger's end to the end of the load
 }
 
-// metastableShape is scenario 10: the trial of issue 18 (4 workers × 5 ms,
-// a queue of 2,000, 560 calls/s, 1 s deadlines, 100 ms per attempt, 2 s at
-// 16 ms) slowed down four times (service time and per-attempt timeout × 4,
-// rates and queue ÷ 4), so that it is the same system in units of its
-// service time (70% load, a trigger to 31%, a queue of 2.5 s of work, an
-// attempt timeout of 20 service times) with a quarter of the RPCs, and a
-// machine that pauses the lab for tens of milliseconds cannot time
-// attempts out by itself. The call deadline is 1 s, as in the trial: no
-// retries fail during the trigger, but only then.
+// metastableShape is scenario 10: the fast shape of the metastable trial
+// (issueShape in main_test.go: 4 workers × 5 ms, a queue of 2,000, 560
+// calls/s, 1 s deadlines, 100 ms per attempt, 2 s at 16 ms) slowed down
+// four times (service time and per-attempt timeout × 4, rates and queue ÷
+// 4), so that it is the same system in units of its service time (70% load,
+// a trigger to 31%, a queue of 2.5 s of work, an attempt timeout of 20
+// service times) with a quarter of the RPCs, and a machine that pauses the
+// lab for tens of milliseconds cannot time attempts out by itself. The call
+// deadline is 1 s, as in the trial: no retries fail during the trigger, but
+// only then.
 var metastableShape = shape{
 	workers:  4,
 	service:  20 * time.Millisecond, // 200 calls/s
@@ -380,7 +381,7 @@ func (s shape) setup() string {
 		msStep, 100*msGood)
 }
 
-// Scenario 10 (issue 18): a metastable failure.
+// Scenario 10: a metastable failure.
 func metastable(ctx context.Context) (*Result, error) { return metastableWith(ctx, metastableShape) }
 
 // metastableWith runs scenario 10 on shape s.

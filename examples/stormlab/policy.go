@@ -44,7 +44,7 @@ const (
 	suiteNoAdmission policyKey = "suite-noadmission"
 	suiteNoShedding  policyKey = "suite-noshedding"
 	// The suite's client with a plain server, and with its server without
-	// the overload protection (the overload blip of issue 14).
+	// the overload protection (scenario 11, the overload blip).
 	suiteClientOnly       policyKey = "suite-clientonly"
 	suiteNoOverload       policyKey = "suite-nooverload"
 	suiteBudgetNoOverload policyKey = "budget-nooverload"

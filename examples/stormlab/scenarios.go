@@ -88,9 +88,10 @@ func waveScenario(ctx context.Context, res *Result, callers int, script func() o
 	return res, nil
 }
 
-// Scenario 1 (seeds 000 and 002): the origin is down. A second wave of
-// callers follows the first through the same clients: a breaker that
-// opened on the first keeps the second away from the origin.
+// Scenario 1 (from "Retries can make an outage worse: designing a retry
+// budget" and "Reliability is not retry=3"): the origin is down. A second
+// wave of callers follows the first through the same clients: a breaker
+// that opened on the first keeps the second away from the origin.
 func outage(ctx context.Context) (*Result, error) {
 	const callers = 50
 	res := &Result{
@@ -130,7 +131,8 @@ func outage(ctx context.Context) (*Result, error) {
 	return res, nil
 }
 
-// Scenario 2 (seed 000): a few requests fail once.
+// Scenario 2 (from "Retries can make an outage worse"): a few requests fail
+// once.
 func flaky(ctx context.Context) (*Result, error) {
 	return waveScenario(ctx, &Result{
 		ID: 2, Key: "flaky", Title: "Flaky",
@@ -146,7 +148,8 @@ func flaky(ctx context.Context) (*Result, error) {
 	})
 }
 
-// Scenario 3 (seed 000): every request needs two retries.
+// Scenario 3 (from "Retries can make an outage worse"): every request needs
+// two retries.
 func failsTwice(ctx context.Context) (*Result, error) {
 	return waveScenario(ctx, &Result{
 		ID: 3, Key: "twice", Title: "Fails twice",
@@ -155,7 +158,8 @@ func failsTwice(ctx context.Context) (*Result, error) {
 	}, 50, func() origin.Script { return origin.FailFirst(2, codes.Unavailable) })
 }
 
-// Scenario 4 (seed 000): the 810-for-10 chain, and one hop deeper.
+// Scenario 4 (from "Retries can make an outage worse"): the 810-for-10
+// chain, and one hop deeper.
 func chainOfThree(ctx context.Context) (*Result, error) {
 	const callers = 10
 	res := &Result{

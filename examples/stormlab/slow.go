@@ -10,8 +10,8 @@ import (
 	"github.com/stormguard/stormguard/internal/origin"
 )
 
-// Scenario 5 (seed 002): a slow dependency and the work it does for
-// callers who already left.
+// Scenario 5 (from "Reliability is not retry=3"): a slow dependency and the
+// work it does for callers who already left.
 func slowDependency(ctx context.Context) (*Result, error) {
 	const (
 		callers = 40

@@ -168,6 +168,6 @@ func writeSVG(w io.Writer, rep *Report) {
 		}
 	}
 	fmt.Fprintf(w, `<text x="%.0f" y="%.0f" font-size="11" fill="#555">%s</text>
-`, svgLeft, height-14, esc("Dashed line: 1× (every call reached the origin once). 6 runs 2,000 calls in sequence per p; 7 is the seed-004 model (peak attempts per tick ÷ 900 requests); 8 is the load with hedging; 9 is the load on N origins, one dead (stormguard + outlier: its LB policy)."))
+`, svgLeft, height-14, esc("Dashed line: 1× (every call reached the origin once). 6 runs 2,000 calls in sequence per p; 7 is the capacity-drop model (peak attempts per tick ÷ 900 requests); 8 is the load with hedging; 9 is the load on N origins, one dead (stormguard + outlier: its LB policy)."))
 	fmt.Fprintln(w, "</svg>")
 }

@@ -143,7 +143,7 @@ const inStepWait = 2 * time.Second
 // inStep holds the first attempt of each request until n first attempts
 // have arrived (or inStepWait has passed), then answers as s says. So every
 // caller's first attempt is in flight before any answer comes back, as in
-// the seed articles' waves, whatever the order the goroutines ran in: the
+// the articles' waves, whatever the order the goroutines ran in: the
 // counts then depend only on the policies, not on scheduling.
 func inStep(n int, s origin.Script) origin.Script {
 	var arrived atomic.Int64

@@ -31,8 +31,9 @@ const ServiceName = "stormguard-example"
 // RootPrefix starts the name of each scenario's root span.
 const RootPrefix = "tracing-example/"
 
-// EndpointEnv, when set, sends the spans over OTLP/gRPC to that endpoint
-// (the standard OpenTelemetry variable, read by otlptracegrpc).
+// EndpointEnv is the environment variable that, when set, sends the spans
+// over OTLP/gRPC to that endpoint (the standard OpenTelemetry variable,
+// read by otlptracegrpc).
 const EndpointEnv = "OTEL_EXPORTER_OTLP_ENDPOINT"
 
 // runTimeout bounds the whole run, export included.

@@ -18,9 +18,10 @@ import (
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
-// Issue 13 item 3, as reported: a store of 500 entries; caller Y's charge
-// completes; caller X then sends 500 keyed calls; Y's retry of her charge
-// must be answered from the store, not run again.
+// TestEvictionDoesNotReExecuteAWrite: a store of 500 entries; caller Y's
+// charge completes; caller X then sends 500 keyed calls; Y's retry of her
+// charge must be answered from the store, not run again (a store that
+// evicted the least recently used record of anyone charged her twice).
 func TestEvictionDoesNotReExecuteAWrite(t *testing.T) {
 	for name, flood := range map[string]func(c echov1.EchoServiceClient, ctx context.Context, i int, opts ...grpc.CallOption) error{
 		"500 keyed reads": func(c echov1.EchoServiceClient, ctx context.Context, i int, opts ...grpc.CallOption) error {
@@ -72,8 +73,8 @@ func TestEvictionDoesNotReExecuteAWrite(t *testing.T) {
 	}
 }
 
-// Issue 13 item 3: keys on methods that do not need deduplication (reads,
-// idempotent and unmarked methods) are not stored: every call runs, and
+// TestKeysOnOtherMethodsPassThrough: keys on methods that do not need
+// deduplication (reads, idempotent and unmarked methods) are not stored: every call runs, and
 // nothing takes room in the store.
 func TestKeysOnOtherMethodsPassThrough(t *testing.T) {
 	o := origin.New(nil)

@@ -138,8 +138,8 @@ func assertOwnExecutions(t *testing.T, o *origin.Origin, a, b echov1.EchoService
 	assert.Equal(t, 2, o.CountID(echov1.EchoService_Charge_FullMethodName, "order-1001"), "retries did not run")
 }
 
-// Issue 13 item 1, with TLS client certificates: with the defaults, keys
-// are scoped by the caller's certificate.
+// TestDefaultsScopeKeysByClientCertificate: with the defaults, keys are
+// scoped by the caller's TLS client certificate.
 func TestDefaultsScopeKeysByClientCertificate(t *testing.T) {
 	pki := newTestPKI(t)
 	o := sessionOrigin()
@@ -149,8 +149,8 @@ func TestDefaultsScopeKeysByClientCertificate(t *testing.T) {
 	assertOwnExecutions(t, o, a, b, context.Background(), context.Background())
 }
 
-// Issue 13 item 1, with authorization metadata: without a client
-// certificate, keys are scoped by a hash of the authorization metadata.
+// TestDefaultsScopeKeysByAuthorization: without a client certificate, keys
+// are scoped by a hash of the authorization metadata.
 func TestDefaultsScopeKeysByAuthorization(t *testing.T) {
 	o := sessionOrigin()
 	l := serveDefaults(t, o)
@@ -161,9 +161,10 @@ func TestDefaultsScopeKeysByAuthorization(t *testing.T) {
 	assertOwnExecutions(t, o, c, c, as("token-of-alice"), as("token-of-bob"))
 }
 
-// Issue 13 item 1: a keyed request to a deduplicated method from a caller
-// the server cannot tell apart from others is refused before the handler
-// runs, unless the server opts in to one shared anonymous key space.
+// TestDefaultsRefuseAnonymousKeyedWrites: a keyed request to a
+// deduplicated method from a caller the server cannot tell apart from
+// others is refused before the handler runs, unless the server opts in to
+// one shared anonymous key space.
 func TestDefaultsRefuseAnonymousKeyedWrites(t *testing.T) {
 	o := sessionOrigin()
 	c := dialClient(t, serveDefaults(t, o))

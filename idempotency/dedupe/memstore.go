@@ -53,25 +53,14 @@ type MemoryConfig struct {
 // MemoryStore is the in-process [Store]: a map of entries bounded in count
 // and bytes, in total and per identity, with a TTL.
 //
-//   - Completed records expire TTL after completion. Expiry is lazy (no
-//     background goroutine): expired entries are dropped, oldest first,
-//     whenever a key is claimed or completed, and an expired entry found by
-//     Claim is treated as absent.
-//   - An identity holds at most MaxEntriesPerIdentity entries and
-//     MaxBytesPerIdentity bytes. When a new key or a completed record of an
-//     identity needs room within its share, that identity's oldest
-//     completed records are evicted; never another identity's.
-//   - When the store as a whole needs room, the oldest completed records
-//     of any identity are evicted.
-//   - A record younger than RetryHorizon is never evicted, nor is an entry
-//     in flight. A Claim that would need to evict one fails with
-//     codes.ResourceExhausted and a RetryInfo saying when to come back:
-//     the handler has not run, so the caller may retry then.
-//   - A record that does not fit (larger than the identity's share, or the
-//     room is held by young records and entries in flight) is not stored.
-//     Instead the key keeps a small tombstone whose replay is
-//     codes.Internal "response too large to keep": the request ran once
-//     and must not run again, and its response is gone.
+// Room is made by evicting the oldest completed records: the identity's
+// own when it is at its share, never another identity's; any identity's
+// when the store as a whole is full. An entry in flight or a record younger
+// than RetryHorizon is never evicted: a Claim that would need that fails
+// with codes.ResourceExhausted and a RetryInfo, before the handler runs. A
+// record that does not fit is kept as a tombstone (see [Store]). Expiry is
+// lazy: no goroutine runs in the background. The rules, and why they are
+// these, are in README.md in this directory.
 //
 // Create one with [NewMemoryStore]; the zero MemoryStore is not usable. A
 // MemoryStore is safe for concurrent use. A waiter wakes when the

@@ -464,7 +464,7 @@ func TestClaimStateString(t *testing.T) {
 // emptyRecord is what a Record holds with nothing in it.
 var emptyRecord = (&dedupe.Record{}).Size()
 
-// Record.Size counts every part of a record; memory_test.go checks the
+// Record.Size counts every part of a record; size_test.go checks the
 // totals against the heap.
 func TestRecordSize(t *testing.T) {
 	assert.Positive(t, emptyRecord)

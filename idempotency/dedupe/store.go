@@ -60,18 +60,20 @@ type Record struct {
 	Header, Trailer metadata.MD
 }
 
-// ClaimState is the answer of [Store.Claim].
+// ClaimState is the answer of [Store.Claim]. The zero value is no state:
+// a Store never returns it.
 type ClaimState uint8
 
 const (
-	// Owned: first sight of the key (or its previous execution was
-	// released). The caller must run the request and then call exactly
-	// one of Store.Complete or Store.Release with the Claim.
+	// Owned means the caller took the key: first sight of it, or its
+	// previous execution was released. The caller must run the request and
+	// then call exactly one of Store.Complete or Store.Release with the
+	// Claim.
 	Owned ClaimState = iota + 1
-	// InFlight: another execution holds the key and has not finished.
-	// The caller may wait for it with Store.Wait.
+	// InFlight means another execution holds the key and has not
+	// finished. The caller may wait for it with Store.Wait.
 	InFlight
-	// Done: the key has a stored Record, in Claim.Record.
+	// Done means the key has a stored Record, in Claim.Record.
 	Done
 )
 

@@ -15,7 +15,7 @@ import (
 )
 
 // maxFuncLines is the longest a library function may be, from its func
-// line to its closing brace (issue 15).
+// line to its closing brace.
 const maxFuncLines = 80
 
 // rootModule is the module path of the repository's root.

@@ -14,9 +14,9 @@ import (
 
 // TestLibraryDoesNotImportExamples fails naming every library file, tests
 // included, that imports a package under examples/, bench/ or tools/: the
-// library and its test machinery must build without them (issue 15). It
-// also fails when the root go.mod requires an OpenTelemetry exporter,
-// which only the examples (modules of their own) need.
+// library and its test machinery must build without them. It also fails
+// when the root go.mod requires an OpenTelemetry exporter, which only the
+// examples (modules of their own) need.
 func TestLibraryDoesNotImportExamples(t *testing.T) {
 	root := repoRoot(t)
 	var files []string

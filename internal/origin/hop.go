@@ -12,6 +12,7 @@ import (
 
 // Hop is an EchoService that forwards every call to Next with the handler's
 // context, so a deadline and cancellation travel down a chain of services.
+// Set its fields before it serves; it is then safe for concurrent use.
 type Hop struct {
 	echov1.UnimplementedEchoServiceServer
 	Next echov1.EchoServiceClient
@@ -31,30 +32,35 @@ func (h *Hop) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return h.Fresh(ctx)
 }
 
+// Get forwards the call to Next.
 func (h *Hop) Get(ctx context.Context, r *echov1.GetRequest) (*echov1.GetResponse, error) {
 	ctx, cancel := h.ctx(ctx)
 	defer cancel()
 	return h.Next.Get(ctx, r)
 }
 
+// Put forwards the call to Next.
 func (h *Hop) Put(ctx context.Context, r *echov1.PutRequest) (*echov1.PutResponse, error) {
 	ctx, cancel := h.ctx(ctx)
 	defer cancel()
 	return h.Next.Put(ctx, r)
 }
 
+// Charge forwards the call to Next.
 func (h *Hop) Charge(ctx context.Context, r *echov1.ChargeRequest) (*echov1.ChargeResponse, error) {
 	ctx, cancel := h.ctx(ctx)
 	defer cancel()
 	return h.Next.Charge(ctx, r)
 }
 
+// Notify forwards the call to Next.
 func (h *Hop) Notify(ctx context.Context, r *echov1.NotifyRequest) (*echov1.NotifyResponse, error) {
 	ctx, cancel := h.ctx(ctx)
 	defer cancel()
 	return h.Next.Notify(ctx, r)
 }
 
+// List forwards the stream to Next, message by message.
 func (h *Hop) List(r *echov1.ListRequest, s grpc.ServerStreamingServer[echov1.ListResponse]) error {
 	ctx, cancel := h.ctx(s.Context())
 	defer cancel()

@@ -85,8 +85,8 @@ func Sleep(d time.Duration) Script { return func(Call) Reply { return Reply{Dela
 
 type countKey struct{ method, id string }
 
-// Origin is a programmable EchoService. Create one with New; it is safe for
-// concurrent use.
+// Origin is a programmable EchoService. Create one with New; the zero
+// Origin is not usable. An Origin is safe for concurrent use.
 type Origin struct {
 	echov1.UnimplementedEchoServiceServer
 

@@ -53,7 +53,8 @@ type Config struct {
 // cleanups with t.
 type NewStore func(t *testing.T, c Config) dedupe.Store
 
-// Clock is the suite's clock: it moves only when told.
+// Clock is the suite's clock: it moves only when told. The zero Clock
+// stands at the zero time. A Clock is safe for concurrent use.
 type Clock struct {
 	mu sync.Mutex
 	t  time.Time

@@ -41,8 +41,8 @@ type MethodPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// retry_with_key marks a method that has side effects but may be retried
 	// and hedged because the server deduplicates on the `idempotency-key`
-	// request metadata (for example with the idempotency package's server
-	// interceptor). The client sends the same key on every attempt of one
+	// request metadata (for example with the server interceptor of package
+	// idempotency/dedupe). The client sends the same key on every attempt of one
 	// logical call. Without a key, the method is attempted once.
 	// Ignored for methods whose idempotency_level is already NO_SIDE_EFFECTS
 	// or IDEMPOTENT (they are repeatable without a key).

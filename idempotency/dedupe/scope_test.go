@@ -40,10 +40,10 @@ type probe struct {
 	ran  bool
 }
 
-// Issue 13 item 2, probing: whatever a caller sends with a key another
-// caller used (another request, another method, the same request while the
-// other's runs), it observes exactly what it observes with a key nobody
-// used.
+// TestProbingAnotherCallersKeyRevealsNothing: whatever a caller sends with
+// a key another caller used (another request, another method, the same
+// request while the other's runs), it observes exactly what it observes
+// with a key nobody used.
 func TestProbingAnotherCallersKeyRevealsNothing(t *testing.T) {
 	g := newGate(t)
 	o := holdOrigin(g)
@@ -112,9 +112,9 @@ func TestProbingAnotherCallersKeyRevealsNothing(t *testing.T) {
 	require.NoError(t, <-held)
 }
 
-// Issue 13 item 2, squatting: a caller who uses a key first, completed or
-// still running, does not block the call another caller later makes with
-// that key.
+// TestSquattingCannotBlockAnotherCaller: a caller who uses a key first,
+// completed or still running, does not block the call another caller later
+// makes with that key.
 func TestSquattingCannotBlockAnotherCaller(t *testing.T) {
 	g := newGate(t)
 	o := holdOrigin(g)

@@ -132,8 +132,9 @@ func fillStore(t *testing.T, s *dedupe.MemoryStore, kind string, n int) {
 	}
 }
 
-// Issue 13 item 4: what a MemoryStore counts against MaxBytes is what its
-// records cost on the heap, within 10%, whatever the records hold.
+// TestMemoryStoreCountsWhatRecordsCost: what a MemoryStore counts against
+// MaxBytes is what its records cost on the heap, within 10%, whatever the
+// records hold.
 func TestMemoryStoreCountsWhatRecordsCost(t *testing.T) {
 	const n = 20_000
 	for _, kind := range []string{"plain", "header and trailer", "declined", "stream"} {
@@ -148,9 +149,9 @@ func TestMemoryStoreCountsWhatRecordsCost(t *testing.T) {
 	}
 }
 
-// Issue 13 item 4, as reported: a 16 MiB store, full, holds about 16 MiB
-// of heap (it held 44 MiB with records carrying one header and one
-// trailer).
+// TestMemoryStoreHeapStaysWithinMaxBytes: a 16 MiB store, full, holds
+// about 16 MiB of heap (counting only the bytes of keys and values, it held
+// 44 MiB with records carrying one header and one trailer).
 func TestMemoryStoreHeapStaysWithinMaxBytes(t *testing.T) {
 	const maxBytes = 16 << 20
 	clock := time.Unix(1_700_000_000, 0)
