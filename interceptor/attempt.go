@@ -83,7 +83,10 @@ func (c *call) begin(ctx context.Context, a *attempt, kind attemptKind, mode att
 	c.prepaid = false
 	actx := ctx
 	if n := c.prior + c.sent; n > 0 {
-		actx = metadata.AppendToOutgoingContext(actx, PreviousAttemptsKey, strconv.Itoa(n))
+		// The marker says the suite's budget paid for (or bounds) this
+		// retry or hedge, so that a stormguard server does not charge it
+		// to its own budget again (see WithServerBudget).
+		actx = metadata.AppendToOutgoingContext(actx, PreviousAttemptsKey, strconv.Itoa(n), BudgetedKey, "1")
 	}
 	if c.sent > 0 {
 		for _, p := range c.failedOn {

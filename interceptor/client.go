@@ -28,6 +28,11 @@ const (
 	// (replacing the backoff); a negative, larger or malformed value, or
 	// several values, mean "do not retry".
 	PushbackKey = "grpc-retry-pushback-ms"
+	// BudgetedKey is sent, with the value "1", on every retry and hedge of
+	// the suite's client: its own budget bounds it. A stormguard server
+	// serves such a retry even when its own retry budget is spent (it
+	// still counts it), so that the two budgets do not both charge it.
+	BudgetedKey = "stormguard-budgeted"
 )
 
 // Client is the suite's client side: unary and stream interceptors that

@@ -485,7 +485,12 @@ type serverOptions struct {
 //
 // Whether an attempt is a retry is the caller's word (its
 // grpc-previous-rpc-attempts metadata): a client that hides it is served
-// as a first attempt, and pays for others' retries.
+// as a first attempt, and pays for others' retries. The suite's clients
+// also say that their own budgets bound their retries (BudgetedKey):
+// those are counted, and served even when the server's budget is spent,
+// so that the two budgets do not both charge them; the retries of other
+// clients get what is left. A client that lies about either gets no more
+// than it would from a server without the budget.
 func WithServerBudget(r *budget.Registry) ServerOption {
 	return serverOptionFunc(func(o *serverOptions) { o.budgets, o.noBudget = r, r == nil })
 }

@@ -143,7 +143,7 @@ func (s *Server) admitAndHandle(ctx context.Context, req any, method string, han
 		mb.done(time.Now(), err) // a refusal on arrival: the method fails its callers
 		return nil, err
 	}
-	if mb != nil && !mb.admit(time.Now(), retry) {
+	if mb != nil && !mb.admit(time.Now(), retry, retry && isBudgeted(ctx)) {
 		t.Discard()
 		return nil, refuseRetry(ctx)
 	}
@@ -171,7 +171,7 @@ func (s *Server) Stream() grpc.StreamServerInterceptor {
 		m := &refusalMarker{}
 		ctx = context.WithValue(ctx, markerKey{}, m)
 		mb := s.rb.forMethod(info.FullMethod)
-		if mb != nil && !mb.admit(time.Now(), isRetry(ctx)) {
+		if retry := isRetry(ctx); mb != nil && !mb.admit(time.Now(), retry, retry && isBudgeted(ctx)) {
 			return refuseRetry(ctx)
 		}
 		ss = &serverStream{ServerStream: ss, ctx: ctx}

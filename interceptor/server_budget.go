@@ -90,8 +90,11 @@ func (s *serverBudgets) forMethod(method string) *methodBudget {
 // admit decides an attempt of the method arriving at now: a first attempt
 // is counted (it pays for the retries to come), a retry or hedge is
 // withdrawn while the method fails more than the ratio. It reports false
-// for a retry the budget refuses.
-func (mb *methodBudget) admit(now time.Time, retry bool) bool {
+// for a retry the budget refuses. A retry whose client's own budget bounds
+// it (budgeted: the suite's clients say so) is withdrawn when the budget
+// can pay for it and served when it cannot: it is counted, so that the
+// retries of other clients get only what is left.
+func (mb *methodBudget) admit(now time.Time, retry, budgeted bool) bool {
 	if mb == nil {
 		return true
 	}
@@ -102,7 +105,14 @@ func (mb *methodBudget) admit(now time.Time, retry bool) bool {
 	if !mb.failing(now) {
 		return true
 	}
-	return mb.b.WithdrawAt(now)
+	return mb.b.WithdrawAt(now) || budgeted
+}
+
+// isBudgeted reports whether a retry arriving with ctx says its client's
+// own budget bounds it (the caller's word, as its attempt number is).
+func isBudgeted(ctx context.Context) bool {
+	vs := metadata.ValueFromIncomingContext(ctx, BudgetedKey)
+	return len(vs) == 1 && vs[0] == "1"
 }
 
 // failing reports whether the method failed more than the ratio of its

@@ -195,3 +195,32 @@ func TestServerBudgetServesRetriesWhileTheMethodServes(t *testing.T) {
 	}
 	assert.Equal(t, 200, o.Total())
 }
+
+// A retry that says its client's own budget bounds it (the suite's clients
+// do) is served even when the server's budget is spent: the two budgets do
+// not both charge it. It is still counted: the retries of other clients
+// get what is left.
+func TestServerBudgetServesRetriesTheClientBudgeted(t *testing.T) {
+	o := origin.New(origin.Always(codes.Unavailable))
+	s := interceptor.NewServer()
+	l := origin.Bufconn()
+	srv := origin.Serve(l, o, grpc.ChainUnaryInterceptor(s.Unary()))
+	defer srv.Stop()
+	cc, err := l.Dial()
+	require.NoError(t, err)
+	defer cc.Close()
+	echo := echov1.NewEchoServiceClient(cc)
+	for i := range 20 {
+		_, _ = echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
+	}
+	for i := range 20 { // budgeted retries: all served, and they spend the budget
+		ctx := metadata.AppendToOutgoingContext(t.Context(), interceptor.PreviousAttemptsKey, "1", interceptor.BudgetedKey, "1")
+		_, _ = echo.Put(ctx, &echov1.PutRequest{RequestId: fmt.Sprint(i)})
+	}
+	assert.Equal(t, 40, o.Total())
+	ctx := metadata.AppendToOutgoingContext(t.Context(), interceptor.PreviousAttemptsKey, "1")
+	var tr metadata.MD
+	_, err = echo.Put(ctx, &echov1.PutRequest{RequestId: "other"}, grpc.Trailer(&tr))
+	assert.Equal(t, []string{"-1"}, tr.Get(interceptor.PushbackKey), "another client's retry finds the budget spent: %v", err)
+	assert.Equal(t, 40, o.Total())
+}
