@@ -111,6 +111,10 @@ var (
 	errTooLate = status.Error(codes.DeadlineExceeded, "stormguard: less than the minimum time left before the deadline; attempt not sent")
 )
 
+// DefaultTimeout returns the timeout the Client gives a call that has no
+// deadline (ClientConfig.DefaultTimeout; 0: none).
+func (c *Client) DefaultTimeout() time.Duration { return c.def }
+
 // CallContext is the once-per-logical-call step: it returns ctx with the
 // configured DefaultTimeout applied (measured from the Client's clock) when
 // ctx has no deadline, and ctx itself (with a no-op cancel) otherwise. The

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,7 +19,6 @@ import (
 	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/deadline"
-	"github.com/stormguard/stormguard/outlier"
 )
 
 // attemptMode says what context an attempt needs.
@@ -60,318 +58,10 @@ type attempt struct {
 	free bool
 }
 
-// begin starts an attempt of the given kind: the send-time checks (time
-// left, the breaker, then, for retries and hedges, a token from the
-// budget), the attempt's metadata, context, span and metrics. When the
-// attempt may not be sent, begin returns why and the status a first
-// attempt fails with; nothing was sent and nothing was withdrawn. It fills
-// a in place (an attempt is too large to return by value on the hot path).
-func (c *call) begin(ctx context.Context, a *attempt, kind attemptKind, mode attemptMode) (Reason, error) {
-	now := c.start // the first attempt starts with the call
-	if c.sent > 0 {
-		now = c.client.now()
-	}
-	if c.hasDeadline {
-		if err := c.client.dl.Check(c.deadline.Sub(now)); err != nil {
-			return ReasonDeadline, err
-		}
-	}
-	*a = attempt{kind: kind, start: now}
-	if reason, err := c.admit(ctx, a, now); reason != "" {
-		return reason, err
-	}
-	c.prepaid = false
-	actx := ctx
-	if n := c.prior + c.sent; n > 0 {
-		// The marker says the suite's budget paid for (or bounds) this
-		// retry or hedge, so that a stormguard server does not charge it
-		// to its own budget again (see WithServerBudget).
-		actx = metadata.AppendToOutgoingContext(actx, PreviousAttemptsKey, strconv.Itoa(n), BudgetedKey, "1")
-	}
-	if c.sent > 0 {
-		for _, p := range c.failedOn {
-			// With the outlier LB policy on the channel, its picker
-			// avoids the endpoints this call failed on (Envoy's
-			// previous_hosts); without it, this does nothing.
-			actx = outlier.AvoidContext(actx, p.String())
-		}
-	}
-	actx = c.attemptContext(actx, a, now, mode)
-	rt := c.route.tel
-	ao := rt.attemptOpts(kind)
-	if c.recording {
-		actx, a.span = c.client.tel.tracer.Start(actx, ao.spanName, ao.span...)
-		a.span.SetAttributes(AttrPreviousAttempts.Int(c.prior + c.sent))
-	}
-	if p := c.client.o.propagators; p != nil {
-		md, ok := metadata.FromOutgoingContext(actx) // a copy
-		if !ok {
-			md = metadata.MD{}
-		}
-		p.Inject(actx, mdCarrier(md))
-		actx = metadata.NewOutgoingContext(actx, md)
-	}
-	if a.guarded == nil && !a.free {
-		c.client.tel.attempts.Add(ctx, 1, ao.metric...)
-	}
-	switch kind {
-	case kindRetry:
-		c.retries++
-	case kindHedge:
-		c.hedges++
-	}
-	c.sent++
-	a.ctx = actx
-	return "", nil
-}
-
-// admit asks the breaker and, for a retry or a hedge, the budget whether a
-// may be sent, and returns why not (with the status a first attempt fails
-// with). In shadow mode it refuses nothing: it records the refusal a
-// would have had, once, and marks it shadowed.
-func (c *call) admit(ctx context.Context, a *attempt, now time.Time) (Reason, error) {
-	kind := a.kind
-	var would Reason
-	if b := c.route.breaker; b != nil {
-		t, err := b.Admit()
-		switch {
-		case err == nil:
-			a.ticket = t
-		case kind == kindFirst && c.guardPick(now):
-			// Refused at the pick, and only if it picks an endpoint that
-			// served nothing (see guardPick; in shadow mode only
-			// recorded, see pickRefused).
-			a.guarded = b
-		case c.client.o.shadow:
-			would = ReasonBreaker
-		default:
-			return ReasonBreaker, circuitOpenError(c.route, b)
-		}
-		if would == "" && kind != kindFirst && c.servedNothing(b, now) {
-			if !c.client.o.shadow {
-				a.ticket.Ignore()
-				return ReasonBreaker, nil
-			}
-			would = ReasonBreaker
-		}
-	}
-	switch {
-	case would != "":
-		c.wouldRefuse(ctx, would)
-		a.shadow()
-	case kind == kindRetry && c.failover && !c.prepaid:
-		a.free = true // the budget pays at the pick if it cannot fail over
-	case kind == kindHedge || (kind == kindRetry && !c.failover && !c.prepaid):
-		// The budget is asked only when the breaker lets a through.
-		reason, ok := c.withdraw(ctx, now)
-		if !ok {
-			a.ticket.Ignore()
-			return reason, nil
-		}
-		if reason != "" { // shadow mode: withdraw recorded it
-			a.shadow()
-		}
-	}
-	return "", nil
-}
-
-// shadow marks a, in shadow mode, as an attempt the Client would not have
-// sent: the breaker does not count it.
-func (a *attempt) shadow() {
-	a.ticket.Ignore()
-	a.ticket, a.shadowed = breaker.Ticket{}, true
-}
-
-// guardPick decides, for a first attempt that an open breaker refuses,
-// whether to refuse it at the pick instead: when the target's endpoints
-// that served nothing lately are known, the attempt avoids them (picking
-// again, as for outliers) and is refused only if it still picks one. An
-// endpoint that serves (a healthy backend whose connection was not ready
-// when the others failed, a new one) gets the call: an open breaker never
-// refuses what no retries would have sent successfully. A target whose
-// every endpoint has failed is refused as before, before anything is sent.
-func (c *call) guardPick(now time.Time) bool {
-	if c.client.o.noFailover {
-		return false
-	}
-	dead := c.route.endpoints.dead(now)
-	if len(dead) == 0 {
-		return false
-	}
-	avoid := make([]net.Addr, 0, len(dead)+len(c.avoid))
-	avoid = append(append(avoid, dead...), c.avoid...)
-	c.avoid = avoid
-	return true
-}
-
-// refusedAtPick ends an attempt that guardPick sent to the pick and that
-// picked an endpoint which served nothing: it was never sent. It returns
-// the status the call fails with (as an open breaker's).
-func (c *call) refusedAtPick(ctx context.Context, a *attempt) error {
-	c.sent--
-	a.ticket.Ignore()
-	if a.cancel != nil {
-		a.cancel()
-	}
-	err := circuitOpenError(c.route, a.guarded)
-	if a.span != nil {
-		a.span.SetAttributes(AttrSent.Bool(false))
-		endSpan(a.span, codes.Unavailable, status.Convert(err).Message())
-	}
-	atomic.StoreUint32(&a.ended, 1)
-	return c.notSent(ctx, ReasonBreaker, err)
-}
-
-// pickRefused reports whether a guarded first attempt was refused at its
-// pick (a.creds.refused). In shadow mode the pick is never refused, and one
-// that would have been is recorded as a would-be refusal instead.
-func (c *call) pickRefused(ctx context.Context, a *attempt) bool {
-	if !a.creds.refused {
-		return false
-	}
-	if c.client.o.shadow {
-		a.shadowed = true
-		c.wouldRefuse(ctx, ReasonBreaker)
-		return false
-	}
-	return true
-}
-
-// sentGuarded counts, as sent, a guarded first attempt that was not refused
-// at its pick.
-func (c *call) sentGuarded(ctx context.Context, a *attempt) {
-	a.guarded = nil
-	c.client.tel.attempts.Add(ctx, 1, c.route.tel.attemptOpts(a.kind).metric...)
-}
-
-// unpaidAtPick settles a free fail-over retry after its pick: it reports
-// whether the retry could go only to an endpoint it avoids and the budget
-// would not pay for it, so that it was not sent; otherwise it counts it as
-// sent. In shadow mode such a retry is sent, and the refusal recorded.
-func (c *call) unpaidAtPick(ctx context.Context, a *attempt) bool {
-	a.free = false
-	if a.creds != nil && a.creds.unpaid {
-		if !c.client.o.shadow {
-			return true
-		}
-		c.wouldRefuse(ctx, ReasonBudget)
-		a.shadow()
-	}
-	c.client.tel.attempts.Add(ctx, 1, c.route.tel.attemptOpts(a.kind).metric...)
-	return false
-}
-
-// unsend undoes begin for an attempt refused at its pick: nothing was sent.
-func (c *call) unsend(a *attempt) {
-	c.sent--
-	switch a.kind {
-	case kindRetry:
-		c.retries--
-	case kindHedge:
-		c.hedges--
-	}
-	a.ticket.Ignore()
-	if a.cancel != nil {
-		a.cancel()
-	}
-	if a.span != nil {
-		a.span.SetAttributes(AttrSent.Bool(false))
-		endSpan(a.span, codes.Unavailable, "stormguard: no other endpoint to fail over to, and no budget")
-	}
-	atomic.StoreUint32(&a.ended, 1)
-}
-
-// minServedNothing is how many attempts, all failed, say that a target
-// serves nothing lately (see servedNothing).
-const minServedNothing = 3
-
-// servedNothing reports whether the target serves nothing lately: its
-// endpoints' recent window (the last 3 to 4 seconds) or, while no endpoint
-// is known, the breaker's window holds at least minServedNothing attempts,
-// all failed. A retry or a hedge is then refused when it is due (a first
-// attempt never is: refusing it would cost what no retries would have
-// had). The breaker itself opens only when its whole window (10 s by
-// default) holds failures, with at least MinAttempts; this stops the
-// retries of a dead target's callers sooner, so that the hop next to it
-// refuses, and says so to the hops above.
-func (c *call) servedNothing(b *breaker.Breaker, now time.Time) bool {
-	return servedNothing(c.route, b, now)
-}
-
-func servedNothing(r *route, b *breaker.Breaker, now time.Time) bool {
-	if ok, fail, known := r.endpoints.totals(now); known {
-		return ok == 0 && fail >= minServedNothing
-	}
-	st := b.Stats()
-	return st.State == breaker.StateClosed && st.Attempts >= minServedNothing && st.Failures == st.Attempts
-}
-
-// attemptContext gives attempt a the context it needs beyond the call
-// context's: the call's deadline when it was tightened after the context
-// was made (a service-config timeout read late); the per-attempt timeout,
-// when it is tighter and a retry may follow (see perTry); and a cancel
-// when the mode needs one.
-func (c *call) attemptContext(ctx context.Context, a *attempt, now time.Time, mode attemptMode) context.Context {
-	var dl time.Time
-	if c.hasDeadline && (!c.ctxHasDL || c.deadline.Before(c.ctxDeadline)) {
-		dl = c.deadline
-	}
-	var perTry time.Duration
-	if p := c.route.perAttempt; p > 0 && mode == plainAttempt {
-		// Only a reply that is not a proto message (a custom codec) is
-		// retried on a per-attempt timeout here; the others are run by
-		// the hedger, which does not cancel the slow attempt.
-		if pdl := now.Add(p); (!c.hasDeadline || pdl.Before(c.deadline)) && c.mayFollow(ctx) {
-			perTry = p
-		}
-	}
-	switch {
-	case perTry > 0:
-		// Cut by perTry's timer, only if a retry can follow then.
-		if dl.IsZero() {
-			ctx, a.cancel = context.WithCancel(ctx)
-		} else {
-			ctx, a.cancel = context.WithDeadline(ctx, dl)
-		}
-		a.pt = c.newPerTry(ctx, perTry, a.cancel)
-	case !dl.IsZero():
-		ctx, a.cancel = context.WithDeadline(ctx, dl)
-	case mode != plainAttempt:
-		ctx, a.cancel = context.WithCancel(ctx)
-	}
-	return ctx
-}
-
-// withdrawAt takes a token from b (nil: no budget) at now, on the Client's
-// clock.
-func (c *Client) withdrawAt(b *budget.Budget, now time.Time) bool {
-	return b.WithdrawAt(now) // a nil budget grants
-}
-
-// withdraw takes a token from the budget for a retry or a hedge that is
-// about to be sent: ("", true) when it did, (ReasonBudget, false) when the
-// budget refuses. In shadow mode a refusal is recorded and granted:
-// (ReasonBudget, true).
-func (c *call) withdraw(ctx context.Context, now time.Time) (Reason, bool) {
-	b := c.route.budget
-	if b == nil {
-		return "", true
-	}
-	ok := b.WithdrawAt(now)
-	if !ok && c.client.o.shadow {
-		c.wouldRefuse(ctx, ReasonBudget)
-		return ReasonBudget, true
-	}
-	if !ok {
-		return ReasonBudget, false
-	}
-	return "", true
-}
-
 // end reports an attempt's outcome: to the breaker, the latency tracker and
 // its span. abandoned is true for a hedge cancelled because another attempt
 // won, which says nothing about the target.
-func (c *call) end(callCtx context.Context, a *attempt, err error, abandoned bool) {
+func (c *call) end(a *attempt, err error, abandoned bool) {
 	if !atomic.CompareAndSwapUint32(&a.ended, 0, 1) {
 		return // a stream attempt may be ended by its receiver and by the caller leaving
 	}
@@ -384,7 +74,7 @@ func (c *call) end(callCtx context.Context, a *attempt, err error, abandoned boo
 		now = c.client.now()
 	}
 	switch {
-	case abandoned || (code == codes.Canceled && callCtx.Err() != nil):
+	case abandoned || (code == codes.Canceled && c.ctx.Err() != nil):
 		a.ticket.Ignore()
 		if abandoned && c.route.lat != nil {
 			c.route.lat.observe(now.Sub(a.start)) // a lower bound: it was cut short
@@ -416,6 +106,20 @@ func (c *call) end(callCtx context.Context, a *attempt, err error, abandoned boo
 		}
 		endSpan(a.span, code, msg)
 	}
+}
+
+// unsent ends the span of an attempt refused at its pick: it was never
+// sent, and its outcome is nobody's.
+func (a *attempt) unsent(msg string) {
+	a.ticket.Ignore()
+	if a.cancel != nil {
+		a.cancel()
+	}
+	if a.span != nil {
+		a.span.SetAttributes(AttrSent.Bool(false))
+		endSpan(a.span, codes.Unavailable, msg)
+	}
+	atomic.StoreUint32(&a.ended, 1)
 }
 
 func (a *attempt) peer() net.Addr {
@@ -503,7 +207,7 @@ func (a *attemptCreds) GetRequestMetadata(ctx context.Context, uri ...string) (m
 			if a.eps != nil {
 				a.eps.nowhereElse(now)
 			}
-			a.paid = a.client.withdrawAt(a.budget, now)
+			a.paid = a.budget.WithdrawAt(now) // a nil budget pays
 			noPay = !a.paid
 		}
 		a.refusal, a.noPay = refuse, noPay
@@ -592,7 +296,7 @@ func (a *attemptCreds) prepare(c *call, at *attempt) {
 	a.guard = at.guarded != nil
 	a.free, a.unpaid, a.paid = at.free, false, false
 	a.budget, a.eps = c.route.budget, c.route.endpoints
-	a.count, a.tries = c.watched != nil, 0
+	a.count, a.tries = c.grpc.watched != nil, 0
 	a.n.Store(0)
 	switch {
 	case len(c.avoid) > 0 && at.free:
@@ -605,8 +309,8 @@ func (a *attemptCreds) prepare(c *call, at *attempt) {
 // reset prepares a for a new call.
 func (a *attemptCreds) reset(c *call, cs *callSettings) {
 	a.client, a.deadline, a.user = c.client, time.Time{}, nil
-	if c.hasDeadline {
-		a.deadline = c.deadline
+	if c.dl.ok {
+		a.deadline = c.dl.at
 	}
 	if cs.hasCreds {
 		a.user = cs.userCreds.Creds

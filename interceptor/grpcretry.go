@@ -1,7 +1,6 @@
 package interceptor
 
 import (
-	"context"
 	"sync/atomic"
 	"weak"
 
@@ -61,26 +60,26 @@ func (c *Client) grpcRetriesOf(cc *grpc.ClientConn) *grpcRetries {
 // retry, retries on or off.
 const retryBuffer = 256 << 10
 
-// noteGRPCRetries reads what grpc-go did with one attempt of the suite of
+// noteGRPCRetries reads what grpc-go did with attempt a of the suite, of
 // a method that has a retryPolicy, when the Client watches it (c.watch):
 // calls is how many attempts grpc-go made (the call credentials' count),
 // err the attempt's outcome, hdr its response header (nil: none came, the
 // response was trailers only, or the stream ended before one) and tr its
 // trailer. req is the request, nil for a stream.
-func (c *call) noteGRPCRetries(ctx context.Context, calls int32, err error, hdr, tr metadata.MD, req any) {
-	w := c.watched
+func (c *call) noteGRPCRetries(a *attempt, calls int32, err error, hdr, tr metadata.MD, req any) {
+	w := c.grpc.watched
 	if w == nil {
 		return
 	}
-	if !c.mc.grpcRetry && err != nil {
+	if !c.grpc.mc.grpcRetry && err != nil {
 		// Sent before the ClientConn had its service config: read it now.
-		c.mc = c.route.readMethodConfig(c.cc, c.client.now())
+		c.grpc.mc = c.route.readMethodConfig(c.cc, c.client.now())
 	}
 	switch {
 	case calls > 1:
 		w.off.Store(false)
-	case calls == 1 && err != nil && hdr == nil && ctx.Err() == nil && c.mc.grpcRetry &&
-		len(tr[PushbackKey]) == 0 && c.mc.grpcAttempts > 1 && c.mc.grpcCodes.Has(status.Code(err)):
+	case calls == 1 && err != nil && hdr == nil && a.ctx.Err() == nil && c.grpc.mc.grpcRetry &&
+		len(tr[PushbackKey]) == 0 && c.grpc.mc.grpcAttempts > 1 && c.grpc.mc.grpcCodes.Has(status.Code(err)):
 		if m, ok := req.(proto.Message); ok && proto.Size(m) > retryBuffer {
 			return
 		}

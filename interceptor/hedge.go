@@ -1,7 +1,6 @@
 package interceptor
 
 import (
-	"context"
 	"sync"
 	"time"
 
@@ -36,7 +35,6 @@ import (
 // that it stays on the caller's stack (escape analysis does not tell a
 // hedger's fields apart).
 type hedger struct {
-	ctx     context.Context
 	method  string
 	req     any
 	reply   proto.Message
@@ -56,6 +54,7 @@ type hedger struct {
 	wg       *sync.WaitGroup // the attempts' goroutines
 	all      []*hedgeAttempt
 	winner   *hedgeAttempt
+	first    *hedgeAttempt // the group's first attempt, until it is launched
 	inflight int
 	hedging  bool        // more hedges may be sent
 	timing   bool        // more retries may be sent on a per-attempt timeout
@@ -64,7 +63,7 @@ type hedger struct {
 }
 
 type hedgeAttempt struct {
-	attempt
+	*attempt
 	reply   proto.Message
 	header  metadata.MD
 	trailer metadata.MD
@@ -78,14 +77,14 @@ type hedgeResult struct {
 
 // runHedged runs a hedged call. The hedger lives on its stack: the
 // attempts' goroutines see only their own attempt.
-func runHedged(c *call, ctx context.Context, method string, req any, reply proto.Message, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, cs callSettings) error {
-	h := hedger{ctx: ctx, method: method, req: req, reply: reply, cc: cc, invoker: invoker, cs: cs,
+func runHedged(c *call, method string, req any, reply proto.Message, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, cs callSettings) error {
+	h := hedger{method: method, req: req, reply: reply, cc: cc, invoker: invoker, cs: cs,
 		mt:      reply.ProtoReflect().Type(), // before any attempt writes to reply
 		base:    make([]grpc.CallOption, 0, len(opts)+4),
-		results: make(chan hedgeResult, c.maxAttempts),
+		results: make(chan hedgeResult, c.plan.maxAttempts),
 		wg:      new(sync.WaitGroup),
-		hedging: c.hedge,
-		timing:  c.beside,
+		hedging: c.plan.hedge,
+		timing:  c.plan.beside,
 	}
 	for _, o := range opts {
 		switch o := o.(type) {
@@ -99,14 +98,24 @@ func runHedged(c *call, ctx context.Context, method string, req any, reply proto
 			h.base = append(h.base, o)
 		}
 	}
-	return h.run(c)
+	defer h.finish(c)
+	return c.run(&h, c.firstKind(), cancelableAttempt)
 }
 
-func (h *hedger) run(c *call) error {
-	defer h.finish(c)
-	if reason, err := h.launch(c, kindFirst); reason != "" {
-		return c.notSent(h.ctx, reason, err)
-	}
+// attempt returns the first attempt of the group (the engine's run opens
+// it), which send then launches.
+func (h *hedger) attempt() *attempt {
+	h.first = &hedgeAttempt{attempt: new(attempt), reply: h.reply}
+	return h.first.attempt
+}
+
+// send runs a hedged group from its first attempt a (opened by the
+// engine): it launches a, then hedges, and retries a failed attempt at
+// once while others run, opening and settling each attempt with the
+// engine, until one answers or none may follow. The outcome is settled:
+// it is the call's.
+func (h *hedger) send(c *call, a *attempt) outcome {
+	h.launch(c, h.first)
 	h.arm(c)
 	for {
 		var hedgeDue <-chan time.Time
@@ -116,7 +125,7 @@ func (h *hedger) run(c *call) error {
 		select {
 		case res := <-h.results:
 			if done, err := h.answer(c, res); done {
-				return err
+				return outcome{err: err, settled: true}
 			}
 		case <-hedgeDue:
 			h.timer = nil
@@ -124,15 +133,15 @@ func (h *hedger) run(c *call) error {
 				h.timedOut(c)
 				continue
 			}
-			if reason, _ := h.launch(c, kindHedge); reason != "" {
-				c.refuse(h.ctx, reason, EventHedgeRefused)
+			if reason, _ := h.open(c, kindHedge); reason != "" {
+				c.refuse(reason, EventHedgeRefused)
 				h.hedging = false
 				continue
 			}
-			c.event(EventHedgeSent, AttrPreviousAttempts.Int(c.sent-1))
+			c.event(EventHedgeSent, AttrPreviousAttempts.Int(c.tally.sent-1))
 			h.arm(c)
-		case <-h.ctx.Done():
-			return status.FromContextError(h.ctx.Err()).Err()
+		case <-c.ctx.Done():
+			return outcome{err: status.FromContextError(c.ctx.Err()).Err(), settled: true}
 		}
 	}
 }
@@ -140,26 +149,20 @@ func (h *hedger) run(c *call) error {
 // answer handles a finished attempt; done says the call is over, with err.
 func (h *hedger) answer(c *call, res hedgeResult) (done bool, err error) {
 	h.inflight--
-	if a := &res.a.attempt; a.guarded != nil {
-		if c.pickRefused(h.ctx, a) {
-			return true, c.refusedAtPick(h.ctx, a) // the first attempt: nothing else runs
+	a := res.a.attempt
+	if reason, perr := c.atPick(a); reason != "" {
+		if h.inflight == 0 || a.kind == kindFirst {
+			return true, c.notSent(reason, perr)
 		}
-		c.sentGuarded(h.ctx, a)
-	}
-	if a := &res.a.attempt; a.free && c.unpaidAtPick(h.ctx, a) {
 		// A fail-over retry with nowhere to go that the budget would not
 		// pay for: not sent. Nothing more is sent; an attempt still
 		// running may yet answer.
-		c.unsend(a)
-		if h.inflight == 0 {
-			return true, c.notSent(h.ctx, ReasonBudget, nil)
-		}
 		h.hedging, h.timing = false, false
 		h.arm(c)
-		c.refuse(h.ctx, ReasonBudget, EventRetryRefused)
+		c.refuse(reason, EventRetryRefused)
 		return false, nil
 	}
-	v := c.after(h.ctx, &res.a.attempt, res.err, res.a.trailer)
+	v := c.settle(a, res.err, res.a.trailer)
 	h.winner = res.a // until proven otherwise
 	if res.err == nil {
 		return true, nil
@@ -170,23 +173,23 @@ func (h *hedger) answer(c *call, res hedgeResult) (done bool, err error) {
 			// Nothing more is sent.
 			h.winner, h.hedging, h.timing = nil, false, false
 			h.arm(c)
-			c.refuse(h.ctx, v.reason, EventRetryRefused)
+			c.refuse(v.reason, EventRetryRefused)
 			return false, nil
 		}
-		return true, c.conclude(h.ctx, v)
+		return true, c.conclude(v)
 	}
 	h.winner = nil
 	if h.inflight > 0 {
 		v.delay = 0
 	}
 	c.scheduled(v)
-	if err := c.wait(h.ctx, v.delay); err != nil {
+	if err := c.wait(v.delay); err != nil {
 		return true, err
 	}
-	if reason, err := h.launch(c, kindRetry); reason != "" {
+	if reason, err := h.open(c, kindRetry); reason != "" {
 		if h.inflight == 0 {
 			h.winner = res.a
-			return true, c.notSent(h.ctx, reason, err)
+			return true, c.notSent(reason, err)
 		}
 		h.hedging, h.timing = false, false
 		h.arm(c)
@@ -196,17 +199,23 @@ func (h *hedger) answer(c *call, res hedgeResult) (done bool, err error) {
 	return false, nil
 }
 
-// launch begins an attempt and runs it on its own goroutine.
-func (h *hedger) launch(c *call, kind attemptKind) (Reason, error) {
-	ha := &hedgeAttempt{reply: h.reply}
-	if reason, err := c.begin(h.ctx, &ha.attempt, kind, cancelableAttempt); reason != "" {
+// open opens an attempt of the given kind with the engine and launches it.
+func (h *hedger) open(c *call, kind attemptKind) (Reason, error) {
+	ha := &hedgeAttempt{attempt: new(attempt), reply: h.reply}
+	if reason, err := c.open(ha.attempt, kind, cancelableAttempt); reason != "" {
 		return reason, err
 	}
+	h.launch(c, ha)
+	return "", nil
+}
+
+// launch runs attempt ha on its own goroutine.
+func (h *hedger) launch(c *call, ha *hedgeAttempt) {
 	if len(h.all) > 0 {
 		ha.reply = h.mt.New().Interface()
 	}
 	creds, credsOpt := newAttemptCreds(c, &h.cs)
-	creds.prepare(c, &ha.attempt)
+	creds.prepare(c, ha.attempt)
 	ha.creds = creds
 	opts := append(h.base[:len(h.base):len(h.base)], grpc.Trailer(&ha.trailer), credsOpt)
 	if h.hdrp != nil {
@@ -219,7 +228,6 @@ func (h *hedger) launch(c *call, kind attemptKind) (Reason, error) {
 	h.inflight++
 	h.wg.Add(1)
 	go runHedgeAttempt(h.wg, h.results, ha, h.invoker, h.method, h.req, h.cc, opts)
-	return "", nil
 }
 
 func runHedgeAttempt(wg *sync.WaitGroup, results chan<- hedgeResult, ha *hedgeAttempt, invoker grpc.UnaryInvoker, method string, req any, cc *grpc.ClientConn, opts []grpc.CallOption) {
@@ -236,13 +244,15 @@ func runHedgeAttempt(wg *sync.WaitGroup, results chan<- hedgeResult, ha *hedgeAt
 // in flight run on and no more retries are sent on a timeout.
 func (h *hedger) timedOut(c *call) {
 	err := status.Errorf(codes.DeadlineExceeded, "stormguard: no answer within the per-attempt timeout (%v)", c.route.perAttempt)
-	if f := c.client.o.retryIf; f != nil && !f(h.ctx, c.route.method, err) {
+	if f := c.client.o.retryIf; f != nil && !f(c.ctx, c.route.method, err) {
 		h.keep(c, ReasonRetryIf)
 		return
 	}
-	c.failover = false
+	if c.pay == payFailover {
+		c.pay = payBudget
+	}
 	c.scheduled(verdict{err: err})
-	if reason, _ := h.launch(c, kindRetry); reason != "" {
+	if reason, _ := h.open(c, kindRetry); reason != "" {
 		h.keep(c, reason)
 		return
 	}
@@ -252,7 +262,7 @@ func (h *hedger) timedOut(c *call) {
 // keep records that no retry was sent on a per-attempt timeout, for
 // reason.
 func (h *hedger) keep(c *call, reason Reason) {
-	c.refuse(h.ctx, reason, EventTimeoutKept)
+	c.refuse(reason, EventTimeoutKept)
 	h.timing = false
 	h.arm(c) // a hedge may still be due
 }
@@ -264,11 +274,11 @@ func (h *hedger) arm(c *call) {
 		h.timer.Stop()
 		h.timer = nil
 	}
-	if c.sent >= c.maxAttempts {
+	if c.tally.sent >= c.plan.maxAttempts {
 		return
 	}
 	var d time.Duration
-	if h.hedging && c.hedges < c.route.maxHedges {
+	if h.hedging && c.tally.hedges < c.route.maxHedges {
 		d = c.route.hedgeDelay
 		if c.route.lat != nil {
 			var ok bool
@@ -300,7 +310,7 @@ func (h *hedger) finish(c *call) {
 	h.wg.Wait()
 	for len(h.results) > 0 {
 		res := <-h.results
-		c.end(h.ctx, &res.a.attempt, res.err, true)
+		c.end(res.a.attempt, res.err, true)
 	}
 	w := h.winner
 	if w == nil {

@@ -1,7 +1,6 @@
 package interceptor
 
 import (
-	"context"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -73,21 +72,6 @@ func words(v any) [2]unsafe.Pointer {
 	return [2]unsafe.Pointer{e.typ, e.data}
 }
 
-// scopeOf returns what identifies the caller's logical call in ctx: its
-// Done channel, shared by the contexts a loop derives from it for each try
-// (metadata, values); or, for a context that is never done, the context
-// itself. context.Background() and TODO() identify nothing: they are the
-// same for every caller.
-func scopeOf(ctx context.Context) (any, bool) {
-	if d := ctx.Done(); d != nil {
-		return d, true
-	}
-	if ctx == context.Background() || ctx == context.TODO() {
-		return nil, false
-	}
-	return ctx, true
-}
-
 // returnSet returns the first slot of the set of a call (Fibonacci
 // hashing: the top bits of one multiplication).
 func returnSet(id [2]unsafe.Pointer, req uintptr, r *route) uint32 {
@@ -95,16 +79,13 @@ func returnSet(id [2]unsafe.Pointer, req uintptr, r *route) uint32 {
 	return uint32(h>>(64-returnSetBits)) * returnWays
 }
 
-// cameBack returns the failed call that a call of route r with ctx and
-// req, starting at now, is a try of, or nil.
-func (c *Client) cameBack(ctx context.Context, r *route, req any, now time.Time) *returned {
+// cameBack returns the failed call that a call of route r, in the
+// caller's scope (see callerScope; nil: none) with req, starting at now,
+// is a try of, or nil.
+func (c *Client) cameBack(scope any, r *route, req any, now time.Time) *returned {
 	t := c.returns.Load()
-	if t == nil || now.UnixNano()-c.lastFailed.Load() > int64(returnWindow) {
+	if t == nil || now.UnixNano()-c.lastFailed.Load() > int64(returnWindow) || scope == nil {
 		return nil // no call failed lately
-	}
-	scope, ok := scopeOf(ctx)
-	if !ok {
-		return nil
 	}
 	id, rq := words(scope), uintptr(words(req)[1])
 	set := returnSet(id, rq, r)
@@ -119,17 +100,14 @@ func (c *Client) cameBack(ctx context.Context, r *route, req any, now time.Time)
 	return nil
 }
 
-// noteFailed remembers call k, made with the caller's ctx and req, which
-// failed with err, so that a try of it that comes back is known: only a
-// failure the breaker counts or a retryable one, and only while the
-// caller's context is not done (a loop checks it before trying again).
-func (c *Client) noteFailed(ctx context.Context, k *call, req any, err error) {
+// noteFailed remembers unary call k, which failed with err, so that a try
+// of it that comes back is known: only a failure the breaker counts or a
+// retryable one, and only while the caller's context is not done (a loop
+// checks it before trying again).
+func (c *Client) noteFailed(k *call, err error) {
 	code := status.Code(err)
-	if !c.failures.Has(code) && !k.route.retryable.Has(code) || ctx.Err() != nil {
-		return
-	}
-	scope, ok := scopeOf(ctx)
-	if !ok {
+	scope, req := k.outer.scope, k.outer.req
+	if !c.failures.Has(code) && !k.route.retryable.Has(code) || scope == nil || k.outer.callerDone() {
 		return
 	}
 	t := c.returns.Load()
@@ -143,8 +121,8 @@ func (c *Client) noteFailed(ctx context.Context, k *call, req any, err error) {
 	}
 	now := c.now()
 	e := &returned{scope: scope, id: words(scope), req: uintptr(words(req)[1]), route: k.route,
-		err: last, at: now, attempts: k.prior + k.sent, key: k.madeKey}
-	if b := k.back; b != nil && t[b.slot].Load() == b {
+		err: last, at: now, attempts: k.tally.prior + k.tally.sent, key: k.outer.madeKey}
+	if b := k.outer.back; b != nil && t[b.slot].Load() == b {
 		e.slot = b.slot // its own slot
 	} else {
 		// A free slot of the set, one whose call is over (its

@@ -54,13 +54,13 @@ type perTry struct {
 	kept RefusalEvent
 }
 
-// newPerTry arms the per-attempt timeout d of an attempt of c, sent with
-// ctx, whose context cancel is cancel.
-func (c *call) newPerTry(ctx context.Context, d time.Duration, cancel context.CancelFunc) *perTry {
+// newPerTry arms the per-attempt timeout d of an attempt of c, whose
+// context cancel is cancel.
+func (c *call) newPerTry(d time.Duration, cancel context.CancelFunc) *perTry {
 	p := &perTry{
-		d: d, cancel: cancel, ctx: ctx, client: c.client, route: c.route,
-		deadline: c.deadline, hasDeadline: c.hasDeadline, backoff: c.backoffCeil(),
-		attempts: c.sent + 1,
+		d: d, cancel: cancel, ctx: c.ctx, client: c.client, route: c.route,
+		deadline: c.dl.at, hasDeadline: c.dl.ok, backoff: c.backoffCeil(),
+		attempts: c.tally.sent + 1,
 	}
 	if c.recording {
 		p.span = c.span
@@ -73,11 +73,11 @@ func (c *call) newPerTry(ctx context.Context, d time.Duration, cancel context.Ca
 // about to be sent, as far as is known before it is sent: the method may
 // be repeated, attempts are left, and WithRetryIf does not refuse a
 // timeout. The breaker and the budget are asked when the timeout fires.
-func (c *call) mayFollow(ctx context.Context) bool {
-	if !c.repeatable || c.grpcRetry || c.sent+1 >= c.maxAttempts {
+func (c *call) mayFollow() bool {
+	if !c.plan.repeatable || c.plan.grpcRetry || c.tally.sent+1 >= c.plan.maxAttempts {
 		return false
 	}
-	if f := c.client.o.retryIf; f != nil && !f(ctx, c.route.method, status.Error(codes.DeadlineExceeded, "stormguard: attempt timed out")) {
+	if f := c.client.o.retryIf; f != nil && !f(c.ctx, c.route.method, status.Error(codes.DeadlineExceeded, "stormguard: attempt timed out")) {
 		return false
 	}
 	return true
@@ -136,7 +136,7 @@ func (p *perTry) refusal(now time.Time) Reason {
 // with err, and stops the timer. It returns the attempt's error as the
 // call sees it: a cut attempt failed with DEADLINE_EXCEEDED (grpc reports
 // the cancel as CANCELLED), unless the caller left or a reply came first.
-func (c *call) finish(ctx context.Context, a *attempt, err error) error {
+func (c *call) finish(a *attempt, err error) error {
 	p := a.pt
 	p.stop()
 	if p.state.CompareAndSwap(ptRunning, ptOver) {
@@ -149,19 +149,12 @@ func (c *call) finish(ctx context.Context, a *attempt, err error) error {
 	case ptOver:
 		return err
 	}
-	c.prepaid = p.route.budget != nil && !c.client.o.shadow
+	if p.route.budget != nil && !c.client.o.shadow {
+		c.pay = payPrepaid
+	}
 	a.timeout = true
-	if err != nil && ctx.Err() == nil {
+	if err != nil && c.ctx.Err() == nil {
 		return status.Errorf(codes.DeadlineExceeded, "stormguard: attempt timed out after %v", p.d)
 	}
 	return err
-}
-
-// backoffCeil is the longest the next retry's backoff can be.
-func (c *call) backoffCeil() time.Duration {
-	d := c.client.o.backoffBase << min(c.backoffN, 30)
-	if d <= 0 || d > c.client.o.backoffMax {
-		d = c.client.o.backoffMax
-	}
-	return d
 }

@@ -37,19 +37,18 @@ func (c *Client) streamInterceptor(grpcRetryOff bool) grpc.StreamClientIntercept
 func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts []grpc.CallOption, grpcRetryOff bool) (grpc.ClientStream, error) {
 	k := &call{client: c, route: c.routeFor(targetOf(cc), method)}
 	cs := scanCallOptions(opts)
-	ctx, cancel, err := k.setup(ctx, cs, cc, grpcRetryOff)
+	cancel, err := k.setup(ctx, cs, cc, grpcRetryOff)
 	if err != nil {
 		return nil, err
 	}
-	k.hedge = false
-	ctx = k.startCall(ctx)
-	s := &clientStream{k: k, ctx: ctx, cancel: cancel, desc: desc, cc: cc, method: method, streamer: streamer, opts: opts, cs: cs}
-	if err := s.open(kindFirst, nil); err != nil {
-		k.endCall(ctx, err)
+	k.plan.hedge = false
+	s := &clientStream{k: k, ctx: k.ctx, cancel: cancel, desc: desc, cc: cc, method: method, streamer: streamer, opts: opts, cs: cs}
+	if err := k.run(s, kindFirst, streamAttemptMode); err != nil {
+		k.endCall(err)
 		cancel()
 		return nil, err
 	}
-	s.stop = context.AfterFunc(ctx, s.callerLeft)
+	s.stop = context.AfterFunc(k.ctx, s.callerLeft)
 	return s, nil
 }
 
@@ -67,6 +66,11 @@ type clientStream struct {
 	opts     []grpc.CallOption
 	cs       callSettings
 
+	// replacing is the attempt a new one replaces while the engine opens
+	// it (nil for the first); the caller holds its recvMu.
+	replacing *streamAttempt
+	latest    *streamAttempt // the attempt the engine last sent
+
 	mu        sync.Mutex
 	cur       *streamAttempt
 	committed bool
@@ -80,7 +84,7 @@ type clientStream struct {
 
 // streamAttempt is one attempt of a stream.
 type streamAttempt struct {
-	attempt
+	*attempt
 	inner grpc.ClientStream
 	// recvMu is held by whoever receives on inner: the caller's RecvMsg, or
 	// the code that drains a failed attempt to learn its status. grpc
@@ -105,78 +109,63 @@ func (s *clientStream) current() (*streamAttempt, bool) {
 	return s.cur, s.finished
 }
 
-// open starts attempts until one is installed in place of old (nil for the
-// first), or returns the error the stream finishes with. The caller holds
-// old.recvMu (if any).
-func (s *clientStream) open(kind attemptKind, old *streamAttempt) error {
-	k := s.k
-	for {
-		sa := &streamAttempt{done: make(chan struct{})}
-		reason, err := k.begin(s.ctx, &sa.attempt, kind, streamAttemptMode)
-		if reason != "" {
-			return k.notSent(s.ctx, reason, err)
-		}
-		a := &sa.attempt
-		// The call credentials go along only when they have work (as in
-		// unary calls); without them, the endpoint is read from the
-		// stream's context, which grpc has made when the streamer returns.
-		opts := s.opts
-		var creds *attemptCreds
-		if k.hasDeadline || s.cs.hasCreds || len(k.avoid) > 0 || a.guarded != nil || k.watched != nil {
-			var credsOpt grpc.CallOption
-			creds, credsOpt = newAttemptCreds(k, &s.cs)
-			creds.prepare(k, a)
-			sa.creds = creds
-			opts = append(s.opts[:len(s.opts):len(s.opts)], credsOpt)
-		}
-		sa.inner, err = s.streamer(a.ctx, s.desc, s.cc, s.method, opts...)
-		for creds.collect() && err != nil { // it picked an endpoint it avoids: pick again
-			creds.recount()
-			sa.inner, err = s.streamer(a.ctx, s.desc, s.cc, s.method, opts...)
-		}
-		if err == nil && creds == nil {
-			if p, ok := peer.FromContext(sa.inner.Context()); ok {
-				a.peerp = p
-			}
-		}
-		if a.guarded != nil {
-			if k.pickRefused(s.ctx, a) {
-				return k.refusedAtPick(s.ctx, a)
-			}
-			k.sentGuarded(s.ctx, a)
-		}
-		if a.free && k.unpaidAtPick(s.ctx, a) {
-			k.unsend(a)
-			return k.notSent(s.ctx, ReasonBudget, nil)
-		}
-		if err == nil {
-			if err = s.install(sa, old); err == nil {
-				return nil
-			}
-			if errors.Is(err, errFinished) {
-				k.end(s.ctx, &sa.attempt, nil, true)
-				return s.finalError()
-			}
-		}
-		// The attempt failed before it was handed to the caller.
-		var tr, hdr metadata.MD
-		if sa.inner != nil {
-			tr = sa.inner.Trailer()
-			hdr, _ = sa.inner.Header()
-		}
-		if k.watched != nil && creds != nil {
-			k.noteGRPCRetries(sa.ctx, creds.tries, err, hdr, tr, nil)
-		}
-		v := k.after(s.ctx, &sa.attempt, err, tr)
-		if !v.retry {
-			return k.conclude(s.ctx, v)
-		}
-		k.scheduled(v)
-		if err := k.wait(s.ctx, v.delay); err != nil {
-			return err
-		}
-		kind = kindRetry
+// attempt returns a new attempt for the engine to open.
+func (s *clientStream) attempt() *attempt {
+	s.latest = &streamAttempt{attempt: new(attempt), done: make(chan struct{})}
+	return s.latest.attempt
+}
+
+// send opens the stream of attempt a (its last attempt) and installs it in
+// place of the one it replaces, replaying what the caller sent: the
+// stream is then kept, handed to the caller. An attempt that fails before
+// it is handed over is settled by the engine like a unary one.
+func (s *clientStream) send(k *call, a *attempt) outcome {
+	sa := s.latest
+	// The call credentials go along only when they have work (as in
+	// unary calls); without them, the endpoint is read from the stream's
+	// context, which grpc has made when the streamer returns.
+	opts := s.opts
+	var creds *attemptCreds
+	if k.dl.ok || s.cs.hasCreds || len(k.avoid) > 0 || a.guarded != nil || k.grpc.watched != nil {
+		var credsOpt grpc.CallOption
+		creds, credsOpt = newAttemptCreds(k, &s.cs)
+		creds.prepare(k, a)
+		sa.creds = creds
+		opts = append(s.opts[:len(s.opts):len(s.opts)], credsOpt)
 	}
+	var err error
+	sa.inner, err = s.streamer(a.ctx, s.desc, s.cc, s.method, opts...)
+	for creds.collect() && err != nil { // it picked an endpoint it avoids: pick again
+		creds.recount()
+		sa.inner, err = s.streamer(a.ctx, s.desc, s.cc, s.method, opts...)
+	}
+	if err == nil && creds == nil {
+		if p, ok := peer.FromContext(sa.inner.Context()); ok {
+			a.peerp = p
+		}
+	}
+	if reason, perr := k.atPick(a); reason != "" {
+		return outcome{refused: reason, err: perr}
+	}
+	if err == nil {
+		if err = s.install(sa, s.replacing); err == nil {
+			return outcome{kept: true}
+		}
+		if errors.Is(err, errFinished) {
+			k.end(a, nil, true)
+			return outcome{err: s.finalError(), settled: true}
+		}
+	}
+	// The attempt failed before it was handed to the caller.
+	var tr, hdr metadata.MD
+	if sa.inner != nil {
+		tr = sa.inner.Trailer()
+		hdr, _ = sa.inner.Header()
+	}
+	if k.grpc.watched != nil && creds != nil {
+		k.noteGRPCRetries(a, creds.tries, err, hdr, tr, nil)
+	}
+	return outcome{err: err, tr: tr}
 }
 
 // install replays the buffered client messages (and CloseSend) on sa and
@@ -287,22 +276,23 @@ func (s *clientStream) fail(a *streamAttempt, err error) error {
 	}
 	k := s.k
 	tr := a.inner.Trailer()
-	if k.watched != nil && a.creds != nil {
+	if k.grpc.watched != nil && a.creds != nil {
 		hdr, _ := a.inner.Header() // the attempt has ended: this does not wait
-		k.noteGRPCRetries(a.ctx, a.creds.triesSoFar(), err, hdr, tr, nil)
+		k.noteGRPCRetries(a.attempt, a.creds.triesSoFar(), err, hdr, tr, nil)
 	}
-	v := k.after(s.ctx, &a.attempt, err, tr)
+	v := k.settle(a.attempt, err, tr)
 	if !v.retry {
-		ferr := k.conclude(s.ctx, v)
+		ferr := k.conclude(v)
 		s.finish(ferr)
 		return ferr
 	}
 	k.scheduled(v)
-	if werr := k.wait(s.ctx, v.delay); werr != nil {
+	if werr := k.wait(v.delay); werr != nil {
 		s.finish(werr)
 		return werr
 	}
-	if oerr := s.open(kindRetry, a); oerr != nil {
+	s.replacing = a
+	if oerr := k.run(s, kindRetry, streamAttemptMode); oerr != nil {
 		s.finish(oerr)
 		return s.finalError()
 	}
@@ -335,9 +325,9 @@ func (s *clientStream) finish(err error) {
 		callErr = nil
 	}
 	if a != nil {
-		s.k.end(s.ctx, &a.attempt, callErr, false)
+		s.k.end(a.attempt, callErr, false)
 	}
-	s.k.endCall(s.ctx, callErr)
+	s.k.endCall(callErr)
 	if s.stop != nil {
 		s.stop()
 	}

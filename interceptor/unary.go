@@ -34,26 +34,30 @@ func (c *Client) unaryInterceptor(grpcRetryOff bool) grpc.UnaryClientInterceptor
 }
 
 func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, grpcRetryOff bool) error {
-	k := call{client: c, route: c.routeFor(targetOf(cc), method), req: req}
-	callerCtx := ctx
+	st := unaryPool.Get().(*unaryState)
+	defer st.release()
+	k := &st.k
+	*k = call{client: c, route: c.routeFor(targetOf(cc), method)}
+	k.outer.req = req
 	cs := scanCallOptions(opts)
-	ctx, cancel, err := k.setup(ctx, cs, cc, grpcRetryOff)
+	cancel, err := k.setup(ctx, cs, cc, grpcRetryOff)
 	if err != nil {
 		return err
 	}
 	defer cancel()
-	ctx = k.startCall(ctx)
-	if m, ok := reply.(proto.Message); ok && (k.hedge || k.beside) {
-		err = runHedged(&k, ctx, method, req, m, cc, invoker, opts, cs)
+	if m, ok := reply.(proto.Message); ok && (k.plan.hedge || k.plan.beside) {
+		err = runHedged(k, method, req, m, cc, invoker, opts, cs)
 	} else {
-		err = k.sequential(ctx, method, req, reply, cc, invoker, opts, &cs)
+		st.method, st.req, st.reply, st.cc, st.invoker, st.cs = method, req, reply, cc, invoker, cs
+		st.prepare(k, opts)
+		err = k.run(st, k.firstKind(), plainAttempt)
 	}
-	k.endCall(ctx, err)
+	k.endCall(err)
 	switch {
 	case err != nil:
-		c.noteFailed(callerCtx, &k, req, err)
-	case k.back != nil:
-		c.forget(k.back)
+		c.noteFailed(k, err)
+	case k.outer.back != nil:
+		c.forget(k.outer.back)
 	}
 	return err
 }
@@ -67,10 +71,22 @@ func targetOf(cc *grpc.ClientConn) string {
 	return cc.Target()
 }
 
-// unaryState is the per-call scratch of the sequential path: the call
-// options with the attempt credentials and, for a call that may retry, a
-// trailer capture. It is pooled so that a call does not allocate for them.
+// unaryState is a unary call's state, pooled so that a call allocates
+// nothing for it: the call, and the sender of its sequential attempts
+// (one after the other: the retry path), with the call options its
+// attempts are sent with.
 type unaryState struct {
+	k call
+	a attempt
+
+	method  string
+	req     any
+	reply   any
+	cc      *grpc.ClientConn
+	invoker grpc.UnaryInvoker
+	cs      callSettings
+	trp     *metadata.MD // where the call's trailers land (nil: not captured)
+
 	opts     []grpc.CallOption // the caller's, and ours but the credentials
 	withCred []grpc.CallOption // opts and the credentials
 	creds    attemptCreds
@@ -93,6 +109,8 @@ var unaryPool = sync.Pool{New: func() any {
 }}
 
 func (s *unaryState) release() {
+	s.k, s.a = call{}, attempt{}
+	s.req, s.reply, s.cc, s.invoker, s.cs, s.trp = nil, nil, nil, nil, callSettings{}, nil
 	s.tr, s.hdr, s.peer = nil, nil, peer.Peer{}
 	s.creds.user = nil
 	clear(s.opts)
@@ -102,99 +120,70 @@ func (s *unaryState) release() {
 	unaryPool.Put(s)
 }
 
-// callOptions fills st.opts with the options every attempt of c is sent
-// with (the caller's, and those that capture what the call needs to see),
-// and returns where the attempts' trailers land (nil: not captured).
-func (c *call) callOptions(st *unaryState, opts []grpc.CallOption) (trp *metadata.MD) {
-	st.opts = append(st.opts, opts...)
-	if c.watched != nil {
-		st.opts = append(st.opts, st.hdrOpt)
+// prepare fills s.opts with the options every attempt of c is sent with:
+// the caller's, and those that capture what the call needs to see. Every
+// attempt learns the endpoint it went to (grpc.Peer); one that may retry
+// also captures its trailer (a server's pushback); a call whose grpc-go
+// retries are watched (see grpcRetries) its header and trailer.
+func (s *unaryState) prepare(c *call, opts []grpc.CallOption) {
+	s.opts = append(s.opts, opts...)
+	if c.grpc.watched != nil {
+		s.opts = append(s.opts, s.hdrOpt)
 	}
-	if c.maxAttempts > 1 || c.watched != nil {
+	if c.plan.maxAttempts > 1 || c.grpc.watched != nil {
 		for _, o := range opts {
 			if t, ok := o.(grpc.TrailerCallOption); ok {
-				trp = t.TrailerAddr
+				s.trp = t.TrailerAddr
 			}
 		}
-		if trp == nil {
-			st.opts, trp = append(st.opts, st.trOpt), &st.tr
+		if s.trp == nil {
+			s.opts, s.trp = append(s.opts, s.trOpt), &s.tr
 		}
 	}
-	st.opts = append(st.opts, st.peerOpt)
-	return trp
+	s.opts = append(s.opts, s.peerOpt)
+	s.creds.reset(c, &s.cs)
 }
 
-// sequential runs attempts one after the other: the retry path.
-func (c *call) sequential(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, cs *callSettings) error {
-	// Every attempt learns the endpoint it went to (grpc.Peer); one that
-	// may retry also captures its trailer (a server's pushback). The call
-	// credentials go along only when they have work: a deadline header to
-	// write, endpoints to avoid, or a pick an open breaker guards (inside
-	// grpc they cost a few allocations per attempt). A call whose grpc-go
-	// retries are watched (see grpcRetries) has them, and captures its
-	// header and trailer.
-	st := unaryPool.Get().(*unaryState)
-	defer st.release()
-	trp := c.callOptions(st, opts)
-	creds := &st.creds
-	creds.reset(c, cs)
-	kind := kindFirst
-	if c.back != nil {
-		kind = kindRetry // a try that came back: its first attempt is a retry
+// attempt returns the call's one attempt value, which its attempts reuse.
+func (s *unaryState) attempt() *attempt { return &s.a }
+
+// send invokes attempt a. The call credentials go along only when they
+// have work: a deadline header to write, endpoints to avoid, a pick an
+// open breaker guards, or grpc-go's attempts to count (inside grpc they
+// cost a few allocations per attempt).
+func (s *unaryState) send(c *call, a *attempt) outcome {
+	creds := &s.creds
+	creds.prepare(c, a)
+	aopts := s.opts
+	if c.dl.ok || s.cs.hasCreds || len(c.avoid) > 0 || a.guarded != nil || c.grpc.watched != nil {
+		a.creds = creds
+		s.withCred = append(append(s.withCred[:0], s.opts...), s.credsOpt)
+		aopts = s.withCred
 	}
-	var a attempt
-	for {
-		reason, err := c.begin(ctx, &a, kind, plainAttempt)
-		if reason != "" {
-			return c.notSent(ctx, reason, err)
-		}
-		creds.prepare(c, &a)
-		aopts := st.opts
-		if c.hasDeadline || cs.hasCreds || len(c.avoid) > 0 || a.guarded != nil || c.watched != nil {
-			a.creds = creds
-			st.withCred = append(append(st.withCred[:0], st.opts...), st.credsOpt)
-			aopts = st.withCred
-		}
-		a.peerp = &st.peer
-		st.peer = peer.Peer{}
-		if trp != nil {
-			*trp = nil
-		}
-		st.hdr = nil
-		err = invoker(a.ctx, method, req, reply, cc, aopts...)
-		for creds.collect() { // it picked an endpoint it avoids: pick again
-			st.hdr = nil
-			creds.recount()
-			err = invoker(a.ctx, method, req, reply, cc, aopts...)
-		}
-		if a.pt != nil {
-			err = c.finish(ctx, &a, err)
-		}
-		if a.guarded != nil {
-			if c.pickRefused(ctx, &a) {
-				return c.refusedAtPick(ctx, &a)
-			}
-			c.sentGuarded(ctx, &a)
-		}
-		if a.free && c.unpaidAtPick(ctx, &a) {
-			c.unsend(&a)
-			return c.notSent(ctx, ReasonBudget, nil)
-		}
-		var tr metadata.MD
-		if trp != nil {
-			tr = *trp
-		}
-		if c.watched != nil && a.creds != nil {
-			c.noteGRPCRetries(a.ctx, creds.tries, err, st.hdr, tr, req)
-		}
-		v := c.after(ctx, &a, err, tr)
-		if !v.retry {
-			return c.conclude(ctx, v)
-		}
-		c.scheduled(v)
-		if err := c.wait(ctx, v.delay); err != nil {
-			return err
-		}
-		kind = kindRetry
+	a.peerp = &s.peer
+	s.peer = peer.Peer{}
+	if s.trp != nil {
+		*s.trp = nil
 	}
+	s.hdr = nil
+	err := s.invoker(a.ctx, s.method, s.req, s.reply, s.cc, aopts...)
+	for creds.collect() { // it picked an endpoint it avoids: pick again
+		s.hdr = nil
+		creds.recount()
+		err = s.invoker(a.ctx, s.method, s.req, s.reply, s.cc, aopts...)
+	}
+	if a.pt != nil {
+		err = c.finish(a, err)
+	}
+	if reason, perr := c.atPick(a); reason != "" {
+		return outcome{refused: reason, err: perr}
+	}
+	var tr metadata.MD
+	if s.trp != nil {
+		tr = *s.trp
+	}
+	if c.grpc.watched != nil && a.creds != nil {
+		c.noteGRPCRetries(a, creds.tries, err, s.hdr, tr, s.req)
+	}
+	return outcome{err: err, tr: tr}
 }

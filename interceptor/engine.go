@@ -1,0 +1,942 @@
+package interceptor
+
+import (
+	"context"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strconv"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/stormguard/stormguard/breaker"
+	"github.com/stormguard/stormguard/deadline"
+	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/internal/codename"
+)
+
+// The attempt engine. A call is the state of one logical call; run is its
+// one loop: it opens an attempt (the gates, in a fixed order: deadline,
+// breaker, budget, endpoint), hands it to the call's sender (a unary
+// invocation, a hedged group, a stream), settles what came back (the
+// attempt ends; decide says whether a retry follows, and when) and waits.
+// Every call shape goes through it; the hedged sender, which has several
+// attempts in flight, opens and settles each of them with the same
+// functions.
+
+// MaxPushback is the longest grpc-retry-pushback-ms delay the client
+// honours: a server asking for a longer wait is taken to mean "do not
+// retry", so that a call without a deadline never sleeps for days on a
+// server's word.
+const MaxPushback = time.Minute
+
+// callSettings are the per-call options found among a call's CallOptions.
+type callSettings struct {
+	maxAttempts int
+	noHedge     bool
+	key         string
+	hasKey      bool
+	userCreds   grpc.PerRPCCredsCallOption // the caller's own call credentials, if any
+	hasCreds    bool
+}
+
+func scanCallOptions(opts []grpc.CallOption) (s callSettings) {
+	for _, o := range opts {
+		switch o := o.(type) {
+		case maxAttemptsOption:
+			s.maxAttempts = o.n
+		case noHedgingOption:
+			s.noHedge = true
+		case idempotency.KeyCallOption:
+			if o.Key != "" {
+				s.key, s.hasKey = o.Key, true
+			}
+		case *idempotency.KeyCallOption:
+			if o != nil && o.Key != "" {
+				s.key, s.hasKey = o.Key, true
+			}
+		case grpc.PerRPCCredsCallOption:
+			s.userCreds, s.hasCreds = o, o.Creds != nil
+		}
+	}
+	return s
+}
+
+// plan is what a call may do, settled when it starts (grpcRetry may change
+// when the method's service config is read again).
+type plan struct {
+	maxAttempts int
+	repeatable  bool // the method may be repeated (retried or hedged)
+	hedge       bool // hedges follow a slow attempt
+	beside      bool // a per-attempt timeout sends a retry beside the slow attempt (see hedger)
+	grpcRetry   bool // grpc-go's retryPolicy covers the method: one attempt of ours
+}
+
+// tally is what a call has sent.
+type tally struct {
+	sent     int // attempts sent
+	retries  int
+	hedges   int
+	prior    int // attempts the logical call's earlier tries sent (outer.go)
+	backoffN int // retries since the last pushback
+}
+
+// deadlines are a call's deadline, and that of the context its attempts
+// derive from (the first is tightened when a service-config timeout is
+// read late).
+type deadlines struct {
+	at, ctxAt time.Time
+	ok, ctxOK bool
+}
+
+// payment is how the next retry of a call is paid for.
+type payment uint8
+
+const (
+	payBudget   payment = iota // a token from the budget
+	payFailover                // a fail-over from an outlier endpoint: free, unless it cannot fail over (attemptCreds)
+	payPrepaid                 // withdrawn when its attempt was cut at its per-attempt timeout (perTry)
+)
+
+// grpcWatch is what a call knows of grpc-go's own retries of its method.
+type grpcWatch struct {
+	off     bool          // installed by DialOptions: grpc-go does not retry
+	mc      *methodConfig // the method's service config, as last read
+	watched *grpcRetries  // installed by hand, a retryPolicy: what grpc-go does is watched
+}
+
+// outerTry is what a call knows of a retry loop outside the suite
+// (outer.go).
+type outerTry struct {
+	// back is the logical call this try is one of, when a failed try came
+	// back: this try deposits nothing and its first attempt is a retry.
+	back    *returned
+	req     any    // a unary call's request: a try is found by it (nil for streams)
+	madeKey string // the idempotency key the suite made for the call, if any
+	// scope identifies the caller's logical call (callerScope; nil: none),
+	// and done is the caller's Done channel.
+	scope any
+	done  <-chan struct{}
+}
+
+// callerDone reports whether the caller's context is done.
+func (o *outerTry) callerDone() bool {
+	select {
+	case <-o.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// callerScope returns what identifies the caller's logical call in ctx: its
+// Done channel, shared by the contexts a loop derives from it for each try
+// (metadata, values); or, for a context that is never done, the context
+// itself. context.Background() and TODO() identify nothing (nil): they are
+// the same for every caller.
+func callerScope(ctx context.Context) any {
+	if d := ctx.Done(); d != nil {
+		return d
+	}
+	if ctx == context.Background() || ctx == context.TODO() {
+		return nil
+	}
+	return ctx
+}
+
+// call is the state of one logical call.
+type call struct {
+	client    *Client
+	route     *route
+	cc        *grpc.ClientConn
+	ctx       context.Context // the call's: attempts derive from it
+	span      trace.Span
+	recording bool
+	timed     bool // an attempt's end time is needed even on success (duration metric, latency)
+	start     time.Time
+	dl        deadlines
+	plan      plan
+	tally     tally
+	pay       payment
+	stopped   bool  // a server said "do not retry": no attempt follows any more
+	lastErr   error // the last attempt's error
+	avoid     []net.Addr
+	failedOn  []net.Addr // the endpoints the call's attempts failed on
+	grpc      grpcWatch
+	outer     outerTry
+}
+
+// start resolves the call's settings from the caller's ctx: the
+// idempotency key, whether it may be repeated, its attempt limit, whether
+// it hedges, and its deadline (the method's service-config timeout applies
+// once to the whole call, when it is tighter than the caller's deadline; a
+// Client default timeout to calls that have none). It sets c.ctx to the
+// context the attempts are sent with, deposits into the budget and starts
+// the call span, and returns the CancelFunc to call when the call is over.
+func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, grpcRetryOff bool) (context.CancelFunc, error) {
+	r := c.route
+	c.cc, c.grpc.off = cc, grpcRetryOff
+	c.start = c.client.now()
+	if c.outer.req != nil {
+		c.outer.scope, c.outer.done = callerScope(ctx), ctx.Done()
+		c.outer.back = c.client.cameBack(c.outer.scope, r, c.outer.req, c.start)
+	}
+	if b := c.outer.back; b != nil {
+		c.tally.prior, c.lastErr = b.attempts, b.err
+	}
+	key, hasKey := cs.key, cs.hasKey
+	if !hasKey {
+		key, hasKey = idempotency.KeyFromContext(ctx)
+	}
+	switch {
+	case hasKey:
+		if err := idempotency.ValidateKey(key); err != nil {
+			return noCancel, err
+		}
+		ctx = replaceOutgoing(ctx, idempotency.MetadataKey, key)
+	case r.policy.Level == idempotency.RetryWithKey:
+		// Only here does a key change anything (Repeatable); a key the
+		// caller put in the metadata of another method is sent as is.
+		if vs := metadata.ValueFromOutgoingContext(ctx, idempotency.MetadataKey); len(vs) == 1 {
+			hasKey = true
+		} else if !c.client.o.noKeys {
+			// A try that came back sends the key of the logical call's
+			// earlier tries, so that the server deduplicates them.
+			if b := c.outer.back; b != nil && b.key != "" {
+				c.outer.madeKey = b.key
+			} else {
+				c.outer.madeKey = idempotency.NewKey()
+			}
+			ctx = metadata.AppendToOutgoingContext(ctx, idempotency.MetadataKey, c.outer.madeKey)
+			hasKey = true
+		}
+	}
+	p := &c.plan
+	p.repeatable = r.policy.Repeatable(hasKey)
+	p.maxAttempts = 1
+	if p.repeatable {
+		p.maxAttempts = r.maxAttempts
+		if cs.maxAttempts > 0 {
+			p.maxAttempts = cs.maxAttempts
+		}
+	}
+	mc := r.methodConfig(cc, c.start)
+	c.applyGRPCRetry(mc)
+	// A try that came back is already a retry: it neither hedges nor
+	// sends a retry beside a slow attempt.
+	more := p.repeatable && !p.grpcRetry && p.maxAttempts > 1 && c.outer.back == nil
+	p.hedge = more && r.hedge && !cs.noHedge
+	p.beside = more && r.perAttempt > 0
+	if metadata.ValueFromOutgoingContext(ctx, deadline.MetadataKey) != nil {
+		ctx = removeOutgoing(ctx, deadline.MetadataKey) // stale: the attempts send their own
+	}
+	cancel := noCancel
+	dl, ok := ctx.Deadline()
+	switch {
+	case mc.timeout > 0 && (!ok || c.start.Add(mc.timeout).Before(dl)):
+		ctx, cancel = context.WithDeadline(ctx, c.start.Add(mc.timeout))
+	case !ok && c.client.dl.DefaultTimeout() > 0:
+		ctx, cancel = context.WithDeadline(ctx, c.start.Add(c.client.dl.DefaultTimeout()))
+	}
+	c.dl.at, c.dl.ok = ctx.Deadline()
+	c.dl.ctxAt, c.dl.ctxOK = c.dl.at, c.dl.ok
+	if !c.client.o.noFailover {
+		c.avoid = r.endpoints.current(c.start)
+	}
+	if c.outer.back == nil { // a try that came back: its logical call deposited
+		r.budget.DepositAt(c.start) // a nil budget does nothing
+	}
+	c.timed = r.lat != nil || c.client.tel.duration.Enabled(ctx)
+	if t := c.client.tel.tracer; t != nil {
+		ctx, c.span = t.Start(ctx, r.tel.name, r.tel.callSpan...)
+		c.recording = c.span.IsRecording()
+		if c.recording && p.grpcRetry {
+			c.span.SetAttributes(AttrGRPCRetryPolicy.Bool(true))
+		}
+		if c.recording && c.outer.back != nil {
+			c.span.SetAttributes(AttrOuterRetry.Bool(true))
+		}
+	}
+	c.ctx = ctx
+	return cancel, nil
+}
+
+// noCancel is the CancelFunc of a call that made no context of its own.
+var noCancel context.CancelFunc = func() {}
+
+// replaceOutgoing sets key to the single value v in ctx's outgoing
+// metadata, dropping any value already there.
+func replaceOutgoing(ctx context.Context, key, v string) context.Context {
+	if len(metadata.ValueFromOutgoingContext(ctx, key)) == 0 {
+		return metadata.AppendToOutgoingContext(ctx, key, v)
+	}
+	md, _ := metadata.FromOutgoingContext(ctx)
+	md = md.Copy()
+	md.Set(key, v)
+	return metadata.NewOutgoingContext(ctx, md)
+}
+
+// removeOutgoing drops key from ctx's outgoing metadata.
+func removeOutgoing(ctx context.Context, key string) context.Context {
+	md, _ := metadata.FromOutgoingContext(ctx) // a copy
+	delete(md, key)
+	return metadata.NewOutgoingContext(ctx, md)
+}
+
+// applyGRPCRetry notes whether grpc-go retries the method itself: its
+// service config has a retryPolicy and grpc-go's retries are not known to
+// be off (DialOptions turns them off; installed by hand, the Client
+// watches what grpc-go does with such calls: see grpcRetries). Sending
+// more attempts of our own would multiply grpc-go's; when its retries are
+// off, the suite retries as for any other method.
+func (c *call) applyGRPCRetry(mc *methodConfig) {
+	c.grpc.mc = mc
+	if c.grpc.off || !c.plan.repeatable {
+		return
+	}
+	if !mc.grpcRetry {
+		// Read before the ClientConn was ready, the config may not be
+		// grpc's yet: the attempt is watched all the same, in case its
+		// failure shows a retryPolicy (see noteGRPCRetries).
+		if mc.provisional && c.grpc.watched == nil {
+			c.grpc.watched = c.client.grpcRetriesOf(c.cc)
+		}
+		return
+	}
+	if c.grpc.watched == nil {
+		c.grpc.watched = c.client.grpcRetriesOf(c.cc)
+	}
+	switch {
+	case c.grpc.watched != nil && c.grpc.watched.off.Load():
+		c.plan.grpcRetry = false
+	case !c.plan.grpcRetry:
+		c.plan.grpcRetry = true
+		c.client.warnGRPCRetry(c.route)
+	}
+}
+
+// recheckMethodConfig reads the method's service config again after a
+// failed attempt (see route.readMethodConfig): a retryPolicy found now
+// stops the suite's retries, and a method timeout bounds the rest of the
+// call, measured from its start, when it is tighter than its deadline.
+func (c *call) recheckMethodConfig(now time.Time) {
+	mc := c.route.readMethodConfig(c.cc, now)
+	c.applyGRPCRetry(mc)
+	if mc.timeout > 0 {
+		if dl := c.start.Add(mc.timeout); !c.dl.ok || dl.Before(c.dl.at) {
+			c.dl.at, c.dl.ok = dl, true
+		}
+	}
+}
+
+// sender sends the attempts of one call shape.
+type sender interface {
+	// attempt returns a new attempt for open to fill.
+	attempt() *attempt
+	// send sends attempt a, which open has admitted, and returns what came
+	// back. It settles a pick the attempt was sent to (atPick).
+	send(c *call, a *attempt) outcome
+}
+
+// outcome is what a sender got for an attempt.
+type outcome struct {
+	err error
+	tr  metadata.MD
+	// refused: the attempt was refused at its pick, never sent (atPick);
+	// err is the status a first attempt fails with.
+	refused Reason
+	// kept: the attempt stays open (a stream handed to the caller), and
+	// is ended later by its sender.
+	kept bool
+	// settled: the sender settled the call itself (a hedged group): err
+	// is the call's.
+	settled bool
+}
+
+// verdict is what the engine makes of a settled attempt.
+type verdict struct {
+	retry  bool          // send another attempt, after delay
+	delay  time.Duration // backoff or pushback
+	reason Reason        // why not, when !retry ("" on success or when the caller left)
+	err    error         // the attempt's error
+	tr     metadata.MD   // the attempt's trailer
+}
+
+// firstKind is the kind of a call's first attempt: a retry for a try that
+// came back through a retry loop outside the suite.
+func (c *call) firstKind() attemptKind {
+	if c.outer.back != nil {
+		return kindRetry
+	}
+	return kindFirst
+}
+
+// run is the engine's loop: it sends the call's attempts through s, from
+// one of the given kind, until one succeeds, is kept, or no retry may
+// follow, and returns the call's error.
+func (c *call) run(s sender, kind attemptKind, mode attemptMode) error {
+	for {
+		a := s.attempt()
+		if reason, err := c.open(a, kind, mode); reason != "" {
+			return c.notSent(reason, err)
+		}
+		out := s.send(c, a)
+		switch {
+		case out.settled:
+			return out.err
+		case out.refused != "":
+			return c.notSent(out.refused, out.err)
+		case out.kept:
+			return nil
+		}
+		v := c.settle(a, out.err, out.tr)
+		if !v.retry {
+			return c.conclude(v)
+		}
+		c.scheduled(v)
+		if err := c.wait(v.delay); err != nil {
+			return err
+		}
+		kind = kindRetry
+	}
+}
+
+// open starts attempt a of the given kind: the gates (time left, the
+// breaker, then, for retries and hedges, a token from the budget), then
+// the attempt's metadata, context, span and metrics. When a may not be
+// sent, open returns why and the status a first attempt fails with;
+// nothing was sent and nothing was withdrawn.
+func (c *call) open(a *attempt, kind attemptKind, mode attemptMode) (Reason, error) {
+	now := c.start // the first attempt starts with the call
+	if c.tally.sent > 0 {
+		now = c.client.now()
+	}
+	*a = attempt{kind: kind, start: now}
+	if reason, err := c.gate(a, now); reason != "" && c.enforce(reason, a) {
+		a.ticket.Ignore()
+		return reason, err
+	}
+	if c.pay == payPrepaid {
+		c.pay = payBudget
+	}
+	actx := c.ctx
+	if n := c.tally.prior + c.tally.sent; n > 0 {
+		// The marker says the suite's budget paid for (or bounds) this
+		// retry or hedge, so that a stormguard server does not charge it
+		// to its own budget again (see WithServerBudget).
+		actx = metadata.AppendToOutgoingContext(actx, PreviousAttemptsKey, strconv.Itoa(n), BudgetedKey, "1")
+	}
+	actx = c.attemptContext(actx, a, now, mode)
+	rt := c.route.tel
+	ao := rt.attemptOpts(kind)
+	if c.recording {
+		actx, a.span = c.client.tel.tracer.Start(actx, ao.spanName, ao.span...)
+		a.span.SetAttributes(AttrPreviousAttempts.Int(c.tally.prior + c.tally.sent))
+	}
+	if p := c.client.o.propagators; p != nil {
+		md, ok := metadata.FromOutgoingContext(actx) // a copy
+		if !ok {
+			md = metadata.MD{}
+		}
+		p.Inject(actx, mdCarrier(md))
+		actx = metadata.NewOutgoingContext(actx, md)
+	}
+	if a.guarded == nil && !a.free {
+		c.client.tel.attempts.Add(c.ctx, 1, ao.metric...)
+	}
+	switch kind {
+	case kindRetry:
+		c.tally.retries++
+	case kindHedge:
+		c.tally.hedges++
+	}
+	c.tally.sent++
+	a.ctx = actx
+	return "", nil
+}
+
+// gate asks, in order, the deadline, the breaker, the budget and the
+// endpoint table whether attempt a may be sent at now, and takes what it
+// is sent with: the breaker's ticket, the budget's token. It returns why
+// not, with the status a first attempt refused fails with; enforce has the
+// last word.
+func (c *call) gate(a *attempt, now time.Time) (Reason, error) {
+	if c.dl.ok {
+		if err := c.client.dl.Check(c.dl.at.Sub(now)); err != nil {
+			return ReasonDeadline, err
+		}
+	}
+	if b := c.route.breaker; b != nil {
+		t, err := b.Admit()
+		switch {
+		case err == nil:
+			a.ticket = t
+		case a.kind == kindFirst && c.guardPick(now):
+			// Refused at the pick, and only if it picks an endpoint that
+			// served nothing (see guardPick).
+			a.guarded = b
+		default:
+			return ReasonBreaker, circuitOpenError(c.route, b)
+		}
+		if a.kind != kindFirst && servedNothing(c.route, b, now) {
+			return ReasonBreaker, nil
+		}
+	}
+	switch {
+	case a.kind == kindFirst, a.kind == kindRetry && c.pay == payPrepaid:
+	case a.kind == kindRetry && c.pay == payFailover:
+		a.free = true // the budget pays at the pick if it cannot fail over
+	case !c.route.budget.WithdrawAt(now): // a nil budget grants
+		return ReasonBudget, nil
+	}
+	return "", nil
+}
+
+// enforce is the gates' last word on attempt a (nil: a retry being decided,
+// before its backoff): it reports whether refusal r stands. In shadow mode
+// the breaker's and the budget's refusals do not: the attempt is sent all
+// the same, marked shadowed so that its outcome teaches the breaker and
+// the endpoint table nothing, and the refusal it would have had is
+// recorded when it is sent.
+func (c *call) enforce(r Reason, a *attempt) bool {
+	if !c.client.o.shadow || (r != ReasonBreaker && r != ReasonBudget) {
+		return true
+	}
+	if a != nil {
+		c.wouldRefuse(r)
+		a.shadow()
+	}
+	return false
+}
+
+// shadow marks a, in shadow mode, as an attempt the Client would not have
+// sent: the breaker does not count it.
+func (a *attempt) shadow() {
+	a.ticket.Ignore()
+	a.ticket, a.shadowed = breaker.Ticket{}, true
+}
+
+// guardPick decides, for a first attempt that an open breaker refuses,
+// whether to refuse it at the pick instead: when the target's endpoints
+// that served nothing lately are known, the attempt avoids them (picking
+// again, as for outliers) and is refused only if it still picks one. An
+// endpoint that serves (a healthy backend whose connection was not ready
+// when the others failed, a new one) gets the call: an open breaker never
+// refuses what no retries would have sent successfully. A target whose
+// every endpoint has failed is refused as before, before anything is sent.
+func (c *call) guardPick(now time.Time) bool {
+	if c.client.o.noFailover {
+		return false
+	}
+	dead := c.route.endpoints.dead(now)
+	if len(dead) == 0 {
+		return false
+	}
+	avoid := make([]net.Addr, 0, len(dead)+len(c.avoid))
+	avoid = append(append(avoid, dead...), c.avoid...)
+	c.avoid = avoid
+	return true
+}
+
+// atPick settles what an attempt's pick decided (see attemptCreds), once
+// the sender has sent it: a first attempt an open breaker sent to the pick
+// was refused there if it picked an endpoint that served nothing; a
+// fail-over retry with nowhere to go was not sent if the budget would not
+// pay for it. Such an attempt was never sent: atPick undoes open for it
+// and returns why, with the status a first attempt fails with. Otherwise
+// the attempt is counted as sent. In shadow mode nothing is refused at the
+// pick; what would have been is recorded.
+func (c *call) atPick(a *attempt) (Reason, error) {
+	if a.guarded == nil && !a.free {
+		return "", nil
+	}
+	refused := a.creds != nil && (a.creds.refused || a.creds.unpaid)
+	reason := ReasonBreaker
+	if a.free {
+		reason = ReasonBudget
+	}
+	guarded := a.guarded
+	a.guarded, a.free = nil, false
+	if !refused || !c.enforce(reason, a) {
+		c.client.tel.attempts.Add(c.ctx, 1, c.route.tel.attemptOpts(a.kind).metric...)
+		return "", nil
+	}
+	c.tally.sent--
+	switch a.kind {
+	case kindRetry:
+		c.tally.retries--
+	case kindHedge:
+		c.tally.hedges--
+	}
+	var err error
+	msg := "stormguard: no other endpoint to fail over to, and no budget"
+	if guarded != nil {
+		err = circuitOpenError(c.route, guarded)
+		msg = status.Convert(err).Message()
+	}
+	a.unsent(msg)
+	return reason, err
+}
+
+// minServedNothing is how many attempts, all failed, say that a target
+// serves nothing lately (see servedNothing).
+const minServedNothing = 3
+
+// servedNothing reports whether the target serves nothing lately: its
+// endpoints' recent window (the last 3 to 4 seconds) or, while no endpoint
+// is known, the breaker's window holds at least minServedNothing attempts,
+// all failed. A retry or a hedge is then refused when it is due (a first
+// attempt never is: refusing it would cost what no retries would have
+// had). The breaker itself opens only when its whole window (10 s by
+// default) holds failures, with at least MinAttempts; this stops the
+// retries of a dead target's callers sooner, so that the hop next to it
+// refuses, and says so to the hops above.
+func servedNothing(r *route, b *breaker.Breaker, now time.Time) bool {
+	if ok, fail, known := r.endpoints.totals(now); known {
+		return ok == 0 && fail >= minServedNothing
+	}
+	st := b.Stats()
+	return st.State == breaker.StateClosed && st.Attempts >= minServedNothing && st.Failures == st.Attempts
+}
+
+// attemptContext gives attempt a the context it needs beyond the call
+// context's: the call's deadline when it was tightened after the context
+// was made (a service-config timeout read late); the per-attempt timeout,
+// when it is tighter and a retry may follow (see perTry); and a cancel
+// when the mode needs one.
+func (c *call) attemptContext(ctx context.Context, a *attempt, now time.Time, mode attemptMode) context.Context {
+	var dl time.Time
+	if c.dl.ok && (!c.dl.ctxOK || c.dl.at.Before(c.dl.ctxAt)) {
+		dl = c.dl.at
+	}
+	var perTry time.Duration
+	if p := c.route.perAttempt; p > 0 && mode == plainAttempt {
+		// Only a reply that is not a proto message (a custom codec) is
+		// retried on a per-attempt timeout here; the others are run by
+		// the hedger, which does not cancel the slow attempt.
+		if pdl := now.Add(p); (!c.dl.ok || pdl.Before(c.dl.at)) && c.mayFollow() {
+			perTry = p
+		}
+	}
+	switch {
+	case perTry > 0:
+		// Cut by perTry's timer, only if a retry can follow then.
+		if dl.IsZero() {
+			ctx, a.cancel = context.WithCancel(ctx)
+		} else {
+			ctx, a.cancel = context.WithDeadline(ctx, dl)
+		}
+		a.pt = c.newPerTry(perTry, a.cancel)
+	case !dl.IsZero():
+		ctx, a.cancel = context.WithDeadline(ctx, dl)
+	case mode != plainAttempt:
+		ctx, a.cancel = context.WithCancel(ctx)
+	}
+	return ctx
+}
+
+// settle ends attempt a, which came back with err and trailer tr, and
+// decides what the call does next: the one place where a finished attempt
+// turns into a retry, a fail-over, or a refusal. It records nothing about
+// the decision: a retry is recorded by whoever sends it (scheduled), a
+// refusal by conclude.
+func (c *call) settle(a *attempt, err error, tr metadata.MD) verdict {
+	c.end(a, err, false)
+	if err == nil {
+		return verdict{}
+	}
+	c.lastErr = err
+	v := verdict{err: err, tr: tr}
+	v.delay, v.reason, v.retry = c.decide(err, tr, a)
+	return v
+}
+
+// decide applies the retry rules, in order, to a failed attempt. A yes is
+// tentative: the gates are asked again, and a token withdrawn, only when
+// the retry is sent (open).
+func (c *call) decide(err error, tr metadata.MD, a *attempt) (time.Duration, Reason, bool) {
+	if c.ctx.Err() != nil {
+		return 0, "", false // the caller is gone: nothing to decide
+	}
+	// A server's "do not retry" comes first: it may come with any code (a
+	// stormguard server refusing on arrival answers DEADLINE_EXCEEDED),
+	// and it says the attempt was not run, not that the call is settled.
+	pushback, hasPushback, stop := parsePushback(tr)
+	if stop || c.stopped {
+		c.stopped = true // for the attempts still running (hedged calls)
+		return 0, ReasonPushback, false
+	}
+	code := status.Code(err)
+	if !c.route.retryable.Has(code) && !(a.timeout && code == codes.DeadlineExceeded) {
+		return 0, ReasonCode, false
+	}
+	if !c.plan.repeatable {
+		return 0, ReasonNotIdempotent, false
+	}
+	now := c.client.now()
+	c.recheckMethodConfig(now)
+	if c.plan.grpcRetry {
+		return 0, ReasonGRPCRetry, false
+	}
+	if c.tally.sent >= c.plan.maxAttempts {
+		return 0, ReasonMaxAttempts, false
+	}
+	if f := c.client.o.retryIf; f != nil && !f(c.ctx, c.route.method, err) {
+		return 0, ReasonRetryIf, false
+	}
+	delay := pushback
+	if hasPushback {
+		c.tally.backoffN = 0
+	} else {
+		delay = c.backoff()
+	}
+	if c.dl.ok && !now.Add(delay).Before(c.dl.at) {
+		return 0, ReasonDeadline, false
+	}
+	c.failOver(a, now)
+	if reason := c.fundable(now); reason != "" {
+		return 0, reason, false
+	}
+	return delay, "", true
+}
+
+// fundable returns why a retry could not be paid for now (the breaker is
+// open, the target has served nothing for sure, or the budget has no
+// token), or "" if it could. It withdraws nothing (open does, when the
+// retry is sent), so that a caller is not made to wait a backoff for a
+// retry that is refused anyway; a refusal is counted by the budget as the
+// withdrawal it stands for. In shadow mode (enforce), open records what it
+// would refuse, when the retry is due.
+func (c *call) fundable(now time.Time) Reason {
+	var r Reason
+	switch {
+	case c.route.breaker != nil && (c.route.breaker.RetryAfter() > 0 || c.deadForSure(now)):
+		r = ReasonBreaker
+	case c.route.budget != nil && c.pay == payBudget && !c.client.o.shadow && !c.route.budget.PeekAt(now):
+		r = ReasonBudget
+	}
+	if r != "" && !c.enforce(r, nil) {
+		return ""
+	}
+	return r
+}
+
+// failOver decides whether the retry after attempt a is a fail-over: a
+// failed on an endpoint that fails while the target's other endpoints
+// serve (see endpoints.outliers). Every attempt avoids such endpoints, so
+// a fail-over retry goes to one that serves: it is not added load on a
+// failing service, and the budget does not pay for it; the breaker and the
+// attempt limit still apply. If its picks all go to endpoints it avoids
+// (grpc has no other endpoint ready), it fails over to nothing: the budget
+// pays for it at the pick, or it is not sent (see attemptCreds), and
+// attempts avoid nothing for a while (endpoints.nowhereElse).
+func (c *call) failOver(a *attempt, now time.Time) {
+	if c.pay == payFailover {
+		c.pay = payBudget
+	}
+	if c.client.o.noFailover {
+		return
+	}
+	p := a.peer()
+	c.avoid = c.route.endpoints.current(now)
+	if p != nil && !slices.Contains(c.avoid, p) {
+		c.avoid = c.route.endpoints.judge(now) // this failure may make it one
+	}
+	if p != nil && slices.Contains(c.avoid, p) && c.pay == payBudget {
+		c.pay = payFailover
+	}
+	if p != nil {
+		c.failedOn = append(c.failedOn, p)
+	}
+}
+
+// minDeadForSure is the evidence fundable wants to refuse a retry at once
+// because the target serves nothing: more than open wants when the retry
+// is due (minServedNothing), because a fresh client's first callers may see
+// a few failures before any success has come back, and their retries must
+// then wait for the successes, not be refused.
+const minDeadForSure = 10
+
+// deadForSure reports whether the target's endpoints have served nothing
+// lately, with at least minDeadForSure failures: a retry would be refused
+// when due, so the caller need not wait a backoff for it.
+func (c *call) deadForSure(now time.Time) bool {
+	ok, fail, known := c.route.endpoints.totals(now)
+	return known && ok == 0 && fail >= minDeadForSure
+}
+
+// conclude ends the call with the verdict's error: it records the refusal
+// (event, metric, and the server's don't-retry marker) and annotates the
+// status when the table says so.
+func (c *call) conclude(v verdict) error {
+	if v.reason != "" {
+		c.refuse(v.reason, EventRetryRefused)
+	}
+	return annotate(v.err, v.reason, c.client.o.noMarker)
+}
+
+// notSent ends the call when an attempt was refused before it was sent:
+// a first attempt fails with the gate's status; a retry (and the first
+// attempt of a try that came back, refused as a retry) returns the last
+// attempt's error, annotated.
+func (c *call) notSent(reason Reason, err error) error {
+	if c.tally.sent == 0 && (c.outer.back == nil || err != nil) {
+		c.refuse(reason, reason.info().firstEvent)
+		return err
+	}
+	c.refuse(reason, EventRetryRefused)
+	return annotate(c.lastErr, reason, c.client.o.noMarker)
+}
+
+// refuse records that a retry, a hedge or a call was refused.
+func (c *call) refuse(reason Reason, event string) {
+	var span trace.Span
+	if c.recording {
+		span = c.span
+	}
+	recordRefusal(c.ctx, c.client, c.route, span, RefusalEvent{Reason: reason, Event: event, Attempts: c.tally.sent, Err: c.lastErr})
+}
+
+// recordRefusal records refusal e of a call on route r: the metric, the
+// event on span (nil when the call's span does not record), the marker for
+// the server's don't-retry pushback, and, on the call's goroutine, the
+// hook.
+func recordRefusal(ctx context.Context, cl *Client, r *route, span trace.Span, e RefusalEvent) {
+	noteRefusal(ctx, cl, r, span, e)
+	refusalHook(cl, r, e)
+}
+
+// noteRefusal is recordRefusal but the hook: the part that may run on
+// another goroutine than the call's (a per-attempt timer's).
+func noteRefusal(ctx context.Context, cl *Client, r *route, span trace.Span, e RefusalEvent) {
+	cl.tel.refusals.Add(ctx, 1, r.tel.refusalOpts(e.Reason)...)
+	if span != nil {
+		span.AddEvent(e.Event, trace.WithAttributes(AttrReason.String(string(e.Reason))))
+	}
+	if e.Reason.info().propagates {
+		markRefused(ctx)
+	}
+}
+
+// refusalHook calls the OnRefusal hook with e, on the call's goroutine.
+func refusalHook(cl *Client, r *route, e RefusalEvent) {
+	if cl.o.hooks.OnRefusal != nil {
+		e.Method, e.Target = r.method, r.target
+		cl.onRefusal(e)
+	}
+}
+
+// wouldRefuse records, in shadow mode, a refusal the budget or the breaker
+// would have made.
+func (c *call) wouldRefuse(reason Reason) {
+	c.client.tel.wouldRefuse.Add(c.ctx, 1, c.route.tel.wouldRefuseOpts(reason)...)
+	c.event(EventWouldRefuse, AttrReason.String(string(reason)))
+}
+
+// scheduled records a retry decision.
+func (c *call) scheduled(v verdict) {
+	if c.client.o.hooks.OnRetry != nil {
+		c.client.onRetry(RetryEvent{Method: c.route.method, Target: c.route.target, Attempt: c.tally.sent + 1, Delay: v.delay, Err: v.err})
+	}
+	if !c.recording {
+		return
+	}
+	attrs := []attribute.KeyValue{AttrCause.String(codename.Name(status.Code(v.err))), AttrDelay.Float64(v.delay.Seconds())}
+	if c.pay == payFailover {
+		attrs = append(attrs, AttrFailover.Bool(true))
+	}
+	if vs := v.tr[PushbackKey]; len(vs) == 1 {
+		attrs = append(attrs, AttrPushback.String(vs[0]))
+	}
+	c.span.AddEvent(EventRetryScheduled, trace.WithAttributes(attrs...))
+}
+
+// event adds a decision event to the call span.
+func (c *call) event(name string, attrs ...attribute.KeyValue) {
+	if c.recording {
+		c.span.AddEvent(name, trace.WithAttributes(attrs...))
+	}
+}
+
+// wait waits d (on the Client's timers) or until the call's context is
+// done.
+func (c *call) wait(d time.Duration) error {
+	if d <= 0 {
+		if err := c.ctx.Err(); err != nil {
+			return status.FromContextError(err).Err()
+		}
+		return nil
+	}
+	t := c.client.newTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C():
+		return nil
+	case <-c.ctx.Done():
+		return status.FromContextError(c.ctx.Err()).Err()
+	}
+}
+
+// backoff returns the next exponential backoff with jitter: a random time
+// in [d/2, d] with d = min(max, base·2ⁿ).
+func (c *call) backoff() time.Duration {
+	d := c.backoffCeil()
+	c.tally.backoffN++
+	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+}
+
+// backoffCeil is the longest the next retry's backoff can be.
+func (c *call) backoffCeil() time.Duration {
+	d := c.client.o.backoffBase << min(c.tally.backoffN, 30)
+	if d <= 0 || d > c.client.o.backoffMax {
+		d = c.client.o.backoffMax
+	}
+	return d
+}
+
+// endCall records the call's outcome and ends its span. A try that came
+// back is not another logical call: the calls and the call duration count
+// its logical call's first try only.
+func (c *call) endCall(err error) {
+	st, _ := status.FromError(err)
+	code := st.Code()
+	t, rt := c.client.tel, c.route.tel
+	if c.outer.back == nil {
+		t.calls.Add(c.ctx, 1, rt.callOpts(code)...)
+	}
+	if c.outer.back == nil && t.duration.Enabled(c.ctx) {
+		t.duration.Record(c.ctx, c.client.now().Sub(c.start).Seconds(), rt.durationOpts(code)...)
+	}
+	if c.tally.retries > 0 {
+		t.retries.Record(c.ctx, int64(c.tally.retries), rt.perCallOpts()...)
+	}
+	if c.tally.hedges > 0 {
+		t.hedges.Record(c.ctx, int64(c.tally.hedges), rt.perCallOpts()...)
+	}
+	endSpan(c.span, code, st.Message())
+}
+
+// parsePushback reads grpc-retry-pushback-ms from trailers: has is true for
+// one value from 0 to MaxPushback (the delay); stop is true for a negative,
+// malformed or larger value, or several values.
+func parsePushback(tr metadata.MD) (delay time.Duration, has, stop bool) {
+	vs := tr[PushbackKey]
+	switch len(vs) {
+	case 0:
+		return 0, false, false
+	case 1:
+	default:
+		return 0, false, true
+	}
+	ms, err := strconv.ParseInt(vs[0], 10, 32)
+	if err != nil || ms < 0 || ms > MaxPushback.Milliseconds() {
+		return 0, false, true
+	}
+	return time.Duration(ms) * time.Millisecond, true, false
+}
