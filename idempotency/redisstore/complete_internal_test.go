@@ -31,7 +31,7 @@ func TestCompleteRunAgainSucceeds(t *testing.T) {
 		t.Fatal(c.State, err)
 	}
 	tk := c.Token.(*token)
-	data := encodeRecord(nil, &dedupe.Record{Fingerprint: codecFP, Response: []byte("r")})
+	data := mustEncode(t, &dedupe.Record{Fingerprint: codecFP, Response: []byte("r")})
 	for i, nonce := range []string{"call-1", "call-1", "call-2"} {
 		v, err := s.completeOnce(ctx, tk, c, data, int64(len(data)), nonce)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -499,9 +500,16 @@ func (s *Store) Complete(ctx context.Context, c dedupe.Claim, rec *dedupe.Record
 		return status.Error(codes.Internal, "redisstore: Complete with a record for another request")
 	}
 	defer s.forget(t.tok)
-	data := encodeRecord(nil, rec)
+	data, err := encodeRecord(nil, rec)
 	size := recordCost(len(data), c.Holder.Method)
-	if t.size+size > s.maxBytesPerID {
+	switch {
+	case err != nil:
+		// The schema gives the encoder no reason to fail. Were it to, the
+		// request still ran: it is kept as a tombstone, like a record too
+		// large to keep (the script keeps a tombstone for a size over the
+		// bound).
+		data, size = nil, math.MaxInt64
+	case t.size+size > s.maxBytesPerID:
 		data = nil // a tombstone: do not send what cannot be kept
 	}
 	nonce := s.newToken() // the same for every try: see completeScript
