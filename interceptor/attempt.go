@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -101,7 +103,7 @@ func (c *call) end(a *attempt, err error, abandoned bool) {
 		if err != nil {
 			msg = status.Convert(err).Message()
 			if p := a.peer(); p != nil && a.span.IsRecording() {
-				a.span.SetAttributes(AttrPeer.String(p.String()))
+				a.span.SetAttributes(semconv.AttrPeer.String(p.String()))
 			}
 		}
 		endSpan(a.span, code, msg)
@@ -116,7 +118,7 @@ func (a *attempt) unsent(msg string) {
 		a.cancel()
 	}
 	if a.span != nil {
-		a.span.SetAttributes(AttrSent.Bool(false))
+		a.span.SetAttributes(semconv.AttrSent.Bool(false))
 		endSpan(a.span, codes.Unavailable, msg)
 	}
 	atomic.StoreUint32(&a.ended, 1)

@@ -18,23 +18,6 @@ import (
 	"github.com/stormguard/stormguard/internal/cowmap"
 )
 
-// Metadata keys the client reads and writes (gRFC A6).
-const (
-	// PreviousAttemptsKey is sent on every retry and hedge: the number of
-	// attempts of the same call sent before it.
-	PreviousAttemptsKey = "grpc-previous-rpc-attempts"
-	// PushbackKey is read from response trailers: a value from 0 to
-	// MaxPushback is the delay in milliseconds before the next attempt
-	// (replacing the backoff); a negative, larger or malformed value, or
-	// several values, mean "do not retry".
-	PushbackKey = "grpc-retry-pushback-ms"
-	// BudgetedKey is sent, with the value "1", on every retry and hedge of
-	// the suite's client: its own budget bounds it. A stormguard server
-	// serves such a retry even when its own retry budget is spent (it
-	// still counts it), so that the two budgets do not both charge it.
-	BudgetedKey = "stormguard-budgeted"
-)
-
 // Client is the suite's client side: unary and stream interceptors that
 // retry and hedge only what may be repeated, pay for every retry and hedge
 // from a per-target budget, stop calling a target whose breaker is open,

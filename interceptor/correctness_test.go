@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
@@ -81,13 +83,13 @@ func TestRoutesAreBounded(t *testing.T) {
 	found := false
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			if m.Name == interceptor.MetricBreakerState {
+			if m.Name == semconv.MetricBreakerState {
 				g := m.Data.(metricdata.Gauge[int64])
 				require.Equal(t, 1, len(g.DataPoints), "the breakers of unknown methods share one series")
 				v, _ := g.DataPoints[0].Attributes.Value("rpc.method")
 				assert.Equal(t, "_OTHER", v.AsString())
 			}
-			if m.Name != interceptor.MetricCalls {
+			if m.Name != semconv.MetricCalls {
 				continue
 			}
 			found = true
@@ -125,13 +127,13 @@ func TestGaugesOfTwoClientsOnOneMeterProvider(t *testing.T) {
 		guards = append(guards, guard)
 	}
 	seen := gaugeTargets(t, reader)
-	for _, name := range []string{interceptor.MetricBreakerState, interceptor.MetricBudgetBalance} {
+	for _, name := range []string{semconv.MetricBreakerState, semconv.MetricBudgetBalance} {
 		assert.ElementsMatch(t, targets, seen[name], name)
 	}
 	// Close unregisters a Client's gauges; the other's stay.
 	require.NoError(t, guards[0].Close())
 	seen = gaugeTargets(t, reader)
-	for _, name := range []string{interceptor.MetricBreakerState, interceptor.MetricBudgetBalance} {
+	for _, name := range []string{semconv.MetricBreakerState, semconv.MetricBudgetBalance} {
 		assert.ElementsMatch(t, targets[1:], seen[name], name+", after the first Client's Close")
 	}
 }

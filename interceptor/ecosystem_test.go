@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
@@ -62,7 +64,7 @@ func TestHooks(t *testing.T) {
 	require.Len(t, refusals, 2)
 	assert.Equal(t, interceptor.ReasonMaxAttempts, refusals[0].Reason)
 	assert.Equal(t, interceptor.ReasonBreaker, refusals[1].Reason, "the second call was refused by the open breaker")
-	assert.Equal(t, interceptor.EventBreakerRejected, refusals[1].Event)
+	assert.Equal(t, semconv.EventBreakerRejected, refusals[1].Event)
 	assert.Equal(t, []string{"closed→open"}, changes)
 }
 
@@ -107,9 +109,9 @@ func refusedReason(t *testing.T, e *env, err error) interceptor.Reason {
 	spans := e.spans.GetSpans()
 	for i := len(spans) - 1; i >= 0; i-- {
 		for _, ev := range spans[i].Events {
-			if ev.Name == interceptor.EventRetryRefused {
+			if ev.Name == semconv.EventRetryRefused {
 				for _, a := range ev.Attributes {
-					if a.Key == interceptor.AttrReason {
+					if a.Key == semconv.AttrReason {
 						return interceptor.Reason(a.Value.AsString())
 					}
 				}
@@ -140,15 +142,15 @@ func TestShadowModeRecordsWithoutRefusing(t *testing.T) {
 	require.NoError(t, reader.Collect(context.Background(), &rm))
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			if m.Name == interceptor.MetricWouldRefuse {
+			if m.Name == semconv.MetricWouldRefuse {
 				for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
-					r, _ := p.Attributes.Value(interceptor.AttrReason)
+					r, _ := p.Attributes.Value(semconv.AttrReason)
 					would[r.AsString()] += p.Value
 				}
 			}
-			if m.Name == interceptor.MetricRefusals {
+			if m.Name == semconv.MetricRefusals {
 				for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
-					r, _ := p.Attributes.Value(interceptor.AttrReason)
+					r, _ := p.Attributes.Value(semconv.AttrReason)
 					assert.Equal(t, string(interceptor.ReasonMaxAttempts), r.AsString(), "only the attempt limit refused")
 				}
 			}
@@ -181,9 +183,9 @@ func TestShadowModeCountsWhatTheDefaultsWouldNotSend(t *testing.T) {
 	would := map[string]int64{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			if m.Name == interceptor.MetricWouldRefuse {
+			if m.Name == semconv.MetricWouldRefuse {
 				for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
-					r, _ := p.Attributes.Value(interceptor.AttrReason)
+					r, _ := p.Attributes.Value(semconv.AttrReason)
 					would[r.AsString()] += p.Value
 				}
 			}
@@ -254,7 +256,7 @@ func TestGRPCRetryPolicyIsNotMultiplied(t *testing.T) {
 	}
 	assert.Equal(t, 1, strings.Count(logs.String(), "retryPolicy"), "reported once: %s", logs.String())
 	last := spans.GetSpans()[len(spans.GetSpans())-1]
-	assert.Contains(t, last.Attributes, interceptor.AttrGRPCRetryPolicy.Bool(true))
+	assert.Contains(t, last.Attributes, semconv.AttrGRPCRetryPolicy.Bool(true))
 
 	// Through DialOptions, grpc-go does not retry, and the suite does.
 	guard = interceptor.NewClient(fast, interceptor.WithoutBudget(), interceptor.WithoutBreaker(), interceptor.WithTracerProvider(tp))
@@ -322,7 +324,7 @@ func TestBesideOtelgrpc(t *testing.T) {
 		}
 	}
 	require.NotEmpty(t, names["rpc.client.call.duration"], "otelgrpc reports per attempt")
-	require.NotEmpty(t, names[interceptor.MetricCallDuration], "the suite reports per call")
+	require.NotEmpty(t, names[semconv.MetricCallDuration], "the suite reports per call")
 	for name, scopes := range names {
 		assert.Len(t, scopes, 1, "%s is reported by %v", name, scopes)
 	}

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
@@ -257,10 +259,10 @@ func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, 
 		ctx, c.span = t.Start(ctx, r.tel.name, r.tel.callSpan...)
 		c.recording = c.span.IsRecording()
 		if c.recording && p.grpcRetry {
-			c.span.SetAttributes(AttrGRPCRetryPolicy.Bool(true))
+			c.span.SetAttributes(semconv.AttrGRPCRetryPolicy.Bool(true))
 		}
 		if c.recording && c.outer.back != nil {
-			c.span.SetAttributes(AttrOuterRetry.Bool(true))
+			c.span.SetAttributes(semconv.AttrOuterRetry.Bool(true))
 		}
 	}
 	c.ctx = ctx
@@ -430,14 +432,14 @@ func (c *call) open(a *attempt, kind attemptKind, mode attemptMode) (Reason, err
 		// The marker says the suite's budget paid for (or bounds) this
 		// retry or hedge, so that a stormguard server does not charge it
 		// to its own budget again (see WithServerBudget).
-		actx = metadata.AppendToOutgoingContext(actx, PreviousAttemptsKey, strconv.Itoa(n), BudgetedKey, "1")
+		actx = metadata.AppendToOutgoingContext(actx, semconv.PreviousAttemptsKey, strconv.Itoa(n), semconv.BudgetedKey, "1")
 	}
 	actx = c.attemptContext(actx, a, now, mode)
 	rt := c.route.tel
 	ao := rt.attemptOpts(kind)
 	if c.recording {
 		actx, a.span = c.client.tel.tracer.Start(actx, ao.spanName, ao.span...)
-		a.span.SetAttributes(AttrPreviousAttempts.Int(c.tally.prior + c.tally.sent))
+		a.span.SetAttributes(semconv.AttrPreviousAttempts.Int(c.tally.prior + c.tally.sent))
 	}
 	if p := c.client.o.propagators; p != nil {
 		md, ok := metadata.FromOutgoingContext(actx) // a copy
@@ -776,7 +778,7 @@ func (c *call) deadForSure(now time.Time) bool {
 // status when the table says so.
 func (c *call) conclude(v verdict) error {
 	if v.reason != "" {
-		c.refuse(v.reason, EventRetryRefused)
+		c.refuse(v.reason, semconv.EventRetryRefused)
 	}
 	return annotate(v.err, v.reason, c.client.o.noMarker)
 }
@@ -790,7 +792,7 @@ func (c *call) notSent(reason Reason, err error) error {
 		c.refuse(reason, reason.info().firstEvent)
 		return err
 	}
-	c.refuse(reason, EventRetryRefused)
+	c.refuse(reason, semconv.EventRetryRefused)
 	return annotate(c.lastErr, reason, c.client.o.noMarker)
 }
 
@@ -817,7 +819,7 @@ func recordRefusal(ctx context.Context, cl *Client, r *route, span trace.Span, e
 func noteRefusal(ctx context.Context, cl *Client, r *route, span trace.Span, e RefusalEvent) {
 	cl.tel.refusals.Add(ctx, 1, r.tel.refusalOpts(e.Reason)...)
 	if span != nil {
-		span.AddEvent(e.Event, trace.WithAttributes(AttrReason.String(string(e.Reason))))
+		span.AddEvent(e.Event, trace.WithAttributes(semconv.AttrReason.String(string(e.Reason))))
 	}
 	if e.Reason.info().propagates {
 		markRefused(ctx)
@@ -836,7 +838,7 @@ func refusalHook(cl *Client, r *route, e RefusalEvent) {
 // would have made.
 func (c *call) wouldRefuse(reason Reason) {
 	c.client.tel.wouldRefuse.Add(c.ctx, 1, c.route.tel.wouldRefuseOpts(reason)...)
-	c.event(EventWouldRefuse, AttrReason.String(string(reason)))
+	c.event(semconv.EventWouldRefuse, semconv.AttrReason.String(string(reason)))
 }
 
 // scheduled records a retry decision.
@@ -847,14 +849,14 @@ func (c *call) scheduled(v verdict) {
 	if !c.recording {
 		return
 	}
-	attrs := []attribute.KeyValue{AttrCause.String(codename.Name(status.Code(v.err))), AttrDelay.Float64(v.delay.Seconds())}
+	attrs := []attribute.KeyValue{semconv.AttrCause.String(codename.Name(status.Code(v.err))), semconv.AttrDelay.Float64(v.delay.Seconds())}
 	if c.pay == payFailover {
-		attrs = append(attrs, AttrFailover.Bool(true))
+		attrs = append(attrs, semconv.AttrFailover.Bool(true))
 	}
-	if vs := v.tr[PushbackKey]; len(vs) == 1 {
-		attrs = append(attrs, AttrPushback.String(vs[0]))
+	if vs := v.tr[semconv.PushbackKey]; len(vs) == 1 {
+		attrs = append(attrs, semconv.AttrPushback.String(vs[0]))
 	}
-	c.span.AddEvent(EventRetryScheduled, trace.WithAttributes(attrs...))
+	c.span.AddEvent(semconv.EventRetryScheduled, trace.WithAttributes(attrs...))
 }
 
 // event adds a decision event to the call span.
@@ -926,7 +928,7 @@ func (c *call) endCall(err error) {
 // one value from 0 to MaxPushback (the delay); stop is true for a negative,
 // malformed or larger value, or several values.
 func parsePushback(tr metadata.MD) (delay time.Duration, has, stop bool) {
-	vs := tr[PushbackKey]
+	vs := tr[semconv.PushbackKey]
 	switch len(vs) {
 	case 0:
 		return 0, false, false

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -52,8 +54,8 @@ func TestBackoffOnTheFakeClock(t *testing.T) {
 	assert.LessOrEqual(t, first, 100*time.Millisecond)
 	assert.GreaterOrEqual(t, second, 100*time.Millisecond)
 	assert.LessOrEqual(t, second, 200*time.Millisecond)
-	assert.Equal(t, []string{"1"}, calls[1].md.Get(interceptor.PreviousAttemptsKey))
-	assert.Equal(t, []string{"2"}, calls[2].md.Get(interceptor.PreviousAttemptsKey))
+	assert.Equal(t, []string{"1"}, calls[1].md.Get(semconv.PreviousAttemptsKey))
+	assert.Equal(t, []string{"2"}, calls[2].md.Get(semconv.PreviousAttemptsKey))
 }
 
 // A hedge is sent when the hedging delay passes on the Client's timers, the
@@ -72,7 +74,7 @@ func TestHedgeOnTheFakeClock(t *testing.T) {
 	calls := inv.attempts()
 	require.Len(t, calls, 2)
 	assert.Equal(t, 10*time.Millisecond, calls[1].at.Sub(calls[0].at), "hedge after exactly the delay")
-	assert.Equal(t, []string{"1"}, calls[1].md.Get(interceptor.PreviousAttemptsKey))
+	assert.Equal(t, []string{"1"}, calls[1].md.Get(semconv.PreviousAttemptsKey))
 	assert.ErrorIs(t, calls[0].ctx.Err(), context.Canceled, "the loser was cancelled")
 }
 
@@ -143,7 +145,7 @@ func TestBudgetIsNotSpentOnAHedgeThatIsNotSent(t *testing.T) {
 	require.NoError(t, err, "the first attempt's answer")
 	assert.Len(t, inv.attempts(), 1, "no hedge was sent")
 	require.Len(t, refusals, 1)
-	assert.Equal(t, interceptor.EventHedgeRefused, refusals[0].Event)
+	assert.Equal(t, semconv.EventHedgeRefused, refusals[0].Event)
 	assert.Equal(t, interceptor.ReasonDeadline, refusals[0].Reason)
 	st := budgets.For("passthrough:///fake").Stats()
 	assert.Equal(t, uint64(0), st.Granted, "no token for a hedge that was never sent")
@@ -153,7 +155,7 @@ func TestBudgetIsNotSpentOnAHedgeThatIsNotSent(t *testing.T) {
 // retry"; a call without a deadline does not sleep for 24.8 days.
 func TestPushbackBeyondTheCapStopsRetries(t *testing.T) {
 	inv := &invoker{script: func(n int) reply {
-		return reply{err: errUnavailable, trailer: metadata.Pairs(interceptor.PushbackKey, "2147483647")}
+		return reply{err: errUnavailable, trailer: metadata.Pairs(semconv.PushbackKey, "2147483647")}
 	}}
 	ic := interceptor.NewClient(append(noopProviders(), interceptor.WithoutBudget())...).Unary()
 	cc := dialPassthrough(t)
@@ -173,7 +175,7 @@ func TestPushbackBeyondTheCapStopsRetries(t *testing.T) {
 	clk, opts := fakeClock()
 	inv = &invoker{clk: clk, script: func(n int) reply {
 		if n == 1 {
-			return reply{err: errUnavailable, trailer: metadata.Pairs(interceptor.PushbackKey, "60000")}
+			return reply{err: errUnavailable, trailer: metadata.Pairs(semconv.PushbackKey, "60000")}
 		}
 		return reply{}
 	}}

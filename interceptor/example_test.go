@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -178,7 +180,7 @@ func ExampleNewServer() {
 	defer conn.Close()
 	var trailer metadata.MD
 	_, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{}, grpc.Trailer(&trailer))
-	fmt.Println(status.Code(err), interceptor.RefusedBy(err), trailer.Get(interceptor.PushbackKey))
+	fmt.Println(status.Code(err), interceptor.RefusedBy(err), trailer.Get(semconv.PushbackKey))
 	// Output:
 	// Unavailable budget [-1]
 }

@@ -4,6 +4,8 @@ import (
 	"sync/atomic"
 	"weak"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -79,7 +81,7 @@ func (c *call) noteGRPCRetries(a *attempt, calls int32, err error, hdr, tr metad
 	case calls > 1:
 		w.off.Store(false)
 	case calls == 1 && err != nil && hdr == nil && a.ctx.Err() == nil && c.grpc.mc.grpcRetry &&
-		len(tr[PushbackKey]) == 0 && c.grpc.mc.grpcAttempts > 1 && c.grpc.mc.grpcCodes.Has(status.Code(err)):
+		len(tr[semconv.PushbackKey]) == 0 && c.grpc.mc.grpcAttempts > 1 && c.grpc.mc.grpcCodes.Has(status.Code(err)):
 		if m, ok := req.(proto.Message); ok && proto.Size(m) > retryBuffer {
 			return
 		}

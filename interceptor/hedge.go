@@ -4,6 +4,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -29,7 +31,7 @@ import (
 // is not thrown away. Cancelling it would lose the work the server has
 // done or queued for it, and under overload that loss is what keeps a
 // service down (storm lab scenario 10); when no retry may be sent, the
-// slow attempt simply runs on (EventTimeoutKept).
+// slow attempt simply runs on (semconv.EventTimeoutKept).
 //
 // The call is passed to every method rather than kept in the hedger, so
 // that it stays on the caller's stack (escape analysis does not tell a
@@ -134,11 +136,11 @@ func (h *hedger) send(c *call, a *attempt) outcome {
 				continue
 			}
 			if reason, _ := h.open(c, kindHedge); reason != "" {
-				c.refuse(reason, EventHedgeRefused)
+				c.refuse(reason, semconv.EventHedgeRefused)
 				h.hedging = false
 				continue
 			}
-			c.event(EventHedgeSent, AttrPreviousAttempts.Int(c.tally.sent-1))
+			c.event(semconv.EventHedgeSent, semconv.AttrPreviousAttempts.Int(c.tally.sent-1))
 			h.arm(c)
 		case <-c.ctx.Done():
 			return outcome{err: status.FromContextError(c.ctx.Err()).Err(), settled: true}
@@ -159,7 +161,7 @@ func (h *hedger) answer(c *call, res hedgeResult) (done bool, err error) {
 		// running may yet answer.
 		h.hedging, h.timing = false, false
 		h.arm(c)
-		c.refuse(reason, EventRetryRefused)
+		c.refuse(reason, semconv.EventRetryRefused)
 		return false, nil
 	}
 	v := c.settle(a, res.err, res.a.trailer)
@@ -173,7 +175,7 @@ func (h *hedger) answer(c *call, res hedgeResult) (done bool, err error) {
 			// Nothing more is sent.
 			h.winner, h.hedging, h.timing = nil, false, false
 			h.arm(c)
-			c.refuse(v.reason, EventRetryRefused)
+			c.refuse(v.reason, semconv.EventRetryRefused)
 			return false, nil
 		}
 		return true, c.conclude(v)
@@ -262,7 +264,7 @@ func (h *hedger) timedOut(c *call) {
 // keep records that no retry was sent on a per-attempt timeout, for
 // reason.
 func (h *hedger) keep(c *call, reason Reason) {
-	c.refuse(reason, EventTimeoutKept)
+	c.refuse(reason, semconv.EventTimeoutKept)
 	h.timing = false
 	h.arm(c) // a hedge may still be due
 }

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -25,7 +27,7 @@ import (
 // later attempts answer at once; every attempt says which one it is in a
 // header and a trailer.
 func firstAttemptStalls(c origin.Call) origin.Reply {
-	prev := c.Metadata.Get(interceptor.PreviousAttemptsKey)
+	prev := c.Metadata.Get(semconv.PreviousAttemptsKey)
 	n := "0"
 	if len(prev) == 1 {
 		n = prev[0]
@@ -58,7 +60,7 @@ func TestHedgeReplyIsTheWinnersMessage(t *testing.T) {
 	invoked := make(chan struct{}, 4)
 	invoke := func(ctx context.Context, _ string, req, reply any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
 		md, _ := metadata.FromOutgoingContext(ctx)
-		hedge := len(md.Get(interceptor.PreviousAttemptsKey)) > 0
+		hedge := len(md.Get(semconv.PreviousAttemptsKey)) > 0
 		d := time.Millisecond
 		if req.(*echov1.GetRequest).GetRequestId() == "slow" && !hedge {
 			d = time.Hour
@@ -169,7 +171,7 @@ func TestAdaptiveHedgingCutsTheTail(t *testing.T) {
 		attempts++
 		id := req.(*echov1.PutRequest).GetRequestId()
 		d := time.Millisecond
-		if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(interceptor.PreviousAttemptsKey)) == 0 && strings.HasSuffix(id, "slow") {
+		if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(semconv.PreviousAttemptsKey)) == 0 && strings.HasSuffix(id, "slow") {
 			d = 300 * time.Millisecond
 		}
 		timer := clk.NewTimer(d)

@@ -27,7 +27,7 @@ type Hooks struct {
 	// deadline): OnRefusal then follows.
 	OnRetry func(RetryEvent)
 	// OnRefusal is called when a retry, a hedge or a call is refused. For a
-	// retry refused at a per-attempt timeout (EventTimeoutKept) of an
+	// retry refused at a per-attempt timeout (semconv.EventTimeoutKept) of an
 	// attempt the call waits for (a reply that is not a proto message), it
 	// is called once that attempt has returned.
 	OnRefusal func(RefusalEvent)
@@ -63,9 +63,9 @@ type RefusalEvent struct {
 	Method   string
 	Target   string
 	Reason   Reason
-	Event    string // EventRetryRefused, EventHedgeRefused, EventBreakerRejected, EventDeadlineFast or EventTimeoutKept
+	Event    string // semconv.EventRetryRefused, semconv.EventHedgeRefused, semconv.EventBreakerRejected, semconv.EventDeadlineFast or semconv.EventTimeoutKept
 	Attempts int    // attempts of the call sent so far
-	Err      error  // the last attempt's status (nil when none was sent, and for EventTimeoutKept: the attempt runs on)
+	Err      error  // the last attempt's status (nil when none was sent, and for semconv.EventTimeoutKept: the attempt runs on)
 }
 
 func (c *Client) logger() *slog.Logger {

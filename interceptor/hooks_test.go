@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -114,7 +116,7 @@ func TestOnRefusalAtAPerAttemptTimeoutRunsOnTheCallsGoroutine(t *testing.T) {
 				interceptor.WithPerAttemptTimeout(100*time.Millisecond),
 				interceptor.WithHooks(interceptor.Hooks{OnRefusal: func(e interceptor.RefusalEvent) {
 					calls <- hookCall{e, goid()}
-					if panics && e.Event == interceptor.EventTimeoutKept {
+					if panics && e.Event == semconv.EventTimeoutKept {
 						panic("OnRefusal panics")
 					}
 				}}))...)...).Unary()
@@ -138,8 +140,8 @@ func TestOnRefusalAtAPerAttemptTimeoutRunsOnTheCallsGoroutine(t *testing.T) {
 			clk.Advance(d)
 			// The timer's refusal is counted when it fires.
 			require.Eventually(t, func() bool {
-				agg, ok := collect(t, reader)[interceptor.MetricRefusals]
-				return ok && sumBy(t, agg, interceptor.AttrReason)[string(interceptor.ReasonBreaker)] == 1
+				agg, ok := collect(t, reader)[semconv.MetricRefusals]
+				return ok && sumBy(t, agg, semconv.AttrReason)[string(interceptor.ReasonBreaker)] == 1
 			}, 10*time.Second, time.Millisecond, "the per-attempt timer kept the attempt")
 			close(hold) // the kept attempt answers
 			require.NoError(t, <-done, "the kept attempt's answer is the call's")
@@ -149,7 +151,7 @@ func TestOnRefusalAtAPerAttemptTimeoutRunsOnTheCallsGoroutine(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("no OnRefusal for the kept attempt")
 			}
-			assert.Equal(t, interceptor.EventTimeoutKept, hc.e.Event)
+			assert.Equal(t, semconv.EventTimeoutKept, hc.e.Event)
 			assert.Equal(t, interceptor.ReasonBreaker, hc.e.Reason)
 			assert.Equal(t, <-callG, hc.g, "OnRefusal ran on another goroutine than the call's")
 			if panics {

@@ -250,7 +250,7 @@ func WithReplayLimit(bytes int) ClientOption {
 // attempt is cancelled then (Envoy's hedge_on_per_try_timeout). The retry
 // is sent only if one may be (the method may be repeated, attempts are
 // left, the breaker, the budget and WithRetryIf allow it); if not, the
-// slow attempt runs on, and the span records EventTimeoutKept. A
+// slow attempt runs on, and the span records semconv.EventTimeoutKept. A
 // cancelled attempt's work, done or queued at the server, would be lost,
 // and under overload that loss keeps a service down (storm lab scenario
 // 10). A reply that is not a proto message (a custom codec) cannot have
@@ -479,14 +479,14 @@ type serverOptions struct {
 // serves (the first attempts of every client, so it bounds a fleet whose
 // clients it does not control). While the method fails more than the
 // budget's ratio of its recent calls, a retry or hedge the method's budget
-// cannot pay for is refused at once (Unavailable, ErrorReasonRetryBudget,
+// cannot pay for is refused at once (Unavailable, semconv.ErrorReasonRetryBudget,
 // grpc-retry-pushback-ms: -1), before the handler runs. The default is
 // budget.NewRegistry(budget.Config{}): 10%. nil turns it off.
 //
 // Whether an attempt is a retry is the caller's word (its
 // grpc-previous-rpc-attempts metadata): a client that hides it is served
 // as a first attempt, and pays for others' retries. The suite's clients
-// also say that their own budgets bound their retries (BudgetedKey):
+// also say that their own budgets bound their retries (semconv.BudgetedKey):
 // those are counted, and served even when the server's budget is spent,
 // so that the two budgets do not both charge them; the retries of other
 // clients get what is left. A client that lies about either gets no more

@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -86,7 +88,7 @@ func (c *call) mayFollow() bool {
 // fire runs when the per-attempt timeout expires, on the timer's
 // goroutine: if a retry could be sent now, it withdraws the retry's token
 // and cuts the attempt; otherwise the attempt keeps running, and the
-// refused retry is recorded (EventTimeoutKept; the hook is called by
+// refused retry is recorded (semconv.EventTimeoutKept; the hook is called by
 // finish, on the call's goroutine).
 func (p *perTry) fire() {
 	defer p.client.recoverOwn("per-attempt timeout")
@@ -95,7 +97,7 @@ func (p *perTry) fire() {
 	}
 	now := p.client.now()
 	if reason := p.refusal(now); reason != "" {
-		e := RefusalEvent{Reason: reason, Event: EventTimeoutKept, Attempts: p.attempts}
+		e := RefusalEvent{Reason: reason, Event: semconv.EventTimeoutKept, Attempts: p.attempts}
 		p.kept = e
 		if p.state.CompareAndSwap(ptRunning, ptKept) {
 			noteRefusal(p.ctx, p.client, p.route, p.span, e)

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -40,7 +42,7 @@ func TestPerAttemptTimeoutSendsARetryBesideTheSlowAttempt(t *testing.T) {
 	calls := inv.attempts()
 	require.Len(t, calls, 2)
 	assert.Equal(t, 100*time.Millisecond, calls[1].at.Sub(calls[0].at), "sent at the timeout")
-	assert.Equal(t, []string{"1"}, calls[1].md.Get(interceptor.PreviousAttemptsKey))
+	assert.Equal(t, []string{"1"}, calls[1].md.Get(semconv.PreviousAttemptsKey))
 	assert.ErrorIs(t, calls[0].ctx.Err(), context.Canceled, "the loser is cancelled once the retry has answered")
 	assert.Equal(t, uint64(1), budgets.For("passthrough:///fake").Stats().Granted, "one token, for the one retry")
 }
@@ -148,7 +150,7 @@ func TestPerAttemptTimeoutKeepsAnAttemptNoRetryCanFollow(t *testing.T) {
 					t.Fatalf("the call ended (%v) instead of keeping its attempt", err)
 				}
 				assert.Equal(t, tc.fires, e.Reason)
-				assert.Equal(t, interceptor.EventTimeoutKept, e.Event)
+				assert.Equal(t, semconv.EventTimeoutKept, e.Event)
 				assert.Equal(t, 1, e.Attempts)
 				assert.NoError(t, e.Err)
 			}
@@ -160,8 +162,8 @@ func TestPerAttemptTimeoutKeepsAnAttemptNoRetryCanFollow(t *testing.T) {
 			var kept []string
 			for _, s := range spans.GetSpans() {
 				for _, ev := range s.Events {
-					if ev.Name == interceptor.EventTimeoutKept {
-						kept = append(kept, attrs(ev.Attributes)[interceptor.AttrReason].AsString())
+					if ev.Name == semconv.EventTimeoutKept {
+						kept = append(kept, attrs(ev.Attributes)[semconv.AttrReason].AsString())
 					}
 				}
 			}
@@ -229,7 +231,7 @@ func TestADoNotRetryBesideASlowAttemptDoesNotEndTheCall(t *testing.T) {
 				if n == 1 {
 					return reply{hold: hold, err: tc.slow}
 				}
-				return reply{err: status.Error(code, "shed"), trailer: metadata.Pairs(interceptor.PushbackKey, "-1")}
+				return reply{err: status.Error(code, "shed"), trailer: metadata.Pairs(semconv.PushbackKey, "-1")}
 			}}
 			refusals := make(chan interceptor.RefusalEvent, 4)
 			ic := interceptor.NewClient(append(opts, append(noopProviders(),
@@ -245,7 +247,7 @@ func TestADoNotRetryBesideASlowAttemptDoesNotEndTheCall(t *testing.T) {
 				t.Fatalf("the call ended with the refused retry: %v", err)
 			case e := <-refusals:
 				assert.Equal(t, interceptor.ReasonPushback, e.Reason)
-				assert.Equal(t, interceptor.EventRetryRefused, e.Event)
+				assert.Equal(t, semconv.EventRetryRefused, e.Event)
 			}
 			assert.Equal(t, 0, clk.Pending(), "no more attempts are armed")
 			close(hold)

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"google.golang.org/grpc/metadata"
 )
 
@@ -19,9 +21,9 @@ func FuzzParsePushback(f *testing.F) {
 		f.Add(s, true)
 	}
 	f.Fuzz(func(t *testing.T, v string, twice bool) {
-		md := metadata.MD{PushbackKey: {v}}
+		md := metadata.MD{semconv.PushbackKey: {v}}
 		if twice {
-			md[PushbackKey] = append(md[PushbackKey], v)
+			md[semconv.PushbackKey] = append(md[semconv.PushbackKey], v)
 		}
 		delay, has, stop := parsePushback(md)
 		if has && stop {

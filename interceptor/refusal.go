@@ -3,6 +3,8 @@ package interceptor
 import (
 	"strings"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -51,8 +53,8 @@ type reasonInfo struct {
 // refusals is the refusal table.
 var refusals = map[Reason]reasonInfo{
 	ReasonBudget:        {annotates: true, propagates: true},
-	ReasonBreaker:       {firstEvent: EventBreakerRejected, annotates: true, propagates: true},
-	ReasonDeadline:      {firstEvent: EventDeadlineFast, annotates: true},
+	ReasonBreaker:       {firstEvent: semconv.EventBreakerRejected, annotates: true, propagates: true},
+	ReasonDeadline:      {firstEvent: semconv.EventDeadlineFast, annotates: true},
 	ReasonPushback:      {annotates: true, propagates: true},
 	ReasonNotIdempotent: {fatal: true},
 	ReasonMaxAttempts:   {propagates: true},
@@ -68,22 +70,6 @@ func (r Reason) info() reasonInfo { return refusals[r] }
 // budget, breaker, pushback and max_attempts do; the others do not.
 func (r Reason) Propagates() bool { return r.info().propagates }
 
-// ErrorInfo reasons and domain of the details stormguard adds to statuses.
-const (
-	// ErrorDomain is the ErrorInfo domain of stormguard's details.
-	ErrorDomain = "stormguard"
-	// ErrorReasonCircuitOpen: the call was not sent because the breaker
-	// of its method on its target is open (code Unavailable, with a
-	// RetryInfo saying how long it stays open; the metadata keys "target"
-	// and "method" name the breaker).
-	ErrorReasonCircuitOpen = "CIRCUIT_OPEN"
-	// ErrorReasonRetryRefused: the status is the last attempt's code and
-	// message (the message ending with the refusal marker, see RefusedBy);
-	// a retry was refused, and the metadata key "refused_by" says why
-	// (budget, breaker, deadline or pushback).
-	ErrorReasonRetryRefused = "RETRY_REFUSED"
-)
-
 // annotate returns err with an ErrorInfo RETRY_REFUSED saying why it was
 // not retried, when the table says the reason annotates; the code is
 // unchanged, and the message gets the refusal marker at its end (see
@@ -97,8 +83,8 @@ func annotate(err error, reason Reason, plain bool) error {
 		p.Message = stripMarker(p.Message) + messageMarker(reason)
 	}
 	withInfo, derr := status.FromProto(p).WithDetails(&errdetails.ErrorInfo{
-		Reason:   ErrorReasonRetryRefused,
-		Domain:   ErrorDomain,
+		Reason:   semconv.ErrorReasonRetryRefused,
+		Domain:   semconv.ErrorDomain,
 		Metadata: map[string]string{"refused_by": string(reason)},
 	})
 	if derr != nil {
@@ -154,7 +140,7 @@ func circuitOpenError(r *route, b *breaker.Breaker) error {
 	target := r.key
 	st := status.New(codes.Unavailable, circuitOpenPrefix+r.method+" on "+target)
 	withInfo, err := st.WithDetails(
-		&errdetails.ErrorInfo{Reason: ErrorReasonCircuitOpen, Domain: ErrorDomain, Metadata: map[string]string{"target": target, "method": r.method}},
+		&errdetails.ErrorInfo{Reason: semconv.ErrorReasonCircuitOpen, Domain: semconv.ErrorDomain, Metadata: map[string]string{"target": target, "method": r.method}},
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(b.RetryAfter())},
 	)
 	if err != nil {
@@ -183,11 +169,11 @@ func RefusedBy(err error) Reason {
 		return ""
 	}
 	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == ErrorDomain {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == semconv.ErrorDomain {
 			switch info.GetReason() {
-			case ErrorReasonCircuitOpen:
+			case semconv.ErrorReasonCircuitOpen:
 				return ReasonBreaker
-			case ErrorReasonRetryRefused:
+			case semconv.ErrorReasonRetryRefused:
 				return Reason(info.GetMetadata()["refused_by"])
 			}
 		}

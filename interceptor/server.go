@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
@@ -76,7 +78,7 @@ func markRefused(ctx context.Context) {
 }
 
 // dontRetry is the trailer that tells callers not to retry (gRFC A6).
-var dontRetry = metadata.Pairs(PushbackKey, "-1")
+var dontRetry = metadata.Pairs(semconv.PushbackKey, "-1")
 
 // pushback sets grpc-retry-pushback-ms: -1 on a failed response whose
 // failure comes from refused retries further down.

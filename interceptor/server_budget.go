@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -15,14 +17,9 @@ import (
 	"github.com/stormguard/stormguard/overload"
 )
 
-// ErrorReasonRetryBudget is the ErrorInfo reason (domain ErrorDomain) of a
-// retry or hedge the Server refused because its method's retry budget was
-// spent (Unavailable, handler not run, grpc-retry-pushback-ms: -1).
-const ErrorReasonRetryBudget = "RETRY_BUDGET"
-
 var errRetryBudget = overloadError(codes.Unavailable,
 	"stormguard: retry refused by the server: retries and hedges of this method are over its retry budget, do not retry",
-	ErrorReasonRetryBudget, nil)
+	semconv.ErrorReasonRetryBudget, nil)
 
 // The window over which a method's recent failure share is judged: the
 // last 3 to 4 s.
@@ -111,7 +108,7 @@ func (mb *methodBudget) admit(now time.Time, retry, budgeted bool) bool {
 // isBudgeted reports whether a retry arriving with ctx says its client's
 // own budget bounds it (the caller's word, as its attempt number is).
 func isBudgeted(ctx context.Context) bool {
-	vs := metadata.ValueFromIncomingContext(ctx, BudgetedKey)
+	vs := metadata.ValueFromIncomingContext(ctx, semconv.BudgetedKey)
 	return len(vs) == 1 && vs[0] == "1"
 }
 
@@ -150,7 +147,7 @@ func serverFailure(err error) bool {
 // isRetry reports whether the call arriving with ctx says it is a retry or
 // a hedge (gRFC A6's grpc-previous-rpc-attempts; the caller's word).
 func isRetry(ctx context.Context) bool {
-	return overload.IsRetry(metadata.ValueFromIncomingContext(ctx, PreviousAttemptsKey))
+	return overload.IsRetry(metadata.ValueFromIncomingContext(ctx, semconv.PreviousAttemptsKey))
 }
 
 // refuseRetry answers a retry the method's budget refused: do not retry.

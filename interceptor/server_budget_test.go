@@ -9,6 +9,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -131,7 +133,7 @@ func TestServerBudgetBoundsAFleetItDoesNotControl(t *testing.T) {
 }
 
 // A retry the server's budget refuses is answered at once, before the
-// handler, with Unavailable, ErrorReasonRetryBudget and "do not retry".
+// handler, with Unavailable, semconv.ErrorReasonRetryBudget and "do not retry".
 func TestServerBudgetRefusalSaysDoNotRetry(t *testing.T) {
 	o := origin.New(origin.Always(codes.Unavailable))
 	s := interceptor.NewServer()
@@ -151,9 +153,9 @@ func TestServerBudgetRefusalSaysDoNotRetry(t *testing.T) {
 	var last error
 	var tr metadata.MD
 	for i := range 20 {
-		ctx := metadata.AppendToOutgoingContext(t.Context(), interceptor.PreviousAttemptsKey, "1")
+		ctx := metadata.AppendToOutgoingContext(t.Context(), semconv.PreviousAttemptsKey, "1")
 		_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: fmt.Sprint(i)}, grpc.Trailer(&tr))
-		if interceptor.RefusedBy(err) == "" && status.Code(err) == codes.Unavailable && tr.Get(interceptor.PushbackKey) != nil && tr.Get(interceptor.PushbackKey)[0] == "-1" {
+		if interceptor.RefusedBy(err) == "" && status.Code(err) == codes.Unavailable && tr.Get(semconv.PushbackKey) != nil && tr.Get(semconv.PushbackKey)[0] == "-1" {
 			refused++
 			last = err
 		}
@@ -168,7 +170,7 @@ func TestServerBudgetRefusalSaysDoNotRetry(t *testing.T) {
 		}
 	}
 	require.NotNil(t, info)
-	assert.Equal(t, interceptor.ErrorReasonRetryBudget, info.GetReason())
+	assert.Equal(t, semconv.ErrorReasonRetryBudget, info.GetReason())
 }
 
 // While the method serves, the retries a server gets are fail-overs from
@@ -188,7 +190,7 @@ func TestServerBudgetServesRetriesWhileTheMethodServes(t *testing.T) {
 	for i := range 200 {
 		ctx := t.Context()
 		if i%2 == 1 { // half the calls are fail-overs from a dead peer
-			ctx = metadata.AppendToOutgoingContext(ctx, interceptor.PreviousAttemptsKey, "1")
+			ctx = metadata.AppendToOutgoingContext(ctx, semconv.PreviousAttemptsKey, "1")
 		}
 		_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: fmt.Sprint(i)})
 		require.NoError(t, err, "call %d", i)
@@ -214,13 +216,13 @@ func TestServerBudgetServesRetriesTheClientBudgeted(t *testing.T) {
 		_, _ = echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
 	}
 	for i := range 20 { // budgeted retries: all served, and they spend the budget
-		ctx := metadata.AppendToOutgoingContext(t.Context(), interceptor.PreviousAttemptsKey, "1", interceptor.BudgetedKey, "1")
+		ctx := metadata.AppendToOutgoingContext(t.Context(), semconv.PreviousAttemptsKey, "1", semconv.BudgetedKey, "1")
 		_, _ = echo.Put(ctx, &echov1.PutRequest{RequestId: fmt.Sprint(i)})
 	}
 	assert.Equal(t, 40, o.Total())
-	ctx := metadata.AppendToOutgoingContext(t.Context(), interceptor.PreviousAttemptsKey, "1")
+	ctx := metadata.AppendToOutgoingContext(t.Context(), semconv.PreviousAttemptsKey, "1")
 	var tr metadata.MD
 	_, err = echo.Put(ctx, &echov1.PutRequest{RequestId: "other"}, grpc.Trailer(&tr))
-	assert.Equal(t, []string{"-1"}, tr.Get(interceptor.PushbackKey), "another client's retry finds the budget spent: %v", err)
+	assert.Equal(t, []string{"-1"}, tr.Get(semconv.PushbackKey), "another client's retry finds the budget spent: %v", err)
 	assert.Equal(t, 40, o.Total())
 }

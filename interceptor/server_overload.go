@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"sync/atomic"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -13,20 +15,6 @@ import (
 
 	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/overload"
-)
-
-// ErrorInfo reasons of the statuses the Server's overload protection
-// answers with (domain ErrorDomain).
-const (
-	// ErrorReasonDeadlineTooShort: refused on arrival (DeadlineExceeded,
-	// handler not run) because the deadline left was shorter than what the
-	// method needs now; grpc-retry-pushback-ms is -1.
-	ErrorReasonDeadlineTooShort = "DEADLINE_TOO_SHORT"
-	// ErrorReasonOverloaded: shed at a concurrency limit (Unavailable,
-	// handler not run). The metadata key "attempt" says "retry" (a retry or
-	// hedge; grpc-retry-pushback-ms is -1) or "first" (the pushback says
-	// when the caller may retry).
-	ErrorReasonOverloaded = "OVERLOADED"
 )
 
 // overloadOptions are the overload options; the zero value is the
@@ -88,18 +76,18 @@ func (s *Server) Overload() *overload.Guard { return s.ov.guard }
 var (
 	errDeadlineTooShort = overloadError(codes.DeadlineExceeded,
 		"stormguard: refused on arrival: less time left than the method needs now (server overloaded)",
-		ErrorReasonDeadlineTooShort, nil)
+		semconv.ErrorReasonDeadlineTooShort, nil)
 	errShedRetry = overloadError(codes.Unavailable,
 		"stormguard: server overloaded: retry shed, do not retry",
-		ErrorReasonOverloaded, map[string]string{"attempt": "retry"})
+		semconv.ErrorReasonOverloaded, map[string]string{"attempt": "retry"})
 	errShedFirst = overloadError(codes.Unavailable,
 		"stormguard: server overloaded: request shed",
-		ErrorReasonOverloaded, map[string]string{"attempt": "first"})
+		semconv.ErrorReasonOverloaded, map[string]string{"attempt": "first"})
 )
 
 func overloadError(c codes.Code, msg, reason string, md map[string]string) error {
 	st := status.New(c, msg)
-	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain, Metadata: md}); err == nil {
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: semconv.ErrorDomain, Metadata: md}); err == nil {
 		st = d
 	}
 	return dedupe.Refused(st.Err())
@@ -159,7 +147,7 @@ func (s *Server) retryAfter(ms int64) metadata.MD {
 	if c := s.ov.trailer.Load(); c != nil && c.ms == ms {
 		return c.md
 	}
-	c := &retryAfterTrailer{ms: ms, md: metadata.Pairs(PushbackKey, strconv.FormatInt(ms, 10))}
+	c := &retryAfterTrailer{ms: ms, md: metadata.Pairs(semconv.PushbackKey, strconv.FormatInt(ms, 10))}
 	s.ov.trailer.Store(c)
 	return c.md
 }

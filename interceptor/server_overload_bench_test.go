@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
@@ -25,7 +27,7 @@ func BenchmarkServerUnaryOverload(b *testing.B) {
 	defer cancel()
 	first := metadata.NewIncomingContext(ctx, metadata.Pairs("user-agent", "grpc-go/1.85.0", "content-type", "application/grpc"))
 	retry := metadata.NewIncomingContext(ctx, metadata.Pairs("user-agent", "grpc-go/1.85.0", "content-type", "application/grpc",
-		interceptor.PreviousAttemptsKey, "1"))
+		semconv.PreviousAttemptsKey, "1"))
 	run := func(b *testing.B, ctx context.Context, s *interceptor.Server) {
 		ic := s.Unary()
 		b.ReportAllocs()

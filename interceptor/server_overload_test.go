@@ -10,6 +10,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -53,7 +55,7 @@ func blocking(release <-chan struct{}, arrived chan<- struct{}) origin.Script {
 // errorInfo returns the stormguard ErrorInfo of err, if any.
 func errorInfo(err error) *errdetails.ErrorInfo {
 	for _, d := range status.Convert(err).Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == interceptor.ErrorDomain {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == semconv.ErrorDomain {
 			return info
 		}
 	}
@@ -61,7 +63,7 @@ func errorInfo(err error) *errdetails.ErrorInfo {
 }
 
 func retryCtx(ctx context.Context, previous int) context.Context {
-	return metadata.AppendToOutgoingContext(ctx, interceptor.PreviousAttemptsKey, strconv.Itoa(previous))
+	return metadata.AppendToOutgoingContext(ctx, semconv.PreviousAttemptsKey, strconv.Itoa(previous))
 }
 
 // TestServerShedsRetriesBeforeFirstAttempts: at a limit of 4 in flight,
@@ -101,18 +103,18 @@ func TestServerShedsRetriesBeforeFirstAttempts(t *testing.T) {
 		require.Equal(t, codes.Unavailable, status.Code(err), "retry with %d previous attempts", previous)
 		info := errorInfo(err)
 		require.NotNil(t, info)
-		assert.Equal(t, interceptor.ErrorReasonOverloaded, info.GetReason())
+		assert.Equal(t, semconv.ErrorReasonOverloaded, info.GetReason())
 		assert.Equal(t, "retry", info.GetMetadata()["attempt"])
-		assert.Equal(t, []string{"-1"}, tr.Get(interceptor.PushbackKey))
+		assert.Equal(t, []string{"-1"}, tr.Get(semconv.PushbackKey))
 	}
 	// A malformed attempt count is no way to jump the queue.
 	var tr metadata.MD
-	_, err := echo.Put(metadata.AppendToOutgoingContext(ctx, interceptor.PreviousAttemptsKey, "zero"), &echov1.PutRequest{RequestId: "m"}, grpc.Trailer(&tr))
+	_, err := echo.Put(metadata.AppendToOutgoingContext(ctx, semconv.PreviousAttemptsKey, "zero"), &echov1.PutRequest{RequestId: "m"}, grpc.Trailer(&tr))
 	require.Equal(t, codes.Unavailable, status.Code(err))
 
 	// First attempts are still admitted, up to 4.
 	hold(ctx, "c")
-	hold(metadata.AppendToOutgoingContext(ctx, interceptor.PreviousAttemptsKey, "0"), "d")
+	hold(metadata.AppendToOutgoingContext(ctx, semconv.PreviousAttemptsKey, "0"), "d")
 
 	// At 4, a first attempt is shed too, with a pushback of 250ms.
 	tr = nil
@@ -120,9 +122,9 @@ func TestServerShedsRetriesBeforeFirstAttempts(t *testing.T) {
 	require.Equal(t, codes.Unavailable, status.Code(err))
 	info := errorInfo(err)
 	require.NotNil(t, info)
-	assert.Equal(t, interceptor.ErrorReasonOverloaded, info.GetReason())
+	assert.Equal(t, semconv.ErrorReasonOverloaded, info.GetReason())
 	assert.Equal(t, "first", info.GetMetadata()["attempt"])
-	assert.Equal(t, []string{"250"}, tr.Get(interceptor.PushbackKey))
+	assert.Equal(t, []string{"250"}, tr.Get(semconv.PushbackKey))
 
 	// The origin saw only what was admitted; the shed ones never reached it.
 	assert.Equal(t, 4, o.Total())
@@ -196,8 +198,8 @@ func TestServerRefusesDoomedWork(t *testing.T) {
 	require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
 	info := errorInfo(err)
 	require.NotNil(t, info)
-	assert.Equal(t, interceptor.ErrorReasonDeadlineTooShort, info.GetReason())
-	assert.Equal(t, []string{"-1"}, tr.Get(interceptor.PushbackKey))
+	assert.Equal(t, semconv.ErrorReasonDeadlineTooShort, info.GetReason())
+	assert.Equal(t, []string{"-1"}, tr.Get(semconv.PushbackKey))
 	assert.Equal(t, 0, o.Total(), "the handler ran")
 
 	ctx2, cancel2 := context.WithDeadline(t.Context(), now.Add(20*time.Second))
@@ -274,7 +276,7 @@ func TestServerRefusesNothingWhenNotOverloaded(t *testing.T) {
 				ctx, cancel := context.WithTimeout(ctx, timeout)
 				_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: strconv.Itoa(w*1000 + i)})
 				cancel()
-				refused := errorInfo(err).GetReason() == interceptor.ErrorReasonDeadlineTooShort
+				refused := errorInfo(err).GetReason() == semconv.ErrorReasonDeadlineTooShort
 				switch {
 				case timeout == 20*time.Millisecond && refused:
 					tight.Add(1)
@@ -514,7 +516,7 @@ func TestServerAnswersAKeyedRetryFromTheStoreBeforeAdmission(t *testing.T) {
 			resp, err := echo.Charge(metadata.AppendToOutgoingContext(ctx, idempotency.MetadataKey, key),
 				&echov1.ChargeRequest{RequestId: id, Account: account, AmountCents: 100}, grpc.Trailer(&tr))
 			if err != nil {
-				t.Logf("%s: %v, pushback %v", key, err, tr.Get(interceptor.PushbackKey))
+				t.Logf("%s: %v, pushback %v", key, err, tr.Get(semconv.PushbackKey))
 			}
 			return resp, err
 		}
@@ -787,11 +789,11 @@ func TestServerTheAttemptHeaderIsSelfReported(t *testing.T) {
 		}
 		return ok
 	}
-	honest := served(20, interceptor.PreviousAttemptsKey, "1")
-	hidden := served(10) + served(10, interceptor.PreviousAttemptsKey, "0")
-	bad := served(5, interceptor.PreviousAttemptsKey, "x") + served(5, interceptor.PreviousAttemptsKey, "") +
-		served(5, interceptor.PreviousAttemptsKey, "0", interceptor.PreviousAttemptsKey, "0") +
-		served(5, interceptor.PreviousAttemptsKey, "00000000000")
+	honest := served(20, semconv.PreviousAttemptsKey, "1")
+	hidden := served(10) + served(10, semconv.PreviousAttemptsKey, "0")
+	bad := served(5, semconv.PreviousAttemptsKey, "x") + served(5, semconv.PreviousAttemptsKey, "") +
+		served(5, semconv.PreviousAttemptsKey, "0", semconv.PreviousAttemptsKey, "0") +
+		served(5, semconv.PreviousAttemptsKey, "00000000000")
 	t.Logf("served: honest retries %d of 20, hidden %d of 20, malformed or repeated %d of 20", honest, hidden, bad)
 	assert.Zero(t, honest)
 	assert.Zero(t, bad)

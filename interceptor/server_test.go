@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -60,7 +62,7 @@ func TestServerSaysDontRetryWhenItsRetriesWereRefused(t *testing.T) {
 	var tr metadata.MD
 	_, err := dial(false).Put(t.Context(), &echov1.PutRequest{RequestId: "p"}, grpc.Trailer(&tr))
 	assert.Equal(t, codes.Unavailable, status.Code(err))
-	assert.Equal(t, []string{"-1"}, tr.Get(interceptor.PushbackKey))
+	assert.Equal(t, []string{"-1"}, tr.Get(semconv.PushbackKey))
 	assert.Equal(t, 1, dead.Total(), "B's own retry was refused by its budget")
 }
 
@@ -69,7 +71,7 @@ func TestServerWithoutPushback(t *testing.T) {
 	var tr metadata.MD
 	_, err := dial(false).Put(t.Context(), &echov1.PutRequest{RequestId: "p"}, grpc.Trailer(&tr))
 	assert.Equal(t, codes.Unavailable, status.Code(err))
-	assert.Empty(t, tr.Get(interceptor.PushbackKey))
+	assert.Empty(t, tr.Get(semconv.PushbackKey))
 }
 
 // grpc-go's own retry (service config retryPolicy) honours the pushback
@@ -128,7 +130,7 @@ func TestServerPushbackForPropagatedRefusal(t *testing.T) {
 	_, err = echov1.NewEchoServiceClient(cc).Get(t.Context(), &echov1.GetRequest{}, grpc.Trailer(&tr))
 	assert.Equal(t, codes.Unavailable, status.Code(err))
 	assert.Equal(t, interceptor.ReasonBudget, interceptor.RefusedBy(err), "the detail crosses the wire")
-	assert.Equal(t, []string{"-1"}, tr.Get(interceptor.PushbackKey))
+	assert.Equal(t, []string{"-1"}, tr.Get(semconv.PushbackKey))
 }
 
 func TestServerNoPushbackForOrdinaryFailures(t *testing.T) {
@@ -142,7 +144,7 @@ func TestServerNoPushbackForOrdinaryFailures(t *testing.T) {
 	var tr metadata.MD
 	_, err = echov1.NewEchoServiceClient(cc).Get(t.Context(), &echov1.GetRequest{}, grpc.Trailer(&tr))
 	assert.Equal(t, codes.Unavailable, status.Code(err))
-	assert.Empty(t, tr.Get(interceptor.PushbackKey))
+	assert.Empty(t, tr.Get(semconv.PushbackKey))
 }
 
 // Issue 13 item 13: the server answers don't-retry for the reasons the
@@ -161,7 +163,7 @@ func TestServerPushbackFollowsTheRefusalTable(t *testing.T) {
 	} {
 		t.Run(string(tt.reason), func(t *testing.T) {
 			refused, err := status.New(codes.Unavailable, "downstream").WithDetails(&errdetails.ErrorInfo{
-				Reason: interceptor.ErrorReasonRetryRefused, Domain: interceptor.ErrorDomain,
+				Reason: semconv.ErrorReasonRetryRefused, Domain: semconv.ErrorDomain,
 				Metadata: map[string]string{"refused_by": string(tt.reason)},
 			})
 			require.NoError(t, err)
@@ -177,7 +179,7 @@ func TestServerPushbackFollowsTheRefusalTable(t *testing.T) {
 			var tr metadata.MD
 			_, err = echov1.NewEchoServiceClient(cc).Get(t.Context(), &echov1.GetRequest{}, grpc.Trailer(&tr))
 			assert.Equal(t, tt.reason, interceptor.RefusedBy(err))
-			assert.Equal(t, tt.want, tr.Get(interceptor.PushbackKey))
+			assert.Equal(t, tt.want, tr.Get(semconv.PushbackKey))
 			assert.Equal(t, tt.want != nil, tt.reason.Propagates())
 		})
 	}

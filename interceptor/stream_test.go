@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -386,9 +388,9 @@ func TestSpansOfAStreamRetriedOnce(t *testing.T) {
 		switch {
 		case sp.Name == "echo.v1.EchoService/List":
 			call = i
-		case attrs(sp.Attributes)[interceptor.AttrAttemptKind].AsString() == "first":
+		case attrs(sp.Attributes)[semconv.AttrAttemptKind].AsString() == "first":
 			first = i
-		case attrs(sp.Attributes)[interceptor.AttrAttemptKind].AsString() == "retry":
+		case attrs(sp.Attributes)[semconv.AttrAttemptKind].AsString() == "retry":
 			retry = i
 		}
 	}
@@ -398,7 +400,7 @@ func TestSpansOfAStreamRetriedOnce(t *testing.T) {
 	assert.Equal(t, "UNAVAILABLE", attrs(spans[first].Attributes)["rpc.response.status_code"].AsString())
 	assert.Equal(t, "OK", attrs(spans[retry].Attributes)["rpc.response.status_code"].AsString())
 	assert.Equal(t, "OK", attrs(spans[call].Attributes)["rpc.response.status_code"].AsString())
-	assert.Equal(t, []string{interceptor.EventRetryScheduled}, eventNames(spans[call]))
+	assert.Equal(t, []string{semconv.EventRetryScheduled}, eventNames(spans[call]))
 }
 
 // A stream's endpoint is counted whether or not the attempt carried the

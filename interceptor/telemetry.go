@@ -7,11 +7,13 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
-	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	otelconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	grpccodes "google.golang.org/grpc/codes"
@@ -19,85 +21,6 @@ import (
 	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/internal/codename"
-)
-
-// ScopeName is the instrumentation scope of the tracer and meter.
-const ScopeName = "github.com/stormguard/stormguard/interceptor"
-
-// Span event names: one event on the call span per decision.
-const (
-	EventRetryScheduled  = "stormguard.retry.scheduled"
-	EventRetryRefused    = "stormguard.retry.refused"
-	EventHedgeSent       = "stormguard.hedge.sent"
-	EventHedgeRefused    = "stormguard.hedge.refused"
-	EventBreakerRejected = "stormguard.breaker.rejected"
-	EventDeadlineFast    = "stormguard.deadline.fail_fast"
-	// EventTimeoutKept is recorded when an attempt's per-attempt timeout
-	// expires and no retry could follow it (the reason says why): the
-	// attempt is not cut short, and runs on to the call's deadline.
-	EventTimeoutKept = "stormguard.attempt.timeout_kept"
-	// EventWouldRefuse is recorded in shadow mode (WithShadowMode) where
-	// the budget or the breaker would have refused; the attempt is sent.
-	EventWouldRefuse = "stormguard.would_refuse"
-)
-
-// Attribute keys of stormguard's spans, events and metrics.
-const (
-	// AttrReason says why a retry, hedge or call was refused: one of the
-	// Reason values.
-	AttrReason = attribute.Key("stormguard.reason")
-	// AttrAttemptKind is first, retry or hedge.
-	AttrAttemptKind = attribute.Key("stormguard.attempt.kind")
-	// AttrPreviousAttempts is the number of attempts sent before this one
-	// (gRFC A6 / A72 "previous-rpc-attempts").
-	AttrPreviousAttempts = attribute.Key("previous-rpc-attempts")
-	// AttrTransparentRetry is always false on stormguard's attempt spans
-	// (gRFC A72); grpc's own transparent retries happen below them.
-	AttrTransparentRetry = attribute.Key("transparent-retry")
-	// AttrDelay is the wait before a retry, in seconds.
-	AttrDelay = attribute.Key("stormguard.delay_s")
-	// AttrCause is the status code that caused a retry.
-	AttrCause = attribute.Key("stormguard.cause")
-	// AttrHedge is true on attempt spans of hedges.
-	AttrHedge = attribute.Key("stormguard.hedge")
-	// AttrPushback is the server's grpc-retry-pushback-ms, when it sent one.
-	AttrPushback = attribute.Key("stormguard.pushback_ms")
-	// AttrBreakerState is closed, open or half-open.
-	AttrBreakerState = attribute.Key("stormguard.breaker.state")
-	// AttrFailover is true on a retry scheduled as a fail-over: the failed
-	// attempt's endpoint fails while the target's other endpoints serve.
-	AttrFailover = attribute.Key("stormguard.failover")
-	// AttrSent is false on the span of an attempt that an open breaker
-	// refused at its pick (it picked an endpoint that served nothing).
-	AttrSent = attribute.Key("stormguard.sent")
-	// AttrPeer is the endpoint an attempt was sent to, when known.
-	AttrPeer = attribute.Key("stormguard.peer")
-	// AttrGRPCRetryPolicy is true on call spans of methods that grpc-go's
-	// own service-config retryPolicy covers: the suite then sends one
-	// attempt and leaves the retries to grpc-go (see DialOptions).
-	AttrGRPCRetryPolicy = attribute.Key("stormguard.grpc_retry_policy")
-	// AttrOuterRetry is true on call spans of a try that a retry loop
-	// outside the suite (a client library's own, such as etcd's
-	// clientv3) sent again after it failed: the try deposits nothing into
-	// the budget, and its first attempt is a retry.
-	AttrOuterRetry = attribute.Key("stormguard.outer_retry")
-)
-
-// Metric names. The grpc.client.call.* histograms are the per-call metrics
-// of gRFC A66 and A96, with their attributes (grpc.method, grpc.target,
-// grpc.status); the stormguard.* instruments carry the OpenTelemetry RPC
-// semantic-convention attributes. None is a name that otelgrpc's per-attempt
-// instrumentation (rpc.client.*) reports.
-const (
-	MetricCalls         = "stormguard.client.calls"
-	MetricAttempts      = "stormguard.client.attempts"
-	MetricRefusals      = "stormguard.client.refusals"
-	MetricWouldRefuse   = "stormguard.client.would_refuse"
-	MetricCallDuration  = "grpc.client.call.duration"
-	MetricCallRetries   = "grpc.client.call.retries"
-	MetricCallHedges    = "grpc.client.call.hedges"
-	MetricBreakerState  = "stormguard.breaker.state"
-	MetricBudgetBalance = "stormguard.budget.balance"
 )
 
 // gRFC A66 attribute keys of the grpc.client.call.* histograms.
@@ -149,33 +72,33 @@ func newTelemetry(o *clientOptions, c *Client) *telemetry {
 	// started (the global provider, which may get an SDK later, always
 	// gets its spans).
 	if _, isNoop := tp.(noop.TracerProvider); !isNoop {
-		t.tracer = tp.Tracer(ScopeName, trace.WithSchemaURL(semconv.SchemaURL))
+		t.tracer = tp.Tracer(semconv.ScopeName, trace.WithSchemaURL(otelconv.SchemaURL))
 	}
-	m := mp.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL))
+	m := mp.Meter(semconv.ScopeName, metric.WithSchemaURL(otelconv.SchemaURL))
 	// Instrument errors go to the global OTel error handler; the returned
 	// instrument is then a working no-op.
 	var err error
-	t.calls, err = m.Int64Counter(MetricCalls, metric.WithUnit("{call}"),
+	t.calls, err = m.Int64Counter(semconv.MetricCalls, metric.WithUnit("{call}"),
 		metric.WithDescription("Logical client calls (one per RPC, whatever its attempts), by final status."))
 	handle(err)
-	t.attempts, err = m.Int64Counter(MetricAttempts, metric.WithUnit("{attempt}"),
+	t.attempts, err = m.Int64Counter(semconv.MetricAttempts, metric.WithUnit("{attempt}"),
 		metric.WithDescription("Attempts sent, by kind (first, retry, hedge). Amplification = attempts / calls."))
 	handle(err)
-	t.refusals, err = m.Int64Counter(MetricRefusals, metric.WithUnit("{refusal}"),
+	t.refusals, err = m.Int64Counter(semconv.MetricRefusals, metric.WithUnit("{refusal}"),
 		metric.WithDescription("Retries, hedges and calls refused, by reason."))
 	handle(err)
-	t.wouldRefuse, err = m.Int64Counter(MetricWouldRefuse, metric.WithUnit("{refusal}"),
+	t.wouldRefuse, err = m.Int64Counter(semconv.MetricWouldRefuse, metric.WithUnit("{refusal}"),
 		metric.WithDescription("Shadow mode: retries, hedges and calls the budget or the breaker would have refused, by reason."))
 	handle(err)
-	t.retries, err = m.Int64Histogram(MetricCallRetries, metric.WithUnit("{retry}"),
+	t.retries, err = m.Int64Histogram(semconv.MetricCallRetries, metric.WithUnit("{retry}"),
 		metric.WithDescription("Retries per call, for calls that retried (gRFC A96)."),
 		metric.WithExplicitBucketBoundaries(1, 2, 3, 4, 5, 10))
 	handle(err)
-	t.hedges, err = m.Int64Histogram(MetricCallHedges, metric.WithUnit("{hedge}"),
+	t.hedges, err = m.Int64Histogram(semconv.MetricCallHedges, metric.WithUnit("{hedge}"),
 		metric.WithDescription("Hedges per call, for calls that hedged (gRFC A96)."),
 		metric.WithExplicitBucketBoundaries(1, 2, 3, 4, 5, 10))
 	handle(err)
-	t.duration, err = m.Float64Histogram(MetricCallDuration, metric.WithUnit("s"),
+	t.duration, err = m.Float64Histogram(semconv.MetricCallDuration, metric.WithUnit("s"),
 		metric.WithDescription("Duration of logical client calls, all attempts and backoffs included (gRFC A66)."),
 		metric.WithExplicitBucketBoundaries(0, 0.00001, 0.00005, 0.0001, 0.0003, 0.0006, 0.0008, 0.001, 0.002,
 			0.003, 0.004, 0.005, 0.006, 0.008, 0.01, 0.013, 0.016, 0.02, 0.025, 0.03, 0.04, 0.05, 0.065, 0.08,
@@ -192,10 +115,10 @@ func newTelemetry(o *clientOptions, c *Client) *telemetry {
 // the new callbacks: two Clients on one MeterProvider would otherwise
 // report only the first Client's targets.
 func registerGauges(m metric.Meter, c *Client) metric.Registration {
-	state, err := m.Int64ObservableGauge(MetricBreakerState, metric.WithUnit("{state}"),
+	state, err := m.Int64ObservableGauge(semconv.MetricBreakerState, metric.WithUnit("{state}"),
 		metric.WithDescription("Breaker state per target and method: 0 closed, 1 open, 2 half-open."))
 	handle(err)
-	balance, err2 := m.Float64ObservableGauge(MetricBudgetBalance, metric.WithUnit("{retry}"),
+	balance, err2 := m.Float64ObservableGauge(semconv.MetricBudgetBalance, metric.WithUnit("{retry}"),
 		metric.WithDescription("Retries (or hedges) the target's budget would grant now."))
 	handle(err2)
 	if err != nil || err2 != nil {
@@ -237,7 +160,7 @@ func observeBreakers(c *Client, observe func(v int64, attrs []attribute.KeyValue
 	c.brk.Range(func(k routeKey, rb *routeBreaker) bool {
 		v := breakerStateValue(rb.b.State())
 		if rb.known {
-			observe(v, append(targetAttrs(k.target), semconv.RPCMethod(strings.TrimPrefix(k.method, "/"))))
+			observe(v, append(targetAttrs(k.target), otelconv.RPCMethod(strings.TrimPrefix(k.method, "/"))))
 			return true
 		}
 		if others == nil {
@@ -245,7 +168,7 @@ func observeBreakers(c *Client, observe func(v int64, attrs []attribute.KeyValue
 		}
 		p, ok := others[k.target]
 		if !ok {
-			p = &point{v: v, attrs: append(targetAttrs(k.target), semconv.RPCMethod(otherMethodSemconv))}
+			p = &point{v: v, attrs: append(targetAttrs(k.target), otelconv.RPCMethod(otherMethodSemconv))}
 			others[k.target] = p
 		}
 		if v == 1 || (v == 2 && p.v == 0) { // open wins, then half-open
@@ -272,9 +195,9 @@ func breakerStateValue(s breaker.State) int64 {
 // ("dns:///host:port", "host:port", "passthrough:///name", ...).
 func targetAttrs(target string) []attribute.KeyValue {
 	host, port := splitTarget(target)
-	attrs := []attribute.KeyValue{semconv.ServerAddress(host)}
+	attrs := []attribute.KeyValue{otelconv.ServerAddress(host)}
 	if port > 0 {
-		attrs = append(attrs, semconv.ServerPort(port))
+		attrs = append(attrs, otelconv.ServerPort(port))
 	}
 	return attrs
 }
@@ -349,7 +272,7 @@ func newRouteTelemetry(method, target string, known, instrumented bool) *routeTe
 	}
 	rt := &routeTelemetry{
 		name: name,
-		base: append([]attribute.KeyValue{semconv.RPCSystemNameGRPC, semconv.RPCMethod(semName)}, targetAttrs(target)...),
+		base: append([]attribute.KeyValue{otelconv.RPCSystemNameGRPC, otelconv.RPCMethod(semName)}, targetAttrs(target)...),
 		a66:  []attribute.KeyValue{attrGRPCMethod.String(a66Name), attrGRPCTarget.String(target)},
 	}
 	kind := trace.SpanKindClient
@@ -364,13 +287,13 @@ func newRouteTelemetry(method, target string, known, instrumented bool) *routeTe
 func (rt *routeTelemetry) attemptOpts(k attemptKind) *attemptOptions {
 	return rt.attempt[k].get(func() attemptOptions {
 		attrs := []attribute.KeyValue{
-			AttrAttemptKind.String(k.String()),
-			AttrHedge.Bool(k == kindHedge),
-			AttrTransparentRetry.Bool(false),
+			semconv.AttrAttemptKind.String(k.String()),
+			semconv.AttrHedge.Bool(k == kindHedge),
+			semconv.AttrTransparentRetry.Bool(false),
 		}
 		return attemptOptions{
 			span:     []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...)},
-			metric:   addOpts(rt.base, AttrAttemptKind.String(k.String())),
+			metric:   addOpts(rt.base, semconv.AttrAttemptKind.String(k.String())),
 			spanName: "Attempt." + strings.TrimPrefix(rt.name, "Sent."),
 		}
 	})
@@ -379,7 +302,7 @@ func (rt *routeTelemetry) attemptOpts(k attemptKind) *attemptOptions {
 func (rt *routeTelemetry) callOpts(c grpccodes.Code) []metric.AddOption {
 	i := codeIndex(c)
 	return *rt.calls[i].get(func() []metric.AddOption {
-		return addOpts(rt.base, semconv.RPCResponseStatusCode(codename.Name(grpccodes.Code(i))))
+		return addOpts(rt.base, otelconv.RPCResponseStatusCode(codename.Name(grpccodes.Code(i))))
 	})
 }
 
@@ -395,11 +318,11 @@ func (rt *routeTelemetry) perCallOpts() []metric.RecordOption {
 }
 
 func (rt *routeTelemetry) refusalOpts(r Reason) []metric.AddOption {
-	return rt.refusals.get(r, func() []metric.AddOption { return addOpts(rt.base, AttrReason.String(string(r))) })
+	return rt.refusals.get(r, func() []metric.AddOption { return addOpts(rt.base, semconv.AttrReason.String(string(r))) })
 }
 
 func (rt *routeTelemetry) wouldRefuseOpts(r Reason) []metric.AddOption {
-	return rt.would.get(r, func() []metric.AddOption { return addOpts(rt.base, AttrReason.String(string(r))) })
+	return rt.would.get(r, func() []metric.AddOption { return addOpts(rt.base, semconv.AttrReason.String(string(r))) })
 }
 
 func addOpts(base []attribute.KeyValue, extra ...attribute.KeyValue) []metric.AddOption {
@@ -461,7 +384,7 @@ func endSpan(span trace.Span, code grpccodes.Code, msg string) {
 		return
 	}
 	if span.IsRecording() {
-		span.SetAttributes(semconv.RPCResponseStatusCode(codename.Name(code)))
+		span.SetAttributes(otelconv.RPCResponseStatusCode(codename.Name(code)))
 		if code != grpccodes.OK {
 			span.SetStatus(codes.Error, msg)
 		}

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
@@ -44,7 +46,7 @@ func collect(t *testing.T, r *sdkmetric.ManualReader) map[string]metricdata.Aggr
 	require.NoError(t, r.Collect(context.Background(), &rm))
 	out := map[string]metricdata.Aggregation{}
 	for _, sm := range rm.ScopeMetrics {
-		assert.Equal(t, interceptor.ScopeName, sm.Scope.Name)
+		assert.Equal(t, semconv.ScopeName, sm.Scope.Name)
 		for _, m := range sm.Metrics {
 			out[m.Name] = m.Data
 		}
@@ -90,11 +92,11 @@ func TestSpansAndMetricsOfACallRetriedTwice(t *testing.T) {
 	assert.Equal(t, "echo.v1.EchoService/Put", ca["rpc.method"].AsString())
 	assert.Equal(t, "OK", ca["rpc.response.status_code"].AsString())
 	assert.Contains(t, ca["server.address"].AsString(), "bufconn-")
-	assert.Equal(t, []string{interceptor.EventRetryScheduled, interceptor.EventRetryScheduled}, eventNames(callSpan))
+	assert.Equal(t, []string{semconv.EventRetryScheduled, semconv.EventRetryScheduled}, eventNames(callSpan))
 	for _, ev := range callSpan.Events {
 		ea := attrs(ev.Attributes)
-		assert.Equal(t, "UNAVAILABLE", ea[interceptor.AttrCause].AsString())
-		assert.Greater(t, ea[interceptor.AttrDelay].AsFloat64(), 0.0)
+		assert.Equal(t, "UNAVAILABLE", ea[semconv.AttrCause].AsString())
+		assert.Greater(t, ea[semconv.AttrDelay].AsFloat64(), 0.0)
 	}
 
 	require.Len(t, attempts, 3)
@@ -102,7 +104,7 @@ func TestSpansAndMetricsOfACallRetriedTwice(t *testing.T) {
 		assert.Equal(t, "Attempt.echo.v1.EchoService/Put", a.Name)
 		assert.Equal(t, callSpan.SpanContext.SpanID(), a.Parent.SpanID(), "attempts are children of the call span")
 		aa := attrs(a.Attributes)
-		assert.Equal(t, int64(i), aa[interceptor.AttrPreviousAttempts].AsInt64())
+		assert.Equal(t, int64(i), aa[semconv.AttrPreviousAttempts].AsInt64())
 		wantKind, wantCode := "retry", "UNAVAILABLE"
 		if i == 0 {
 			wantKind = "first"
@@ -110,14 +112,14 @@ func TestSpansAndMetricsOfACallRetriedTwice(t *testing.T) {
 		if i == 2 {
 			wantCode = "OK"
 		}
-		assert.Equal(t, wantKind, aa[interceptor.AttrAttemptKind].AsString())
-		assert.False(t, aa[interceptor.AttrHedge].AsBool())
+		assert.Equal(t, wantKind, aa[semconv.AttrAttemptKind].AsString())
+		assert.False(t, aa[semconv.AttrHedge].AsBool())
 		assert.Equal(t, wantCode, aa["rpc.response.status_code"].AsString())
 	}
 	assert.True(t, attempts[0].EndTime.Before(attempts[1].StartTime))
 
 	m := collect(t, reader)
-	assert.Equal(t, map[string]int64{"first": 1, "retry": 2}, sumBy(t, m["stormguard.client.attempts"], interceptor.AttrAttemptKind))
+	assert.Equal(t, map[string]int64{"first": 1, "retry": 2}, sumBy(t, m["stormguard.client.attempts"], semconv.AttrAttemptKind))
 	assert.Equal(t, map[string]int64{"OK": 1}, sumBy(t, m["stormguard.client.calls"], "rpc.response.status_code"))
 	retries, ok := m["grpc.client.call.retries"].(metricdata.Histogram[int64])
 	require.True(t, ok)
@@ -141,8 +143,8 @@ func TestRefusalEventsAndMetrics(t *testing.T) {
 	reasons := map[string]string{}
 	for _, s := range e.spans.GetSpans() {
 		for _, ev := range s.Events {
-			if ev.Name == interceptor.EventRetryRefused {
-				reasons[s.Name] += attrs(ev.Attributes)[interceptor.AttrReason].AsString() + ";"
+			if ev.Name == semconv.EventRetryRefused {
+				reasons[s.Name] += attrs(ev.Attributes)[semconv.AttrReason].AsString() + ";"
 			}
 		}
 	}
@@ -152,7 +154,7 @@ func TestRefusalEventsAndMetrics(t *testing.T) {
 	}, reasons)
 	m := collect(t, reader)
 	assert.Equal(t, map[string]int64{"budget": 1, "not_idempotent": 1, "max_attempts": 1},
-		sumBy(t, m["stormguard.client.refusals"], interceptor.AttrReason))
+		sumBy(t, m["stormguard.client.refusals"], semconv.AttrReason))
 	assert.Equal(t, map[string]int64{"UNAVAILABLE": 3}, sumBy(t, m["stormguard.client.calls"], "rpc.response.status_code"))
 }
 
@@ -165,13 +167,13 @@ func TestHedgeEvents(t *testing.T) {
 	for _, s := range e.spans.GetSpans() {
 		if s.Name == "echo.v1.EchoService/Put" {
 			callSpan = s
-		} else if attrs(s.Attributes)[interceptor.AttrHedge].AsBool() {
+		} else if attrs(s.Attributes)[semconv.AttrHedge].AsBool() {
 			hedges++
-			assert.Equal(t, "hedge", attrs(s.Attributes)[interceptor.AttrAttemptKind].AsString())
+			assert.Equal(t, "hedge", attrs(s.Attributes)[semconv.AttrAttemptKind].AsString())
 		}
 	}
 	assert.Equal(t, 1, hedges)
-	assert.Equal(t, []string{interceptor.EventHedgeSent}, eventNames(callSpan))
+	assert.Equal(t, []string{semconv.EventHedgeSent}, eventNames(callSpan))
 }
 
 func TestPropagatorsInjectIntoEveryAttempt(t *testing.T) {

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -39,9 +41,9 @@ func TestIdempotentMethodRetriedUntilSuccess(t *testing.T) {
 	// Every retry says how many attempts came before it.
 	calls := e.origin.Calls()
 	require.Len(t, calls, 3)
-	assert.Empty(t, calls[0].Metadata.Get(interceptor.PreviousAttemptsKey))
-	assert.Equal(t, []string{"1"}, calls[1].Metadata.Get(interceptor.PreviousAttemptsKey))
-	assert.Equal(t, []string{"2"}, calls[2].Metadata.Get(interceptor.PreviousAttemptsKey))
+	assert.Empty(t, calls[0].Metadata.Get(semconv.PreviousAttemptsKey))
+	assert.Equal(t, []string{"1"}, calls[1].Metadata.Get(semconv.PreviousAttemptsKey))
+	assert.Equal(t, []string{"2"}, calls[2].Metadata.Get(semconv.PreviousAttemptsKey))
 }
 
 func TestUnmarkedMethodIsSentOnceWhateverTheOptions(t *testing.T) {
@@ -103,8 +105,8 @@ func TestBudgetRefusalKeepsOriginalStatus(t *testing.T) {
 		}
 	}
 	require.NotNil(t, info)
-	assert.Equal(t, interceptor.ErrorReasonRetryRefused, info.GetReason())
-	assert.Equal(t, interceptor.ErrorDomain, info.GetDomain())
+	assert.Equal(t, semconv.ErrorReasonRetryRefused, info.GetReason())
+	assert.Equal(t, semconv.ErrorDomain, info.GetDomain())
 	assert.Equal(t, "budget", info.GetMetadata()["refused_by"])
 }
 
@@ -132,7 +134,7 @@ func TestBreakerOpenFailsFastAndIsNeverRetried(t *testing.T) {
 		}
 	}
 	require.NotNil(t, info)
-	assert.Equal(t, interceptor.ErrorReasonCircuitOpen, info.GetReason())
+	assert.Equal(t, semconv.ErrorReasonCircuitOpen, info.GetReason())
 	require.NotNil(t, retry)
 	assert.Greater(t, retry.GetRetryDelay().AsDuration(), 50*time.Second)
 }
@@ -163,7 +165,7 @@ func TestPushback(t *testing.T) {
 		{"several values stop", []string{"1", "2"}, 1, interceptor.ReasonPushback},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			md := metadata.MD{interceptor.PushbackKey: tt.values}
+			md := metadata.MD{semconv.PushbackKey: tt.values}
 			e := newEnv(t, func(origin.Call) origin.Reply {
 				return origin.Reply{Code: codes.Unavailable, Trailer: md}
 			}, interceptor.WithoutBudget(), interceptor.WithBackoff(time.Hour, time.Hour))
@@ -176,7 +178,7 @@ func TestPushback(t *testing.T) {
 				wantRefused = "" // max attempts: not annotated
 			}
 			assert.Equal(t, wantRefused, interceptor.RefusedBy(err))
-			assert.Equal(t, tt.values, tr.Get(interceptor.PushbackKey), "the caller's own Trailer option is filled")
+			assert.Equal(t, tt.values, tr.Get(semconv.PushbackKey), "the caller's own Trailer option is filled")
 		})
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -17,7 +19,6 @@ import (
 
 	"github.com/stormguard/stormguard/deadline"
 	"github.com/stormguard/stormguard/idempotency"
-	"github.com/stormguard/stormguard/interceptor"
 )
 
 // requestLog prints one line per request, serialised.
@@ -43,8 +44,8 @@ func describe(ctx context.Context, method string, req any) string {
 		fmt.Fprintf(&b, " request_id=%q", r.GetRequestId())
 	}
 	attempt := "1"
-	if vs := metadata.ValueFromIncomingContext(ctx, interceptor.PreviousAttemptsKey); len(vs) == 1 {
-		attempt = fmt.Sprintf("? (%s=%q)", interceptor.PreviousAttemptsKey, vs[0])
+	if vs := metadata.ValueFromIncomingContext(ctx, semconv.PreviousAttemptsKey); len(vs) == 1 {
+		attempt = fmt.Sprintf("? (%s=%q)", semconv.PreviousAttemptsKey, vs[0])
 		if n, err := strconv.Atoi(vs[0]); err == nil && n >= 0 {
 			attempt = strconv.Itoa(n + 1)
 		}
@@ -90,7 +91,7 @@ func (l *requestLog) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 func flakyUnary(n int) grpc.UnaryServerInterceptor {
 	var firsts atomic.Int64
 	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		if n > 0 && len(metadata.ValueFromIncomingContext(ctx, interceptor.PreviousAttemptsKey)) == 0 &&
+		if n > 0 && len(metadata.ValueFromIncomingContext(ctx, semconv.PreviousAttemptsKey)) == 0 &&
 			firsts.Add(1)%int64(n) == 0 {
 			return nil, status.Errorf(codes.Unavailable, "server: -flaky %d: this first attempt fails", n)
 		}

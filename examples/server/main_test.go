@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -15,7 +17,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/stormguard/stormguard/interceptor"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
@@ -97,7 +98,7 @@ func TestFlakyFailsEveryNthFirstAttemptAndLogs(t *testing.T) {
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("second request's first attempt: %v, want Unavailable", err)
 	}
-	retry := metadata.AppendToOutgoingContext(ctx, interceptor.PreviousAttemptsKey, "1")
+	retry := metadata.AppendToOutgoingContext(ctx, semconv.PreviousAttemptsKey, "1")
 	r, err := c.Get(retry, &echov1.GetRequest{RequestId: "b", Key: "k"})
 	if err != nil || string(r.GetValue()) != "v" {
 		t.Fatalf("retry: %v, %q; want what Put stored", err, r.GetValue())

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
@@ -214,11 +216,11 @@ func (e *env) wouldRefuse() map[string]int {
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
 			sum, ok := m.Data.(metricdata.Sum[int64])
-			if m.Name != interceptor.MetricWouldRefuse || !ok {
+			if m.Name != semconv.MetricWouldRefuse || !ok {
 				continue
 			}
 			for _, dp := range sum.DataPoints {
-				reason, _ := dp.Attributes.Value(interceptor.AttrReason)
+				reason, _ := dp.Attributes.Value(semconv.AttrReason)
 				out[reason.AsString()] += int(dp.Value)
 			}
 		}

@@ -8,11 +8,13 @@ import (
 	"os"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	otelconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -89,7 +91,7 @@ type telemetry struct {
 func newTelemetry(ctx context.Context, endpoint string) (*telemetry, error) {
 	mem := tracetest.NewInMemoryExporter()
 	opts := []sdktrace.TracerProviderOption{
-		sdktrace.WithResource(resource.NewWithAttributes(semconv.SchemaURL, semconv.ServiceName(ServiceName))),
+		sdktrace.WithResource(resource.NewWithAttributes(otelconv.SchemaURL, otelconv.ServiceName(ServiceName))),
 		sdktrace.WithSyncer(mem),
 	}
 	if endpoint != "" {
@@ -156,7 +158,7 @@ func script(c origin.Call) origin.Reply {
 	case idHedged:
 		// The first attempt stalls; the hedge (which carries
 		// grpc-previous-rpc-attempts) answers at once.
-		if len(c.Metadata.Get(interceptor.PreviousAttemptsKey)) == 0 {
+		if len(c.Metadata.Get(semconv.PreviousAttemptsKey)) == 0 {
 			return origin.Reply{Delay: stallFirst}
 		}
 		return origin.Reply{}

@@ -7,13 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.uber.org/goleak"
-
-	"github.com/stormguard/stormguard/interceptor"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -50,11 +50,11 @@ func TestRealMain(t *testing.T) {
 		"echo.v1.EchoService/Put [client]",
 		"Attempt.echo.v1.EchoService/Put [internal]",
 		"@ +", // events
-		interceptor.EventRetryScheduled + "  stormguard.cause=UNAVAILABLE  stormguard.delay_s=",
-		interceptor.EventRetryRefused + "  stormguard.reason=budget",
-		interceptor.EventHedgeSent + "  previous-rpc-attempts=1",
-		interceptor.EventBreakerRejected + "  stormguard.reason=breaker",
-		interceptor.EventRetryRefused + "  stormguard.reason=not_idempotent",
+		semconv.EventRetryScheduled + "  stormguard.cause=UNAVAILABLE  stormguard.delay_s=",
+		semconv.EventRetryRefused + "  stormguard.reason=budget",
+		semconv.EventHedgeSent + "  previous-rpc-attempts=1",
+		semconv.EventBreakerRejected + "  stormguard.reason=breaker",
+		semconv.EventRetryRefused + "  stormguard.reason=not_idempotent",
 		"stormguard.attempt.kind=hedge  stormguard.hedge=true",
 		"(refused by budget)",
 		"(refused by breaker)",

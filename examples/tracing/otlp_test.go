@@ -7,12 +7,12 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/grpc"
-
-	"github.com/stormguard/stormguard/interceptor"
 )
 
 // collector is an in-process OTLP/gRPC trace receiver.
@@ -78,5 +78,5 @@ func TestOTLPExport(t *testing.T) {
 	assert.Equal(t, 10, c.names["Attempt.echo.v1.EchoService/Put"])
 	assert.Equal(t, 1, c.names["Attempt.echo.v1.EchoService/Notify"])
 	assert.Contains(t, out.String(), "exported 22 spans over OTLP/gRPC to http://"+l.Addr().String()+` as service "stormguard-example"`)
-	assert.Contains(t, out.String(), interceptor.EventHedgeSent)
+	assert.Contains(t, out.String(), semconv.EventHedgeSent)
 }

@@ -7,11 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormguard/stormguard/semconv"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	otelconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/stormguard/stormguard/interceptor"
 )
@@ -89,11 +91,11 @@ type wantEvent struct {
 var (
 	first       = wantAttempt{"first", false, "UNAVAILABLE", false}
 	retryFailed = wantAttempt{"retry", false, "UNAVAILABLE", false}
-	scheduled   = wantEvent{name: interceptor.EventRetryScheduled}
+	scheduled   = wantEvent{name: semconv.EventRetryScheduled}
 )
 
 func refused(r interceptor.Reason) wantEvent {
-	return wantEvent{name: interceptor.EventRetryRefused, reason: r}
+	return wantEvent{name: semconv.EventRetryRefused, reason: r}
 }
 
 var wantTrees = map[string][]wantCall{
@@ -110,7 +112,7 @@ var wantTrees = map[string][]wantCall{
 	"hedged": {{
 		method: put, status: "OK",
 		attempts: []wantAttempt{{"first", false, "CANCELLED", false}, {"hedge", true, "OK", false}},
-		events:   []wantEvent{{name: interceptor.EventHedgeSent}},
+		events:   []wantEvent{{name: semconv.EventHedgeSent}},
 	}},
 	"breaker-open": {{
 		method: put, status: "UNAVAILABLE",
@@ -122,7 +124,7 @@ var wantTrees = map[string][]wantCall{
 		// there, before anything is sent: it picked the endpoint that
 		// served nothing (the only one).
 		attempts: []wantAttempt{{"first", false, "UNAVAILABLE", true}},
-		events:   []wantEvent{{name: interceptor.EventBreakerRejected, reason: interceptor.ReasonBreaker}},
+		events:   []wantEvent{{name: semconv.EventBreakerRejected, reason: interceptor.ReasonBreaker}},
 	}},
 	"unmarked": {{
 		method: notify, status: "UNAVAILABLE",
@@ -189,11 +191,11 @@ func checkCall(t *testing.T, call spanView, attempts []spanView, w wantCall, hos
 	// semconv v1.43 attributes.
 	assert.Equal(t, w.method, call.Name)
 	assert.Equal(t, "client", call.Kind, "%s: span kind", call.Name)
-	assert.Equal(t, "grpc", call.Attrs[string(semconv.RPCSystemNameKey)], "%s: rpc.system.name", call.Name)
-	assert.Equal(t, w.method, call.Attrs[string(semconv.RPCMethodKey)], "%s: rpc.method", call.Name)
-	assert.Equal(t, w.status, call.Attrs[string(semconv.RPCResponseStatusCodeKey)], "%s: rpc.response.status_code", call.Name)
-	assert.Equal(t, host, call.Attrs[string(semconv.ServerAddressKey)], "%s: server.address", call.Name)
-	assert.Equal(t, int64(port), call.Attrs[string(semconv.ServerPortKey)], "%s: server.port", call.Name)
+	assert.Equal(t, "grpc", call.Attrs[string(otelconv.RPCSystemNameKey)], "%s: rpc.system.name", call.Name)
+	assert.Equal(t, w.method, call.Attrs[string(otelconv.RPCMethodKey)], "%s: rpc.method", call.Name)
+	assert.Equal(t, w.status, call.Attrs[string(otelconv.RPCResponseStatusCodeKey)], "%s: rpc.response.status_code", call.Name)
+	assert.Equal(t, host, call.Attrs[string(otelconv.ServerAddressKey)], "%s: server.address", call.Name)
+	assert.Equal(t, int64(port), call.Attrs[string(otelconv.ServerPortKey)], "%s: server.port", call.Name)
 
 	// Its attempts: children named Attempt.pkg.Svc/Method, numbered by
 	// previous-rpc-attempts, with their kind, hedge flag and status.
@@ -202,16 +204,16 @@ func checkCall(t *testing.T, call spanView, attempts []spanView, w wantCall, hos
 			a := attempts[i]
 			assert.Equal(t, "Attempt."+w.method, a.Name)
 			assert.Equal(t, "internal", a.Kind, "attempt %d: span kind", i)
-			assert.Equal(t, int64(i), a.Attrs[string(interceptor.AttrPreviousAttempts)], "attempt %d: previous-rpc-attempts", i)
-			assert.Equal(t, wa.kind, a.Attrs[string(interceptor.AttrAttemptKind)], "attempt %d: kind", i)
-			assert.Equal(t, wa.hedge, a.Attrs[string(interceptor.AttrHedge)], "attempt %d: hedge flag", i)
-			assert.Equal(t, false, a.Attrs[string(interceptor.AttrTransparentRetry)], "attempt %d: transparent-retry", i)
-			assert.Equal(t, wa.status, a.Attrs[string(semconv.RPCResponseStatusCodeKey)], "attempt %d: rpc.response.status_code", i)
+			assert.Equal(t, int64(i), a.Attrs[string(semconv.AttrPreviousAttempts)], "attempt %d: previous-rpc-attempts", i)
+			assert.Equal(t, wa.kind, a.Attrs[string(semconv.AttrAttemptKind)], "attempt %d: kind", i)
+			assert.Equal(t, wa.hedge, a.Attrs[string(semconv.AttrHedge)], "attempt %d: hedge flag", i)
+			assert.Equal(t, false, a.Attrs[string(semconv.AttrTransparentRetry)], "attempt %d: transparent-retry", i)
+			assert.Equal(t, wa.status, a.Attrs[string(otelconv.RPCResponseStatusCodeKey)], "attempt %d: rpc.response.status_code", i)
 			assert.Empty(t, a.Events, "attempt %d: decisions are events on the call span, not on attempts", i)
 			if wa.notSent {
-				assert.Equal(t, false, a.Attrs[string(interceptor.AttrSent)], "attempt %d: stormguard.sent", i)
+				assert.Equal(t, false, a.Attrs[string(semconv.AttrSent)], "attempt %d: stormguard.sent", i)
 			} else {
-				assert.NotContains(t, a.Attrs, string(interceptor.AttrSent), "attempt %d: sent", i)
+				assert.NotContains(t, a.Attrs, string(semconv.AttrSent), "attempt %d: sent", i)
 			}
 		}
 	}
@@ -232,23 +234,23 @@ func checkCall(t *testing.T, call spanView, attempts []spanView, w wantCall, hos
 	for i, we := range w.events {
 		e := call.Events[i]
 		if we.reason != "" {
-			assert.Equal(t, string(we.reason), e.Attrs[string(interceptor.AttrReason)], "event %s: reason", e.Name)
+			assert.Equal(t, string(we.reason), e.Attrs[string(semconv.AttrReason)], "event %s: reason", e.Name)
 		} else {
-			assert.NotContains(t, e.Attrs, string(interceptor.AttrReason), "event %s", e.Name)
+			assert.NotContains(t, e.Attrs, string(semconv.AttrReason), "event %s", e.Name)
 		}
 		switch e.Name {
-		case interceptor.EventRetryScheduled:
+		case semconv.EventRetryScheduled:
 			// Scheduled after attempt n started and before attempt n+1.
-			assert.Equal(t, "UNAVAILABLE", e.Attrs[string(interceptor.AttrCause)], "retry cause")
-			d, ok := e.Attrs[string(interceptor.AttrDelay)].(float64)
-			assert.True(t, ok && d > 0 && d <= 1, "retry delay_s %v: a backoff in (0, 1s]", e.Attrs[string(interceptor.AttrDelay)])
+			assert.Equal(t, "UNAVAILABLE", e.Attrs[string(semconv.AttrCause)], "retry cause")
+			d, ok := e.Attrs[string(semconv.AttrDelay)].(float64)
+			assert.True(t, ok && d > 0 && d <= 1, "retry delay_s %v: a backoff in (0, 1s]", e.Attrs[string(semconv.AttrDelay)])
 			if retry+1 < len(attempts) {
 				assert.False(t, e.Time.Before(attempts[retry].Start), "retry %d scheduled before attempt %d started", retry+1, retry)
 				assert.False(t, e.Time.After(attempts[retry+1].Start), "retry %d scheduled after it started", retry+1)
 			}
 			retry++
-		case interceptor.EventHedgeSent:
-			assert.Equal(t, int64(1), e.Attrs[string(interceptor.AttrPreviousAttempts)], "hedge.sent: previous-rpc-attempts")
+		case semconv.EventHedgeSent:
+			assert.Equal(t, int64(1), e.Attrs[string(semconv.AttrPreviousAttempts)], "hedge.sent: previous-rpc-attempts")
 			if len(attempts) == 2 {
 				d := attempts[1].Start.Sub(attempts[0].Start)
 				assert.GreaterOrEqual(t, d, hedgeDelay-time.Millisecond, "the hedge waits for the hedging delay")

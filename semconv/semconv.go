@@ -1,0 +1,140 @@
+// Package semconv names what stormguard writes and reads: the span events,
+// attribute keys and metrics of its telemetry, the gRPC metadata keys of
+// its protocol, and the ErrorInfo reasons of the statuses it answers with.
+// Where gRFC A6, A66 or A96 name a thing, the name is theirs. The values
+// are stable: dashboards, alerts and other clients depend on them.
+package semconv
+
+import "go.opentelemetry.io/otel/attribute"
+
+// ScopeName is the instrumentation scope of the interceptor package's
+// tracer and meter: its import path.
+const ScopeName = "github.com/stormguard/stormguard/interceptor"
+
+// Span event names: one event on the call span per decision.
+const (
+	EventRetryScheduled  = "stormguard.retry.scheduled"
+	EventRetryRefused    = "stormguard.retry.refused"
+	EventHedgeSent       = "stormguard.hedge.sent"
+	EventHedgeRefused    = "stormguard.hedge.refused"
+	EventBreakerRejected = "stormguard.breaker.rejected"
+	EventDeadlineFast    = "stormguard.deadline.fail_fast"
+	// EventTimeoutKept is recorded when an attempt's per-attempt timeout
+	// expires and no retry could follow it (the reason says why): the
+	// attempt is not cut short, and runs on to the call's deadline.
+	EventTimeoutKept = "stormguard.attempt.timeout_kept"
+	// EventWouldRefuse is recorded in shadow mode (interceptor.WithShadowMode) where
+	// the budget or the breaker would have refused; the attempt is sent.
+	EventWouldRefuse = "stormguard.would_refuse"
+)
+
+// Attribute keys of stormguard's spans, events and metrics.
+const (
+	// AttrReason says why a retry, hedge or call was refused: one of the
+	// interceptor.Reason values.
+	AttrReason = attribute.Key("stormguard.reason")
+	// AttrAttemptKind is first, retry or hedge.
+	AttrAttemptKind = attribute.Key("stormguard.attempt.kind")
+	// AttrPreviousAttempts is the number of attempts sent before this one
+	// (gRFC A6 / A72 "previous-rpc-attempts").
+	AttrPreviousAttempts = attribute.Key("previous-rpc-attempts")
+	// AttrTransparentRetry is always false on stormguard's attempt spans
+	// (gRFC A72); grpc's own transparent retries happen below them.
+	AttrTransparentRetry = attribute.Key("transparent-retry")
+	// AttrDelay is the wait before a retry, in seconds.
+	AttrDelay = attribute.Key("stormguard.delay_s")
+	// AttrCause is the status code that caused a retry.
+	AttrCause = attribute.Key("stormguard.cause")
+	// AttrHedge is true on attempt spans of hedges.
+	AttrHedge = attribute.Key("stormguard.hedge")
+	// AttrPushback is the server's grpc-retry-pushback-ms, when it sent one.
+	AttrPushback = attribute.Key("stormguard.pushback_ms")
+	// AttrBreakerState is closed, open or half-open.
+	AttrBreakerState = attribute.Key("stormguard.breaker.state")
+	// AttrFailover is true on a retry scheduled as a fail-over: the failed
+	// attempt's endpoint fails while the target's other endpoints serve.
+	AttrFailover = attribute.Key("stormguard.failover")
+	// AttrSent is false on the span of an attempt that an open breaker
+	// refused at its pick (it picked an endpoint that served nothing).
+	AttrSent = attribute.Key("stormguard.sent")
+	// AttrPeer is the endpoint an attempt was sent to, when known.
+	AttrPeer = attribute.Key("stormguard.peer")
+	// AttrGRPCRetryPolicy is true on call spans of methods that grpc-go's
+	// own service-config retryPolicy covers: the suite then sends one
+	// attempt and leaves the retries to grpc-go (see interceptor.Client.DialOptions).
+	AttrGRPCRetryPolicy = attribute.Key("stormguard.grpc_retry_policy")
+	// AttrOuterRetry is true on call spans of a try that a retry loop
+	// outside the suite (a client library's own, such as etcd's
+	// clientv3) sent again after it failed: the try deposits nothing into
+	// the budget, and its first attempt is a retry.
+	AttrOuterRetry = attribute.Key("stormguard.outer_retry")
+)
+
+// Metric names. The grpc.client.call.* histograms are the per-call metrics
+// of gRFC A66 and A96, with their attributes (grpc.method, grpc.target,
+// grpc.status); the stormguard.* instruments carry the OpenTelemetry RPC
+// semantic-convention attributes. None is a name that otelgrpc's per-attempt
+// instrumentation (rpc.client.*) reports.
+const (
+	MetricCalls         = "stormguard.client.calls"
+	MetricAttempts      = "stormguard.client.attempts"
+	MetricRefusals      = "stormguard.client.refusals"
+	MetricWouldRefuse   = "stormguard.client.would_refuse"
+	MetricCallDuration  = "grpc.client.call.duration"
+	MetricCallRetries   = "grpc.client.call.retries"
+	MetricCallHedges    = "grpc.client.call.hedges"
+	MetricBreakerState  = "stormguard.breaker.state"
+	MetricBudgetBalance = "stormguard.budget.balance"
+)
+
+// Metadata keys the client reads and writes (gRFC A6).
+const (
+	// PreviousAttemptsKey is sent on every retry and hedge: the number of
+	// attempts of the same call sent before it.
+	PreviousAttemptsKey = "grpc-previous-rpc-attempts"
+	// PushbackKey is read from response trailers: a value from 0 to the
+	// interceptor's MaxPushback (one minute) is the delay in milliseconds
+	// before the next attempt (replacing the backoff); a negative, larger
+	// or malformed value, or several values, mean "do not retry".
+	PushbackKey = "grpc-retry-pushback-ms"
+	// BudgetedKey is sent, with the value "1", on every retry and hedge of
+	// the suite's client: its own budget bounds it. A stormguard server
+	// serves such a retry even when its own retry budget is spent (it
+	// still counts it), so that the two budgets do not both charge it.
+	BudgetedKey = "stormguard-budgeted"
+)
+
+// ErrorInfo reasons and domain of the details stormguard adds to statuses.
+const (
+	// ErrorDomain is the ErrorInfo domain of stormguard's details.
+	ErrorDomain = "stormguard"
+	// ErrorReasonCircuitOpen: the call was not sent because the breaker
+	// of its method on its target is open (code Unavailable, with a
+	// RetryInfo saying how long it stays open; the metadata keys "target"
+	// and "method" name the breaker).
+	ErrorReasonCircuitOpen = "CIRCUIT_OPEN"
+	// ErrorReasonRetryRefused: the status is the last attempt's code and
+	// message (the message ending with the refusal marker, see interceptor.RefusedBy);
+	// a retry was refused, and the metadata key "refused_by" says why
+	// (budget, breaker, deadline or pushback).
+	ErrorReasonRetryRefused = "RETRY_REFUSED"
+)
+
+// ErrorInfo reasons of the statuses the Server's overload protection
+// answers with (domain ErrorDomain).
+const (
+	// ErrorReasonDeadlineTooShort: refused on arrival (DeadlineExceeded,
+	// handler not run) because the deadline left was shorter than what the
+	// method needs now; grpc-retry-pushback-ms is -1.
+	ErrorReasonDeadlineTooShort = "DEADLINE_TOO_SHORT"
+	// ErrorReasonOverloaded: shed at a concurrency limit (Unavailable,
+	// handler not run). The metadata key "attempt" says "retry" (a retry or
+	// hedge; grpc-retry-pushback-ms is -1) or "first" (the pushback says
+	// when the caller may retry).
+	ErrorReasonOverloaded = "OVERLOADED"
+)
+
+// ErrorReasonRetryBudget is the ErrorInfo reason (domain ErrorDomain) of a
+// retry or hedge the Server refused because its method's retry budget was
+// spent (Unavailable, handler not run, grpc-retry-pushback-ms: -1).
+const ErrorReasonRetryBudget = "RETRY_BUDGET"
