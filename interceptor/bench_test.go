@@ -20,15 +20,15 @@ import (
 
 func noopProviders() []interceptor.ClientOption {
 	return []interceptor.ClientOption{
-		interceptor.WithTracerProvider(noop.NewTracerProvider()),
-		interceptor.WithMeterProvider(metricnoop.NewMeterProvider()),
+		interceptor.WithTelemetry(interceptor.Telemetry{TracerProvider: noop.NewTracerProvider()}),
+		interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: metricnoop.NewMeterProvider()}),
 	}
 }
 
 func recordingTracer(b *testing.B) interceptor.ClientOption {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(discard{}))
 	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	return interceptor.WithTracerProvider(tp)
+	return interceptor.WithTelemetry(interceptor.Telemetry{TracerProvider: tp})
 }
 
 // discard is a span processor that drops ended spans, so the benchmark
@@ -103,7 +103,7 @@ func BenchmarkUnaryFakeInvoker(b *testing.B) {
 	})
 	b.Run("suite-global-providers", func(b *testing.B) { run(b, context.Background(), interceptor.NewClient().Unary()) })
 	b.Run("suite-recording-tracer", func(b *testing.B) {
-		run(b, context.Background(), interceptor.NewClient(recordingTracer(b), interceptor.WithMeterProvider(metricnoop.NewMeterProvider())).Unary())
+		run(b, context.Background(), interceptor.NewClient(recordingTracer(b), interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: metricnoop.NewMeterProvider()})).Unary())
 	})
 }
 
@@ -136,7 +136,7 @@ func BenchmarkUnaryBufconn(b *testing.B) {
 		run(b, grpc.WithChainUnaryInterceptor(interceptor.NewClient(noopProviders()...).Unary()))
 	})
 	b.Run("suite-recording-tracer", func(b *testing.B) {
-		run(b, grpc.WithChainUnaryInterceptor(interceptor.NewClient(recordingTracer(b), interceptor.WithMeterProvider(metricnoop.NewMeterProvider())).Unary()))
+		run(b, grpc.WithChainUnaryInterceptor(interceptor.NewClient(recordingTracer(b), interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: metricnoop.NewMeterProvider()})).Unary()))
 	})
 }
 

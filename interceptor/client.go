@@ -1,7 +1,6 @@
 package interceptor
 
 import (
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,12 +30,11 @@ import (
 type Client struct {
 	o          clientOptions
 	resolver   *idempotency.Resolver
-	budgets    *budget.Registry  // nil: no budget
-	breakerOn  bool              // breakers are on
-	breakers   *breaker.Registry // WithBreakers' registry; nil: the Client makes its own breakers
-	breakerCfg breaker.Config    // the config of its own breakers (callbacks wrapped)
+	budgets    *budget.Registry // nil: no budget
+	breakerOn  bool             // breakers are on
+	breakerCfg breaker.Config   // the config of its breakers
 	// brk holds the breaker of each (canonical target, method), up to
-	// MaxRoutes.
+	// maxRoutes.
 	brk       cowmap.Map[routeKey, *routeBreaker]
 	dl        *deadline.Client
 	tel       *telemetry
@@ -64,10 +62,10 @@ type Client struct {
 // NewClient returns a Client configured by opts. Nil options are ignored.
 func NewClient(opts ...ClientOption) *Client {
 	o := clientOptions{
-		maxAttempts: DefaultMaxAttempts,
-		backoffBase: DefaultBackoffBase,
-		backoffMax:  DefaultBackoffMax,
-		replayLimit: DefaultReplayLimit,
+		maxAttempts: defaultMaxAttempts,
+		backoffBase: defaultBackoffBase,
+		backoffMax:  defaultBackoffMax,
+		replayLimit: defaultReplayLimit,
 	}
 	for _, opt := range opts {
 		if opt != nil {
@@ -76,45 +74,41 @@ func NewClient(opts ...ClientOption) *Client {
 	}
 	o.backoffMax = max(o.backoffMax, o.backoffBase)
 	c := &Client{o: o}
-	c.routes.Max = MaxRoutes
-	c.endpoints.Max = MaxRoutes
-	c.grpcRetry.Max = MaxRoutes
+	c.routes.Max = maxRoutes
+	c.endpoints.Max = maxRoutes
+	c.grpcRetry.Max = maxRoutes
 	c.resolver = idempotency.NewResolver(idempotency.ResolverConfig{Idempotent: o.idempotent})
 	c.checkMarks()
+	c.budgets = o.budgets
+	if !o.budgetSet {
+		c.budgets = budget.NewRegistry(budget.Config{})
+	}
 	ratio := budget.DefaultRatio
-	if !o.noBudget {
-		if o.budgets != nil {
-			c.budgets = o.budgets
-		} else {
-			cfg := o.budgetCfg
-			c.budgets = budget.NewRegistry(cfg)
-			if cfg.Ratio > 0 && !math.IsInf(cfg.Ratio, 0) {
-				ratio = cfg.Ratio
-			}
-		}
+	if c.budgets != nil {
+		ratio = c.budgets.Ratio()
 	}
 	// Hedges alone should use about three quarters of the budget, leaving
 	// the rest for retries: hedge when an attempt is slower than the
 	// (1 - 0.75·ratio) quantile.
 	c.hedgeQ = min(max(1-0.75*ratio, 0.5), 0.999)
-	c.brk.Max = MaxRoutes
-	if !o.noBreaker {
+	c.brk.Max = maxRoutes
+	if !o.breakerSet || o.breaker != nil {
 		c.breakerOn = true
-		if o.breakers != nil {
-			c.breakers = o.breakers
-		} else {
-			cfg := o.breakerCfg
-			if cfg.Now == nil { // the breaker runs on the Client's clock
-				cfg.Now, c.breakerAt = o.now, true
+		if o.breaker != nil {
+			c.breakerCfg = *o.breaker
+		}
+		// The breakers run on the Client's clock; their callback also
+		// calls the hook (see newBreaker), and a panic in it is recovered.
+		c.breakerCfg.Now, c.breakerAt = o.now, true
+		if user := c.breakerCfg.OnStateChange; user != nil {
+			c.breakerCfg.OnStateChange = func(target string, from, to breaker.State) {
+				defer func() {
+					if v := recover(); v != nil {
+						c.hookPanicked("breaker.Config.OnStateChange", v)
+					}
+				}()
+				user(target, from, to)
 			}
-			// The callback runs wherever the breaker's state changes,
-			// also on the Client's own goroutines: a panic in it is
-			// recovered (see Hooks). Each breaker adds the hook (see
-			// newBreaker).
-			if user := cfg.OnStateChange; user != nil {
-				cfg.OnStateChange = c.safeStateChange("breaker.Config.OnStateChange", user)
-			}
-			c.breakerCfg = cfg
 		}
 	}
 	dcfg := o.deadlineCfg

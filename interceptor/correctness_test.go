@@ -35,7 +35,7 @@ func TestServiceConfigTimeoutBoundsTheWholeCall(t *testing.T) {
 	l := origin.Bufconn()
 	srv := origin.Serve(l, o)
 	defer srv.Stop()
-	guard := interceptor.NewClient(append(noopProviders(), fast, interceptor.WithoutBudget(), interceptor.WithMaxAttempts(5))...)
+	guard := interceptor.NewClient(append(noopProviders(), fast, interceptor.WithBudget(nil), interceptor.WithRetryPolicy(interceptor.RetryPolicy{MaxAttempts: 5}))...)
 	cc, err := l.Dial(grpc.WithDefaultServiceConfig(`{"methodConfig":[{"name":[{"service":"echo.v1.EchoService"}],"timeout":"0.2s"}]}`),
 		grpc.WithChainUnaryInterceptor(guard.Unary()))
 	require.NoError(t, err)
@@ -67,7 +67,7 @@ func TestRoutesAreBounded(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer mp.Shutdown(context.Background())
-	c := interceptor.NewClient(interceptor.WithMeterProvider(mp), interceptor.WithTracerProvider(noop.NewTracerProvider()))
+	c := interceptor.NewClient(interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: mp}), interceptor.WithTelemetry(interceptor.Telemetry{TracerProvider: noop.NewTracerProvider()}))
 	ic := c.Unary()
 	cc := dialPassthrough(t)
 	inv := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error { return nil }
@@ -116,7 +116,7 @@ func TestGaugesOfTwoClientsOnOneMeterProvider(t *testing.T) {
 		require.NoError(t, err)
 		srv := origin.Serve(l, origin.New(nil))
 		defer srv.Stop()
-		guard := interceptor.NewClient(interceptor.WithMeterProvider(mp), interceptor.WithTracerProvider(noop.NewTracerProvider()))
+		guard := interceptor.NewClient(interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: mp}), interceptor.WithTelemetry(interceptor.Telemetry{TracerProvider: noop.NewTracerProvider()}))
 		defer guard.Close()
 		cc, err := l.Dial(guard.DialOptions()...)
 		require.NoError(t, err)
@@ -179,7 +179,7 @@ func TestEachHopsDeadlineIsItsCallersLessTheMargin(t *testing.T) {
 	clk, opts := fakeClock()
 	o := origin.New(nil)
 	srvOpts := func() []grpc.ServerOption {
-		s := interceptor.NewServer(interceptor.WithoutDedupe(), interceptor.WithServerDeadline(deadline.ServerConfig{Now: clk.Now}))
+		s := interceptor.NewServer(interceptor.WithDedupe(nil), interceptor.WithServerDeadline(deadline.ServerConfig{Now: clk.Now}))
 		return []grpc.ServerOption{grpc.ChainUnaryInterceptor(s.Unary())}
 	}
 	l := origin.Bufconn()

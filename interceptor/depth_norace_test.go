@@ -27,7 +27,7 @@ import (
 func TestNoDeadlineLaterThanTheCallersAtAnyDepth(t *testing.T) {
 	o := origin.New(nil)
 	srvOpts := func() []grpc.ServerOption {
-		s := interceptor.NewServer(interceptor.WithoutDedupe())
+		s := interceptor.NewServer(interceptor.WithDedupe(nil))
 		return []grpc.ServerOption{grpc.ChainUnaryInterceptor(s.Unary())}
 	}
 	l, err := origin.TCP()

@@ -173,7 +173,7 @@ func TestFreshClientFirstFailuresAreRescued(t *testing.T) {
 // (before the breaker has the twenty failures it opens on), so that the hop
 // next to it refuses and says so to the hops above.
 func TestServedNothingStopsRetries(t *testing.T) {
-	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithoutBudget())
+	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithBudget(nil))
 	var err error
 	for i := range 3 {
 		_, err = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
@@ -223,7 +223,7 @@ func TestServedNothingAfterHealthyTraffic(t *testing.T) {
 			return origin.Reply{Code: codes.Unavailable}
 		}
 		return origin.Reply{}
-	}, append(opts, interceptor.WithoutBudget())...)
+	}, append(opts, interceptor.WithBudget(nil))...)
 	for i := range 20 {
 		_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("ok", i)})
 		require.NoError(t, err)
@@ -279,7 +279,7 @@ func shortDeadlines(t *testing.T, cfg deadline.ClientConfig) {
 	plainCC, err := lp.Dial()
 	require.NoError(t, err)
 	defer plainCC.Close()
-	srv := interceptor.NewServer(interceptor.WithoutDedupe())
+	srv := interceptor.NewServer(interceptor.WithDedupe(nil))
 	ls := origin.Bufconn()
 	defer origin.Serve(ls, o, grpc.ChainUnaryInterceptor(srv.Unary()), grpc.ChainStreamInterceptor(srv.Stream())).Stop()
 	guard := interceptor.NewClient(append(noopProviders(), interceptor.WithDeadline(cfg))...)

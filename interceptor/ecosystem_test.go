@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/semconv"
 
 	"github.com/stretchr/testify/assert"
@@ -48,8 +49,8 @@ func TestHooks(t *testing.T) {
 			mu.Unlock()
 		},
 	}
-	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithHooks(hooks), interceptor.WithoutBudget(),
-		interceptor.WithBreaker(breaker.Config{MinAttempts: 3}))
+	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithHooks(hooks), interceptor.WithBudget(nil),
+		interceptor.WithBreaker(&breaker.Config{MinAttempts: 3}))
 	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "h"})
 	assert.Equal(t, codes.Unavailable, status.Code(err))
 	_, err = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "i"})
@@ -84,7 +85,7 @@ func TestRetryIfNarrowsNeverWidens(t *testing.T) {
 			return origin.Reply{Code: codes.Unavailable, Message: "permanent outage"}
 		}
 		return origin.Reply{Code: codes.Unavailable, Message: "blip"}
-	}, interceptor.WithRetryIf(retryIf), interceptor.WithoutBudget(), interceptor.WithoutBreaker())
+	}, interceptor.WithRetryPolicy(interceptor.RetryPolicy{If: retryIf}), interceptor.WithBudget(nil), interceptor.WithBreaker(nil))
 	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "p"})
 	assert.Equal(t, interceptor.ReasonRetryIf, refusedReason(t, e, err))
 	assert.Equal(t, 1, e.origin.CountID(put, "p"), "the predicate refused the retry")
@@ -130,8 +131,8 @@ func TestShadowModeRecordsWithoutRefusing(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer mp.Shutdown(context.Background())
-	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithShadowMode(), interceptor.WithMeterProvider(mp),
-		interceptor.WithBudget(budgetNoBurst()), interceptor.WithBreaker(breaker.Config{MinAttempts: 3}))
+	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithShadowMode(), interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: mp}),
+		interceptor.WithBudget(budget.NewRegistry(budgetNoBurst())), interceptor.WithBreaker(&breaker.Config{MinAttempts: 3}))
 	for _, id := range []string{"a", "b", "c", "d"} {
 		_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: id})
 		assert.Equal(t, codes.Unavailable, status.Code(err))
@@ -171,7 +172,7 @@ func TestShadowModeCountsWhatTheDefaultsWouldNotSend(t *testing.T) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer mp.Shutdown(context.Background())
 	real := newEnv(t, origin.Always(codes.Unavailable))
-	shadow := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithShadowMode(), interceptor.WithMeterProvider(mp))
+	shadow := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithShadowMode(), interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: mp}))
 	for i := range 30 {
 		_, err := real.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
 		require.Equal(t, codes.Unavailable, status.Code(err))
@@ -243,8 +244,8 @@ func TestGRPCRetryPolicyIsNotMultiplied(t *testing.T) {
 	defer srv.Stop()
 	spans := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	guard := interceptor.NewClient(fast, interceptor.WithoutBudget(), interceptor.WithoutBreaker(), interceptor.WithTracerProvider(tp),
-		interceptor.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	guard := interceptor.NewClient(fast, interceptor.WithBudget(nil), interceptor.WithBreaker(nil), interceptor.WithTelemetry(interceptor.Telemetry{TracerProvider: tp}),
+		interceptor.WithTelemetry(interceptor.Telemetry{Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
 	// grpc-go's retries left on: ConnectOptions does not disable them.
 	cc, err := grpc.NewClient(l.Target, l.ConnectOptions(grpc.WithDefaultServiceConfig(retryPolicy), grpc.WithChainUnaryInterceptor(guard.Unary()))...)
 	require.NoError(t, err)
@@ -259,7 +260,7 @@ func TestGRPCRetryPolicyIsNotMultiplied(t *testing.T) {
 	assert.Contains(t, last.Attributes, semconv.AttrGRPCRetryPolicy.Bool(true))
 
 	// Through DialOptions, grpc-go does not retry, and the suite does.
-	guard = interceptor.NewClient(fast, interceptor.WithoutBudget(), interceptor.WithoutBreaker(), interceptor.WithTracerProvider(tp))
+	guard = interceptor.NewClient(fast, interceptor.WithBudget(nil), interceptor.WithBreaker(nil), interceptor.WithTelemetry(interceptor.Telemetry{TracerProvider: tp}))
 	cc2, err := grpc.NewClient(l.Target, l.ConnectOptions(append([]grpc.DialOption{grpc.WithDefaultServiceConfig(retryPolicy)}, guard.DialOptions()...)...)...)
 	require.NoError(t, err)
 	defer cc2.Close()
@@ -284,7 +285,7 @@ func TestBesideOtelgrpc(t *testing.T) {
 	l := origin.Bufconn()
 	srv := origin.Serve(l, o)
 	defer srv.Stop()
-	guard := interceptor.NewClient(fast, interceptor.WithTracerProvider(tp), interceptor.WithMeterProvider(mp), interceptor.WithInstrumentedAttempts())
+	guard := interceptor.NewClient(fast, interceptor.WithTelemetry(interceptor.Telemetry{TracerProvider: tp}), interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: mp}), interceptor.WithTelemetry(interceptor.Telemetry{InstrumentedAttempts: true}))
 	cc, err := l.Dial(append(guard.DialOptions(), grpc.WithStatsHandler(otelgrpc.NewClientHandler(
 		otelgrpc.WithTracerProvider(tp), otelgrpc.WithMeterProvider(mp))))...)
 	require.NoError(t, err)

@@ -222,7 +222,7 @@ func TestFailoverWithNowhereToGoIsPaid(t *testing.T) {
 	}
 	r.InitialState(resolver.State{Addresses: addrs})
 	budgets := budget.NewRegistry(budgetNoBurst())
-	guard := interceptor.NewClient(append(noopProviders(), fast, interceptor.WithBudgets(budgets))...)
+	guard := interceptor.NewClient(append(noopProviders(), fast, interceptor.WithBudget(budgets))...)
 	cc, err := grpc.NewClient(r.Scheme()+":///quorum", append(guard.DialOptions(),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithResolvers(r),

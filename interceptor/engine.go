@@ -192,32 +192,9 @@ func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, 
 	if b := c.outer.back; b != nil {
 		c.tally.prior, c.lastErr = b.attempts, b.err
 	}
-	key, hasKey := cs.key, cs.hasKey
-	if !hasKey {
-		key, hasKey = idempotency.KeyFromContext(ctx)
-	}
-	switch {
-	case hasKey:
-		if err := idempotency.ValidateKey(key); err != nil {
-			return noCancel, err
-		}
-		ctx = replaceOutgoing(ctx, idempotency.MetadataKey, key)
-	case r.policy.Level == idempotency.RetryWithKey:
-		// Only here does a key change anything (Repeatable); a key the
-		// caller put in the metadata of another method is sent as is.
-		if vs := metadata.ValueFromOutgoingContext(ctx, idempotency.MetadataKey); len(vs) == 1 {
-			hasKey = true
-		} else if !c.client.o.noKeys {
-			// A try that came back sends the key of the logical call's
-			// earlier tries, so that the server deduplicates them.
-			if b := c.outer.back; b != nil && b.key != "" {
-				c.outer.madeKey = b.key
-			} else {
-				c.outer.madeKey = idempotency.NewKey()
-			}
-			ctx = metadata.AppendToOutgoingContext(ctx, idempotency.MetadataKey, c.outer.madeKey)
-			hasKey = true
-		}
+	ctx, hasKey, err := c.withKey(ctx, cs)
+	if err != nil {
+		return noCancel, err
 	}
 	p := &c.plan
 	p.repeatable = r.policy.Repeatable(hasKey)
@@ -267,6 +244,41 @@ func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, 
 	}
 	c.ctx = ctx
 	return cancel, nil
+}
+
+// withKey returns ctx with the call's idempotency key in its outgoing
+// metadata: the caller's (its call option, or its context), or, for a
+// retry_with_key method, one the Client makes (the same for every try of
+// a logical call that came back). It reports whether the call has a key.
+func (c *call) withKey(ctx context.Context, cs callSettings) (context.Context, bool, error) {
+	key, hasKey := cs.key, cs.hasKey
+	if !hasKey {
+		key, hasKey = idempotency.KeyFromContext(ctx)
+	}
+	switch {
+	case hasKey:
+		if err := idempotency.ValidateKey(key); err != nil {
+			return ctx, false, err
+		}
+		ctx = replaceOutgoing(ctx, idempotency.MetadataKey, key)
+	case c.route.policy.Level == idempotency.RetryWithKey:
+		// Only here does a key change anything (Repeatable); a key the
+		// caller put in the metadata of another method is sent as is.
+		if vs := metadata.ValueFromOutgoingContext(ctx, idempotency.MetadataKey); len(vs) == 1 {
+			hasKey = true
+		} else if !c.client.o.noKeys {
+			// A try that came back sends the key of the logical call's
+			// earlier tries, so that the server deduplicates them.
+			if b := c.outer.back; b != nil && b.key != "" {
+				c.outer.madeKey = b.key
+			} else {
+				c.outer.madeKey = idempotency.NewKey()
+			}
+			ctx = metadata.AppendToOutgoingContext(ctx, idempotency.MetadataKey, c.outer.madeKey)
+			hasKey = true
+		}
+	}
+	return ctx, hasKey, nil
 }
 
 // noCancel is the CancelFunc of a call that made no context of its own.

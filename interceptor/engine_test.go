@@ -41,8 +41,8 @@ func TestBackoffOnTheFakeClock(t *testing.T) {
 	clk, opts := fakeClock()
 	inv := &invoker{clk: clk, script: failFirstN(2)}
 	cc := dialPassthrough(t)
-	ic := interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithoutBudget(),
-		interceptor.WithBackoff(100*time.Millisecond, time.Second))...)...).Unary()
+	ic := interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithBudget(nil),
+		interceptor.WithRetryPolicy(interceptor.RetryPolicy{BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second}))...)...).Unary()
 	err := drive(t, clk, func() error {
 		return ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
 	})
@@ -65,7 +65,7 @@ func TestHedgeOnTheFakeClock(t *testing.T) {
 	clk, opts := fakeClock()
 	inv := &invoker{clk: clk, script: func(n int) reply { return reply{block: n == 1} }}
 	ic := interceptor.NewClient(append(opts, append(noopProviders(),
-		interceptor.WithHedging(10*time.Millisecond, 2), interceptor.WithoutBudget())...)...).Unary()
+		interceptor.WithHedging(10*time.Millisecond, 2), interceptor.WithBudget(nil))...)...).Unary()
 	cc := dialPassthrough(t)
 	err := drive(t, clk, func() error {
 		return ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
@@ -84,7 +84,7 @@ func TestRetryRefusedByAnEmptyBudgetDoesNotWait(t *testing.T) {
 	clk, opts := fakeClock()
 	inv := &invoker{clk: clk, script: failFirstN(1)}
 	ic := interceptor.NewClient(append(opts, append(noopProviders(),
-		interceptor.WithBudget(budgetNoBurst()), interceptor.WithoutBreaker())...)...).Unary()
+		interceptor.WithBudget(budget.NewRegistry(budgetNoBurst())), interceptor.WithBreaker(nil))...)...).Unary()
 	cc := dialPassthrough(t)
 	err := ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
 	assert.Equal(t, codes.Unavailable, status.Code(err))
@@ -102,8 +102,8 @@ func TestBudgetIsNotSpentOnARetryThatIsNotSent(t *testing.T) {
 	inv := &invoker{clk: clk, script: failFirstN(1)}
 	budgets := budget.NewRegistry(budget.Config{})
 	ic := interceptor.NewClient(append(opts, append(noopProviders(),
-		interceptor.WithBudgets(budgets), interceptor.WithoutBreaker(),
-		interceptor.WithBackoff(80*time.Millisecond, 80*time.Millisecond),
+		interceptor.WithBudget(budgets), interceptor.WithBreaker(nil),
+		interceptor.WithRetryPolicy(interceptor.RetryPolicy{BackoffBase: 80 * time.Millisecond, BackoffMax: 80 * time.Millisecond}),
 		interceptor.WithDeadline(deadline.ClientConfig{MinRemaining: time.Hour - 10*time.Millisecond}))...)...).Unary()
 	cc := dialPassthrough(t)
 	ctx, cancel := context.WithDeadline(t.Context(), clk.Now().Add(time.Hour))
@@ -128,7 +128,7 @@ func TestBudgetIsNotSpentOnAHedgeThatIsNotSent(t *testing.T) {
 	budgets := budget.NewRegistry(budget.Config{})
 	var refusals []interceptor.RefusalEvent
 	ic := interceptor.NewClient(append(opts, append(noopProviders(),
-		interceptor.WithBudgets(budgets), interceptor.WithoutBreaker(),
+		interceptor.WithBudget(budgets), interceptor.WithBreaker(nil),
 		interceptor.WithHedging(10*time.Millisecond, 2),
 		interceptor.WithHooks(interceptor.Hooks{OnRefusal: func(e interceptor.RefusalEvent) {
 			refusals = append(refusals, e)
@@ -157,7 +157,7 @@ func TestPushbackBeyondTheCapStopsRetries(t *testing.T) {
 	inv := &invoker{script: func(n int) reply {
 		return reply{err: errUnavailable, trailer: metadata.Pairs(semconv.PushbackKey, "2147483647")}
 	}}
-	ic := interceptor.NewClient(append(noopProviders(), interceptor.WithoutBudget())...).Unary()
+	ic := interceptor.NewClient(append(noopProviders(), interceptor.WithBudget(nil))...).Unary()
 	cc := dialPassthrough(t)
 	done := make(chan error, 1)
 	go func() {
@@ -179,7 +179,7 @@ func TestPushbackBeyondTheCapStopsRetries(t *testing.T) {
 		}
 		return reply{}
 	}}
-	ic = interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithoutBudget())...)...).Unary()
+	ic = interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithBudget(nil))...)...).Unary()
 	require.NoError(t, drive(t, clk, func() error {
 		return ic(context.Background(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
 	}))
@@ -287,7 +287,7 @@ func retriedChat(t *testing.T) (grpc.ClientStream, func(i int) *fakeStream) {
 		defer mu.Unlock()
 		return attempts[i]
 	}
-	c := interceptor.NewClient(append(noopProviders(), interceptor.WithoutBudget(), interceptor.WithBackoff(time.Microsecond, time.Microsecond))...)
+	c := interceptor.NewClient(append(noopProviders(), interceptor.WithBudget(nil), interceptor.WithRetryPolicy(interceptor.RetryPolicy{BackoffBase: time.Microsecond, BackoffMax: time.Microsecond}))...)
 	s, err := c.Stream()(t.Context(), &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, dialPassthrough(t), chat, streamer)
 	require.NoError(t, err)
 	return s, attempt

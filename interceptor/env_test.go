@@ -27,14 +27,14 @@ type env struct {
 }
 
 // fast keeps test backoffs short.
-var fast = interceptor.WithBackoff(time.Millisecond, 2*time.Millisecond)
+var fast = interceptor.WithRetryPolicy(interceptor.RetryPolicy{BackoffBase: time.Millisecond, BackoffMax: 2 * time.Millisecond})
 
 func newEnv(t testing.TB, script origin.Script, opts ...interceptor.ClientOption) *env {
 	t.Helper()
 	e := &env{origin: origin.New(script), spans: tracetest.NewInMemoryExporter()}
 	tp := trace.NewTracerProvider(trace.WithSyncer(e.spans))
 	t.Cleanup(func() { _ = tp.Shutdown(t.Context()) })
-	e.guard = interceptor.NewClient(append([]interceptor.ClientOption{fast, interceptor.WithTracerProvider(tp)}, opts...)...)
+	e.guard = interceptor.NewClient(append([]interceptor.ClientOption{fast, interceptor.WithTelemetry(interceptor.Telemetry{TracerProvider: tp})}, opts...)...)
 	l := origin.Bufconn()
 	e.server = origin.Serve(l, e.origin)
 	cc, err := l.Dial(grpc.WithChainUnaryInterceptor(e.guard.Unary()), grpc.WithChainStreamInterceptor(e.guard.Stream()))

@@ -134,7 +134,7 @@ func ExampleRefusedBy() {
 	dialer, stop := serve(h)
 	defer stop()
 
-	guard := interceptor.NewClient(interceptor.WithIdempotent(check), interceptor.WithBudget(budget.Config{Burst: -1}))
+	guard := interceptor.NewClient(interceptor.WithIdempotent(check), interceptor.WithBudget(budget.NewRegistry(budget.Config{Burst: -1})))
 	conn, _ := grpc.NewClient("passthrough:///health",
 		append(guard.DialOptions(), dialer, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	defer conn.Close()
@@ -167,11 +167,11 @@ func ExampleNewServer() {
 	defer stopDown()
 
 	// The middle service calls the dead one through its own Client.
-	guard := interceptor.NewClient(interceptor.WithIdempotent(check), interceptor.WithBudget(budget.Config{Burst: -1}))
+	guard := interceptor.NewClient(interceptor.WithIdempotent(check), interceptor.WithBudget(budget.NewRegistry(budget.Config{Burst: -1})))
 	downConn, _ := grpc.NewClient("passthrough:///down",
 		append(guard.DialOptions(), dialDown, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	defer downConn.Close()
-	srv := interceptor.NewServer(interceptor.WithoutDedupe())
+	srv := interceptor.NewServer(interceptor.WithDedupe(nil))
 	dialMiddle, stopMiddle := serve(&forward{next: healthpb.NewHealthClient(downConn)},
 		grpc.ChainUnaryInterceptor(srv.Unary()), grpc.ChainStreamInterceptor(srv.Stream()))
 	defer stopMiddle()
@@ -204,7 +204,7 @@ func ExampleWithHooks() {
 	}))
 	guard := interceptor.NewClient(
 		interceptor.WithIdempotent(check),
-		interceptor.WithLogger(logger),
+		interceptor.WithTelemetry(interceptor.Telemetry{Logger: logger}),
 		interceptor.WithHooks(interceptor.Hooks{
 			OnRetry: func(e interceptor.RetryEvent) {
 				logger.Info("retry", "method", e.Method, "attempt", e.Attempt, "cause", status.Code(e.Err))

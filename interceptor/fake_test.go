@@ -26,8 +26,7 @@ import (
 func fakeClock() (*clock.Fake, []interceptor.ClientOption) {
 	f := clock.NewFake(time.Now())
 	return f, []interceptor.ClientOption{
-		interceptor.WithClock(f.Now),
-		interceptor.WithTimer(func(d time.Duration) interceptor.Timer { return f.NewTimer(d) }),
+		clock.ClientOption(f.Now, func(d time.Duration) clock.Timer { return f.NewTimer(d) }).(interceptor.ClientOption),
 	}
 }
 

@@ -46,7 +46,7 @@ type grpcRetries struct {
 }
 
 // grpcRetriesOf returns what the Client has seen of grpc-go's retries on
-// cc (nil: cc is nil, or the Client already watches MaxRoutes
+// cc (nil: cc is nil, or the Client already watches maxRoutes
 // ClientConns). ClientConns are held weakly: a closed one is not kept
 // alive.
 func (c *Client) grpcRetriesOf(cc *grpc.ClientConn) *grpcRetries {

@@ -91,7 +91,7 @@ func TestGRPCRetryTestsByHand(t *testing.T) {
 			o := origin.New(scriptedFailures)
 			l := origin.Bufconn()
 			defer origin.Serve(l, o).Stop()
-			guard := interceptor.NewClient(append(noopProviders(), fast, interceptor.WithoutBudget())...)
+			guard := interceptor.NewClient(append(noopProviders(), fast, interceptor.WithBudget(nil))...)
 			cc, err := grpc.NewClient(l.Target, l.ConnectOptions(append([]grpc.DialOption{grpc.WithDefaultServiceConfig(grpcRetryConfig)}, in.dialed(guard)...)...)...)
 			require.NoError(t, err)
 			defer cc.Close()

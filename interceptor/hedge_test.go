@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/semconv"
 
 	"github.com/stretchr/testify/assert"
@@ -76,7 +77,7 @@ func TestHedgeReplyIsTheWinnersMessage(t *testing.T) {
 			return status.FromContextError(ctx.Err()).Err()
 		}
 	}
-	ic := interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithoutBudget())...)...).Unary()
+	ic := interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithBudget(nil))...)...).Unary()
 	cc := dialPassthrough(t)
 	for i := range 40 {
 		resp := &echov1.GetResponse{}
@@ -132,7 +133,7 @@ func stepHedged(t *testing.T, clk *clock.Fake, invoked <-chan struct{}, warm boo
 }
 
 func TestHedgingStopsWhenTheCallerCancels(t *testing.T) {
-	e := newEnv(t, origin.Sleep(time.Hour), interceptor.WithHedging(time.Millisecond, 3), interceptor.WithoutBudget())
+	e := newEnv(t, origin.Sleep(time.Hour), interceptor.WithHedging(time.Millisecond, 3), interceptor.WithBudget(nil))
 	ctx, cancel := context.WithCancel(t.Context())
 	go func() {
 		for e.origin.Total() < 3 {
@@ -148,7 +149,7 @@ func TestHedgingStopsWhenTheCallerCancels(t *testing.T) {
 
 func TestHedgeRefusedByBudget(t *testing.T) {
 	e := newEnv(t, firstAttemptStalls, interceptor.WithHedging(time.Millisecond, 2),
-		interceptor.WithBudget(budgetNoBurst()))
+		interceptor.WithBudget(budget.NewRegistry(budgetNoBurst())))
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
 	_, err := e.echo.Put(ctx, &echov1.PutRequest{RequestId: "b"})
@@ -184,7 +185,7 @@ func TestAdaptiveHedgingCutsTheTail(t *testing.T) {
 			return status.FromContextError(ctx.Err()).Err()
 		}
 	}
-	ic := interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithHedging(0, 2), interceptor.WithoutBudget())...)...).Unary()
+	ic := interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithHedging(0, 2), interceptor.WithBudget(nil))...)...).Unary()
 	cc := dialPassthrough(t)
 	wait := func(what string, ch <-chan struct{}) {
 		t.Helper()

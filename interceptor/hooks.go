@@ -125,20 +125,6 @@ func (c *Client) onBreakerChange(e BreakerEvent) {
 	h(e)
 }
 
-// safeStateChange wraps a breaker state-change callback named hook so that
-// a panic in it is recovered and logged, never reaching the breaker or the
-// goroutine that delivered the change.
-func (c *Client) safeStateChange(hook string, f func(target string, from, to breaker.State)) func(target string, from, to breaker.State) {
-	return func(target string, from, to breaker.State) {
-		defer func() {
-			if v := recover(); v != nil {
-				c.hookPanicked(hook, v)
-			}
-		}()
-		f(target, from, to)
-	}
-}
-
 // recoverOwn recovers, on a goroutine the Client owns (a timer, a
 // watcher), a panic of code it does not control that reached it (the
 // callback of a breaker given with WithBreakers), and logs it: no panic

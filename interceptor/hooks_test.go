@@ -46,7 +46,7 @@ func (s *syncBuffer) String() string {
 
 // logTo returns the option that sends the Client's logs to buf.
 func logTo(buf *syncBuffer) interceptor.ClientOption {
-	return interceptor.WithLogger(slog.New(slog.NewTextHandler(buf, nil)))
+	return interceptor.WithTelemetry(interceptor.Telemetry{Logger: slog.New(slog.NewTextHandler(buf, nil))})
 }
 
 // goid returns the current goroutine's number, from its stack header.
@@ -112,8 +112,8 @@ func TestOnRefusalAtAPerAttemptTimeoutRunsOnTheCallsGoroutine(t *testing.T) {
 			var logs syncBuffer
 			reader := sdkmetric.NewManualReader()
 			ic := interceptor.NewClient(append(opts, append(noopProviders(), logTo(&logs),
-				interceptor.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))),
-				interceptor.WithPerAttemptTimeout(100*time.Millisecond),
+				interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}),
+				interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 100 * time.Millisecond}),
 				interceptor.WithHooks(interceptor.Hooks{OnRefusal: func(e interceptor.RefusalEvent) {
 					calls <- hookCall{e, goid()}
 					if panics && e.Event == semconv.EventTimeoutKept {

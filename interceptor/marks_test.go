@@ -48,7 +48,7 @@ func TestWithIdempotentChecksNames(t *testing.T) {
 	const svc = "/echo.v1.EchoService/"
 	all := []string{svc + "Get", svc + "Put", svc + "Charge", svc + "Notify", svc + "List", svc + "Upload", svc + "Chat"}
 	logs := &records{}
-	interceptor.NewClient(append(noopProviders(), interceptor.WithLogger(slog.New(logs)),
+	interceptor.NewClient(append(noopProviders(), interceptor.WithTelemetry(interceptor.Telemetry{Logger: slog.New(logs)}),
 		interceptor.WithIdempotent(svc+"notify", svc+"Fetch", svc+"Put", "/unknown.v1.Svc/Do"),
 		interceptor.WithIdempotent(svc),
 	)...)
@@ -61,7 +61,7 @@ func TestWithIdempotentChecksNames(t *testing.T) {
 
 	// Names the registry knows, or cannot check, log nothing.
 	quiet := &records{}
-	interceptor.NewClient(append(noopProviders(), interceptor.WithLogger(slog.New(quiet)),
+	interceptor.NewClient(append(noopProviders(), interceptor.WithTelemetry(interceptor.Telemetry{Logger: slog.New(quiet)}),
 		interceptor.WithIdempotent(svc+"Notify", "/unknown.v1.Svc/Do"))...)
 	assert.Empty(t, quiet.attrs())
 }

@@ -18,21 +18,15 @@ import (
 	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/internal/clock"
 	"github.com/stormguard/stormguard/internal/limits"
+	"github.com/stormguard/stormguard/overload"
 )
 
-// Defaults of the client options.
+// The defaults of RetryPolicy.
 const (
-	// DefaultMaxAttempts is the most attempts of one logical call, the first
-	// included.
-	DefaultMaxAttempts = 3
-	// DefaultBackoffBase and DefaultBackoffMax bound the exponential backoff
-	// between attempts: the n-th retry waits a random time in
-	// [d/2, d] with d = min(DefaultBackoffMax, DefaultBackoffBase·2ⁿ⁻¹).
-	DefaultBackoffBase = 50 * time.Millisecond
-	DefaultBackoffMax  = time.Second
-	// DefaultReplayLimit bounds the client messages a stream buffers for
-	// replay on a retry, like grpc-go's retry buffer.
-	DefaultReplayLimit = 256 << 10
+	defaultMaxAttempts = 3
+	defaultBackoffBase = 50 * time.Millisecond
+	defaultBackoffMax  = time.Second
+	defaultReplayLimit = 256 << 10
 )
 
 // A ClientOption configures a Client. Options are sealed: create them with
@@ -45,12 +39,10 @@ func (f clientOptionFunc) applyClient(o *clientOptions) { f(o) }
 
 type clientOptions struct {
 	maxAttempts    int
-	budgetCfg      budget.Config
 	budgets        *budget.Registry
-	noBudget       bool
-	breakerCfg     breaker.Config
-	breakers       *breaker.Registry
-	noBreaker      bool
+	budgetSet      bool // WithBudget was given (budgets nil: off)
+	breaker        *breaker.Config
+	breakerSet     bool // WithBreaker was given (breaker nil: off)
 	backoffBase    time.Duration
 	backoffMax     time.Duration
 	retryable      idempotency.CodeSet
@@ -66,7 +58,7 @@ type clientOptions struct {
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
 	propagators    propagation.TextMapPropagator
-	now            func() time.Time // nil: time.Now
+	now            func() time.Time // nil: the monotonic clock (internal/clock.ClientOption sets it)
 	newTimer       func(time.Duration) clock.Timer
 	instrumented   bool
 	shadow         bool
@@ -78,110 +70,125 @@ type clientOptions struct {
 	targetName     func(target string) string
 }
 
-// WithMaxAttempts sets the most attempts of one logical call, the first
-// included (default 3; values below 1 mean 1; capped at 10). A method's
-// proto max_attempts takes precedence. Methods that may not be repeated
-// get one attempt whatever this says.
-func WithMaxAttempts(n int) ClientOption {
-	return clientOptionFunc(func(o *clientOptions) { o.maxAttempts = clampAttempts(n) })
+// RetryPolicy says how the Client retries the methods that may be
+// repeated. The zero value is the default; each zero field keeps its
+// default, or what an earlier WithRetryPolicy set: policies accumulate. A
+// method's own proto options (max_attempts, retryable_codes,
+// per_attempt_timeout) take precedence over these.
+type RetryPolicy struct {
+	// MaxAttempts is the most attempts of one logical call, the first
+	// included: 3 by default, at most 10 (negative values mean 1). Methods
+	// that may not be repeated get one attempt whatever this says.
+	MaxAttempts int
+	// BackoffBase and BackoffMax bound the backoff between attempts: the
+	// n-th retry waits a random time in [d/2, d] with d = min(BackoffMax,
+	// BackoffBase·2ⁿ⁻¹): 50 ms and 1 s by default. A BackoffMax below
+	// BackoffBase is raised to it. A server's grpc-retry-pushback-ms
+	// replaces the backoff.
+	BackoffBase, BackoffMax time.Duration
+	// RetryableCodes are the status codes after which an attempt may be
+	// retried: Unavailable only by default; an empty, non-nil slice means
+	// none. OK is ignored.
+	RetryableCodes []codes.Code
+	// FailureCodes are the attempt outcomes the breakers and the endpoint
+	// table count as failures: Unavailable, DeadlineExceeded,
+	// ResourceExhausted and Internal by default; an empty, non-nil slice
+	// means none. Cancellation by the caller is never a failure.
+	FailureCodes []codes.Code
+	// PerAttemptTimeout is how long a unary attempt may go unanswered
+	// before a retry is sent (default: never; attempts may use all the
+	// time the call has left). The retry is sent beside the slow attempt,
+	// which is not cancelled: the first answer wins and the other attempt
+	// is cancelled then (Envoy's hedge_on_per_try_timeout). It is sent
+	// only if one may be (the method may be repeated, attempts are left,
+	// the breaker, the budget and If allow it); if not, the slow attempt
+	// runs on, and the span records semconv.EventTimeoutKept. A reply that
+	// is not a proto message (a custom codec) cannot have two attempts in
+	// flight: its attempt is cancelled at the timeout, only if a retry may
+	// follow, and that retry is sent after the backoff. Streams ignore it.
+	PerAttemptTimeout time.Duration
+	// ReplayLimit bounds, per stream, the client messages kept to replay on
+	// a retry: 256 KiB by default; negative means none. A stream that sends
+	// more commits: it is not retried after that.
+	ReplayLimit int
+	// If, when not nil, narrows what is retried: after a failed attempt
+	// that the suite would retry, If is asked, and a false refuses the
+	// retry (reason retry_if). It is never asked about a method that may
+	// not be repeated, nor about a code that is not retryable: it can
+	// narrow, never widen. It is called on the call's goroutine and must be
+	// safe for concurrent use.
+	If func(ctx context.Context, fullMethod string, err error) bool
 }
 
-// WithBudget gives each target a retry budget configured by c (default:
-// budget.Config{}: 10% of requests, lent ahead up to 5 at a time). The
-// budgets run on the Client's clock (WithClock). Ignored when WithBudgets
-// is also given.
-func WithBudget(c budget.Config) ClientOption {
-	return clientOptionFunc(func(o *clientOptions) { o.budgetCfg = c; o.noBudget = false })
-}
-
-// WithBudgets uses r for the per-target budgets, so that several Clients
-// (or code outside this package) can share them. A nil r is ignored.
-func WithBudgets(r *budget.Registry) ClientOption {
+// WithRetryPolicy sets how the Client retries (see RetryPolicy): its
+// non-zero fields replace the defaults, or what an earlier WithRetryPolicy
+// set.
+func WithRetryPolicy(p RetryPolicy) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
-		if r != nil {
-			o.budgets = r
-			o.noBudget = false
+		if p.MaxAttempts != 0 {
+			o.maxAttempts = clampAttempts(p.MaxAttempts)
+		}
+		if p.BackoffBase > 0 {
+			o.backoffBase = p.BackoffBase
+		}
+		if p.BackoffMax > 0 {
+			o.backoffMax = p.BackoffMax
+		}
+		if p.RetryableCodes != nil {
+			o.retryable = codeSet(p.RetryableCodes)
+		}
+		if p.FailureCodes != nil {
+			o.failures = codeSet(p.FailureCodes)
+		}
+		if p.PerAttemptTimeout > 0 {
+			o.perAttempt = p.PerAttemptTimeout
+		}
+		switch {
+		case p.ReplayLimit > 0:
+			o.replayLimit = p.ReplayLimit
+		case p.ReplayLimit < 0:
+			o.replayLimit = 0
+		}
+		if p.If != nil {
+			o.retryIf = p.If
 		}
 	})
 }
 
-// WithoutBudget turns the retry budget off: retries and hedges are bounded
-// only by the attempt limit, the breaker and the deadline. This is how the
-// storm lab reproduces a client without a budget; it is rarely right in
-// production.
-func WithoutBudget() ClientOption {
-	return clientOptionFunc(func(o *clientOptions) { o.noBudget = true; o.budgets = nil })
-}
-
-// WithBreaker gives each method of each target a circuit breaker
-// configured by c (default: breaker.Config{}). Breakers are per target and
-// method, so that a method that serves is never refused because another
-// method of the same target fails; each is named BreakerName(target,
-// method) (Config.Target). Its OnStateChange, if any, is kept; like a
-// hook's, a panic in it is recovered and logged (see Hooks). Ignored when
-// WithBreakers is also given.
-func WithBreaker(c breaker.Config) ClientOption {
-	return clientOptionFunc(func(o *clientOptions) { o.breakerCfg = c; o.noBreaker = false })
-}
-
-// WithBreakers uses r for the breakers: the breaker of a method of a
-// target is r.For(BreakerName(target, method)), asked for up to MaxRoutes
-// of them. A nil r is ignored.
-func WithBreakers(r *breaker.Registry) ClientOption {
-	return clientOptionFunc(func(o *clientOptions) {
-		if r != nil {
-			o.breakers = r
-			o.noBreaker = false
-		}
-	})
-}
-
-// WithoutBreaker turns the circuit breaker off.
-func WithoutBreaker() ClientOption {
-	return clientOptionFunc(func(o *clientOptions) { o.noBreaker = true; o.breakers = nil })
-}
-
-// WithBackoff sets the exponential backoff between attempts: the n-th retry
-// waits a random time in [d/2, d] with d = min(max, base·2ⁿ⁻¹). Defaults:
-// 50ms and 1s. Non-positive values keep the defaults; max below base is
-// raised to base. A server's grpc-retry-pushback-ms replaces the backoff.
-func WithBackoff(base, max time.Duration) ClientOption {
-	return clientOptionFunc(func(o *clientOptions) {
-		if base > 0 {
-			o.backoffBase = base
-		}
-		if max > 0 {
-			o.backoffMax = max
-		}
-	})
-}
-
-// WithRetryableCodes sets the status codes after which an attempt may be
-// retried (default: Unavailable only). A method's proto retryable_codes
-// take precedence. OK is ignored. With no codes, nothing is retried.
-func WithRetryableCodes(cs ...codes.Code) ClientOption {
-	return clientOptionFunc(func(o *clientOptions) {
-		o.retryable = idempotency.Codes(cs...)
-		if o.retryable == 0 {
-			o.retryable = noCodes
-		}
-	})
+// codeSet is cs as a set, noCodes for an empty one.
+func codeSet(cs []codes.Code) idempotency.CodeSet {
+	if set := idempotency.Codes(cs...); set != 0 {
+		return set
+	}
+	return noCodes
 }
 
 // noCodes marks an explicitly empty code set (the zero CodeSet means
 // "default").
 const noCodes idempotency.CodeSet = 1 // bit 0 is OK, never a member
 
-// WithFailureCodes sets the attempt outcomes the circuit breaker counts as
-// failures (default: Unavailable, DeadlineExceeded, ResourceExhausted and
-// Internal). Cancellation by the caller is never a failure.
-func WithFailureCodes(cs ...codes.Code) ClientOption {
-	return clientOptionFunc(func(o *clientOptions) {
-		o.failures = idempotency.Codes(cs...)
-		if o.failures == 0 {
-			o.failures = noCodes
-		}
-	})
+// WithBudget sets the retry budgets: one per target, from r
+// (r.For(target)), so that several Clients, or code outside this package,
+// can share them. The default is budget.NewRegistry(budget.Config{}): 10%
+// of the calls, lent ahead up to 5 at a time. nil turns the budget off:
+// retries and hedges are then bounded only by the attempt limit, the
+// breaker and the deadline, which is rarely right in production. The
+// budgets are asked with the Client's own times (budget.Budget.WithdrawAt).
+func WithBudget(r *budget.Registry) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.budgets, o.budgetSet = r, true })
+}
+
+// WithBreaker configures the circuit breakers (see the breaker package).
+// They are per target and method, so that a method that serves is never
+// refused because another method of the same target fails; the Client
+// keeps up to 10,000 of them, each named by its target and method
+// ("dns:///host:443/pkg.Svc/Method", the target its Config.OnStateChange
+// receives). The default is &breaker.Config{}. Their Config.OnStateChange,
+// if any, is kept, and Hooks.OnBreakerChange is called too; like a hook's,
+// a panic in it is recovered and logged (see Hooks). nil turns the
+// breakers off.
+func WithBreaker(c *breaker.Config) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.breaker, o.breakerSet = c, true })
 }
 
 // WithIdempotent marks methods IDEMPOTENT, for protos you cannot annotate:
@@ -205,7 +212,7 @@ func WithIdempotent(fullMethods ...string) ClientOption {
 // IDEMPOTENT, or retry_with_key with a key) and has no hedging policy of its
 // own: when no answer has come delay after the last attempt was sent, another
 // attempt is sent, budget and breaker permitting, up to maxAttempts in all
-// (0: the client's max attempts). Delay 0 is adaptive: about the (1 − 0.75 ×
+// (0: RetryPolicy.MaxAttempts). Delay 0 is adaptive: about the (1 − 0.75 ×
 // budget ratio) quantile of the method's observed latency, so that hedges
 // use about three quarters of the retry budget. Off by default.
 func WithHedging(delay time.Duration, maxAttempts int) ClientOption {
@@ -231,111 +238,49 @@ func WithDeadline(c deadline.ClientConfig) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.deadlineCfg = c })
 }
 
-// WithReplayLimit bounds, per stream, the client messages kept to replay on
-// a retry (default 256 KiB). A stream that sends more commits: it is not
-// retried after that.
-func WithReplayLimit(bytes int) ClientOption {
+// Telemetry is where the Client records its spans, metrics and logs. Nil
+// fields keep their defaults, or what an earlier WithTelemetry set.
+type Telemetry struct {
+	// TracerProvider defaults to otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// MeterProvider defaults to otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+	// Propagators, when set, inject the trace context of each attempt into
+	// its outgoing metadata. The default injects nothing, leaving that to
+	// otelgrpc or the server's own instrumentation.
+	Propagators propagation.TextMapPropagator
+	// Logger is for the Client's rare warnings; it defaults to
+	// slog.Default().
+	Logger *slog.Logger
+	// InstrumentedAttempts says that another instrumentation records each
+	// attempt as a CLIENT span: otelgrpc's stats handler
+	// (otelgrpc.NewClientHandler) or grpc-go's stats/opentelemetry. The
+	// suite's call span then becomes an INTERNAL span named
+	// "Sent.pkg.Svc/Method" (gRFC A72), so that a call has exactly one
+	// CLIENT span per attempt, each below the suite's
+	// "Attempt.pkg.Svc/Method" span that says why it was sent.
+	InstrumentedAttempts bool
+}
+
+// WithTelemetry sets where the Client records its spans, metrics and logs
+// (see Telemetry): its non-nil fields replace the defaults, or what an
+// earlier WithTelemetry set.
+func WithTelemetry(t Telemetry) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
-		if bytes >= 0 {
-			o.replayLimit = bytes
+		if t.TracerProvider != nil {
+			o.tracerProvider = t.TracerProvider
 		}
-	})
-}
-
-// WithPerAttemptTimeout sets how long a unary attempt may go unanswered
-// before a retry is sent (default: never, attempts may use all the time
-// the call has left), for methods whose proto sets no per_attempt_timeout
-// (the proto's value takes precedence). The retry is sent beside the slow
-// attempt, which is not cancelled: the first answer wins and the other
-// attempt is cancelled then (Envoy's hedge_on_per_try_timeout). The retry
-// is sent only if one may be (the method may be repeated, attempts are
-// left, the breaker, the budget and WithRetryIf allow it); if not, the
-// slow attempt runs on, and the span records semconv.EventTimeoutKept. A
-// cancelled attempt's work, done or queued at the server, would be lost,
-// and under overload that loss keeps a service down (storm lab scenario
-// 10). A reply that is not a proto message (a custom codec) cannot have
-// two attempts in flight: its attempt is cancelled at the timeout, only
-// if a retry may follow, and that retry is sent after the backoff.
-// Streams ignore it. d ≤ 0 keeps the default.
-func WithPerAttemptTimeout(d time.Duration) ClientOption {
-	return clientOptionFunc(func(o *clientOptions) {
-		if d > 0 {
-			o.perAttempt = d
+		if t.MeterProvider != nil {
+			o.meterProvider = t.MeterProvider
 		}
-	})
-}
-
-// WithTracerProvider sets the tracer provider (default:
-// otel.GetTracerProvider()). nil is ignored.
-func WithTracerProvider(tp trace.TracerProvider) ClientOption {
-	return clientOptionFunc(func(o *clientOptions) {
-		if tp != nil {
-			o.tracerProvider = tp
+		if t.Propagators != nil {
+			o.propagators = t.Propagators
 		}
-	})
-}
-
-// WithMeterProvider sets the meter provider (default:
-// otel.GetMeterProvider()). nil is ignored.
-func WithMeterProvider(mp metric.MeterProvider) ClientOption {
-	return clientOptionFunc(func(o *clientOptions) {
-		if mp != nil {
-			o.meterProvider = mp
+		if t.Logger != nil {
+			o.logger = t.Logger
 		}
+		o.instrumented = o.instrumented || t.InstrumentedAttempts
 	})
-}
-
-// WithPropagators sets the propagators used to inject the trace context of
-// each attempt into its outgoing metadata (default: none, leaving that to
-// otelgrpc or the server's own instrumentation). nil is ignored.
-func WithPropagators(p propagation.TextMapPropagator) ClientOption {
-	return clientOptionFunc(func(o *clientOptions) {
-		if p != nil {
-			o.propagators = p
-		}
-	})
-}
-
-// WithClock sets the clock used for budgets, breakers, deadlines and latency
-// (default time.Now); for tests, together with WithTimer. nil is ignored.
-func WithClock(now func() time.Time) ClientOption {
-	return clientOptionFunc(func(o *clientOptions) {
-		if now != nil {
-			o.now = now
-		}
-	})
-}
-
-// Timer is a stoppable one-shot timer, like *time.Timer: C returns the
-// channel it sends on when it fires, and Stop reports whether it stopped
-// it before it fired.
-type Timer interface {
-	C() <-chan time.Time
-	Stop() bool
-}
-
-// WithTimer sets how the Client waits: newTimer(d) must return a Timer
-// that fires once d has passed on the WithClock clock. It serves the
-// backoff between attempts and the hedging delay (default: real timers).
-// For tests, with a fake clock, so that they advance time instead of
-// sleeping. nil is ignored.
-func WithTimer(newTimer func(d time.Duration) Timer) ClientOption {
-	return clientOptionFunc(func(o *clientOptions) {
-		if newTimer != nil {
-			o.newTimer = func(d time.Duration) clock.Timer { return newTimer(d) }
-		}
-	})
-}
-
-// WithInstrumentedAttempts says that another instrumentation records each
-// attempt as a CLIENT span: otelgrpc's stats handler
-// (otelgrpc.NewClientHandler) or grpc-go's stats/opentelemetry. The
-// suite's call span then becomes an INTERNAL span named
-// "Sent.pkg.Svc/Method" (gRFC A72), so that a call has exactly one CLIENT
-// span per attempt, each below the suite's "Attempt.pkg.Svc/Method" span
-// that says why it was sent. See the README section "With otelgrpc".
-func WithInstrumentedAttempts() ClientOption {
-	return clientOptionFunc(func(o *clientOptions) { o.instrumented = true })
 }
 
 // WithShadowMode makes the budget and the breaker decide and record
@@ -351,20 +296,6 @@ func WithInstrumentedAttempts() ClientOption {
 // watch what would be refused before it is.
 func WithShadowMode() ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.shadow = true })
-}
-
-// WithRetryIf narrows what is retried: after a failed attempt that the
-// suite would retry, f is asked, and a false refuses the retry (reason
-// retry_if). f is never asked about a method that may not be repeated, nor
-// about a code that is not retryable: it can narrow, never widen. It is
-// called on the call's goroutine and must be safe for concurrent use. nil
-// is ignored.
-func WithRetryIf(f func(ctx context.Context, fullMethod string, err error) bool) ClientOption {
-	return clientOptionFunc(func(o *clientOptions) {
-		if f != nil {
-			o.retryIf = f
-		}
-	})
 }
 
 // WithHooks sets callbacks for the Client's decisions (see Hooks). Nil
@@ -386,8 +317,9 @@ func WithoutFailover() ClientOption {
 // WithTargetName names the dependency behind each ClientConn's target:
 // name(target) keys the budget, the breaker and the endpoint table, and is
 // the target that metrics (server.address, grpc.target), errors ("circuit
-// breaker open for etcd"), hooks, logs and Targets show. ClientConns whose
-// targets get the same name share one budget and one breaker.
+// breaker open for /pkg.Svc/M on etcd"), hooks, logs and Targets show.
+// ClientConns whose targets get the same name share one budget and one
+// breaker per method.
 //
 // By default the key is the target in grpc's canonical form (see the
 // package documentation). That is wrong for client libraries that dial a
@@ -427,16 +359,6 @@ func WithoutRefusalMarker() ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.noMarker = true })
 }
 
-// WithLogger sets the logger of the Client's rare warnings (default
-// slog.Default()). nil is ignored.
-func WithLogger(l *slog.Logger) ClientOption {
-	return clientOptionFunc(func(o *clientOptions) {
-		if l != nil {
-			o.logger = l
-		}
-	})
-}
-
 func clampAttempts(n int) int { return min(max(n, 1), limits.MaxAttempts) }
 
 // Per-call options.
@@ -467,11 +389,12 @@ func (f serverOptionFunc) applyServer(o *serverOptions) { f(o) }
 type serverOptions struct {
 	deadlineCfg deadline.ServerConfig
 	dedupe      *dedupe.Server
-	noDedupe    bool
+	dedupeSet   bool // WithDedupe was given (dedupe nil: off)
 	noPushback  bool
-	overload    overloadOptions  // server_overload.go
-	budgets     *budget.Registry // the retry budgets per method; nil: the default
-	noBudget    bool
+	overload    *overload.Guard
+	overloadSet bool             // WithOverload was given (overload nil: off)
+	budgets     *budget.Registry // the retry budgets per method
+	budgetSet   bool             // WithServerBudget was given (budgets nil: off)
 }
 
 // WithServerBudget sets the server's retry budget: per method, the retries
@@ -492,7 +415,7 @@ type serverOptions struct {
 // clients get what is left. A client that lies about either gets no more
 // than it would from a server without the budget.
 func WithServerBudget(r *budget.Registry) ServerOption {
-	return serverOptionFunc(func(o *serverOptions) { o.budgets, o.noBudget = r, r == nil })
+	return serverOptionFunc(func(o *serverOptions) { o.budgets, o.budgetSet = r, true })
 }
 
 // WithServerDeadline configures how the server applies propagated deadlines.
@@ -500,20 +423,21 @@ func WithServerDeadline(c deadline.ServerConfig) ServerOption {
 	return serverOptionFunc(func(o *serverOptions) { o.deadlineCfg = c })
 }
 
-// WithDedupe sets the idempotency-key deduplication (default: a
-// dedupe.NewServer with an in-memory store). nil is ignored.
+// WithDedupe sets the idempotency-key deduplication (see the
+// idempotency/dedupe package). The default, dedupe.NewServer(dedupe.Config{}),
+// keeps records in memory and scopes keys by caller. nil turns it off.
 func WithDedupe(s *dedupe.Server) ServerOption {
-	return serverOptionFunc(func(o *serverOptions) {
-		if s != nil {
-			o.dedupe = s
-			o.noDedupe = false
-		}
-	})
+	return serverOptionFunc(func(o *serverOptions) { o.dedupe, o.dedupeSet = s, true })
 }
 
-// WithoutDedupe turns idempotency-key deduplication off.
-func WithoutDedupe() ServerOption {
-	return serverOptionFunc(func(o *serverOptions) { o.noDedupe = true; o.dedupe = nil })
+// WithOverload sets the overload protection of unary calls (see the
+// overload package): deadline-aware admission and retry-aware shedding.
+// The default is overload.New(overload.Config{}); pass a Guard made with
+// overload.New to configure it, share it between Servers, or read its
+// Stats. nil turns it off. Streams are not guarded: a stream's lifetime is
+// not a service time.
+func WithOverload(g *overload.Guard) ServerOption {
+	return serverOptionFunc(func(o *serverOptions) { o.overload, o.overloadSet = g, true })
 }
 
 // WithoutPushback stops the server from telling callers not to retry when

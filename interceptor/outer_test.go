@@ -19,6 +19,7 @@ import (
 	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/idempotency"
 	"github.com/stormguard/stormguard/interceptor"
+	"github.com/stormguard/stormguard/internal/clock"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
@@ -98,7 +99,7 @@ func newOuterEnvTries(t *testing.T, tries int, script origin.Script, loop func(i
 	e := &outerEnv{origin: origin.New(script), budgets: budget.NewRegistry(budgetNoBurst())}
 	l := origin.Bufconn()
 	srv := origin.Serve(l, e.origin)
-	guard := interceptor.NewClient(append(append(noopProviders(), fast, interceptor.WithBudgets(e.budgets)), opts...)...)
+	guard := interceptor.NewClient(append(append(noopProviders(), fast, interceptor.WithBudget(e.budgets)), opts...)...)
 	cc, err := l.Dial(append([]grpc.DialOption{grpc.WithUnaryInterceptor(loop(tries, time.Millisecond, &e.tried))}, guard.DialOptions()...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { cc.Close(); srv.Stop() })
@@ -248,7 +249,7 @@ func TestOuterRetryLoopKeepsIdempotencyKey(t *testing.T) {
 			return origin.Reply{Code: codes.Unavailable}
 		}
 		return origin.Reply{}
-	}, clientv3Retry, interceptor.WithoutBudget())
+	}, clientv3Retry, interceptor.WithBudget(nil))
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	for i := range 10 { // the target serves: its failures are not all it does lately
@@ -273,9 +274,9 @@ func TestOuterRetryLoopKeepsIdempotencyKey(t *testing.T) {
 func TestOuterRetryLoopWindow(t *testing.T) {
 	var mu sync.Mutex
 	now := time.Unix(1000, 0)
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	nowFn := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
-	e := newOuterEnvTries(t, 1, origin.Always(codes.Unavailable), clientv3Retry, interceptor.WithClock(clock), interceptor.WithoutBreaker())
+	e := newOuterEnvTries(t, 1, origin.Always(codes.Unavailable), clientv3Retry, clock.ClientOption(nowFn, nil).(interceptor.ClientOption), interceptor.WithBreaker(nil))
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	req := &echov1.PutRequest{RequestId: "w"}

@@ -32,8 +32,8 @@ func TestPerAttemptTimeoutSendsARetryBesideTheSlowAttempt(t *testing.T) {
 	clk, opts := fakeClock()
 	inv := &invoker{clk: clk, sent: make(chan int, 4), script: func(n int) reply { return reply{block: n == 1} }}
 	budgets := budget.NewRegistry(budget.Config{})
-	ic := interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithBudgets(budgets),
-		interceptor.WithPerAttemptTimeout(100*time.Millisecond))...)...).Unary()
+	ic := interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithBudget(budgets),
+		interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 100 * time.Millisecond}))...)...).Unary()
 	cc := dialPassthrough(t)
 	done := callThenTimeOut(t, clk, inv, func() error {
 		return ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
@@ -59,7 +59,7 @@ func TestTheSlowAttemptsAnswerWins(t *testing.T) {
 		return reply{block: true}
 	}}
 	ic := interceptor.NewClient(append(opts, append(noopProviders(),
-		interceptor.WithPerAttemptTimeout(100*time.Millisecond))...)...).Unary()
+		interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 100 * time.Millisecond}))...)...).Unary()
 	cc := dialPassthrough(t)
 	done := callThenTimeOut(t, clk, inv, func() error {
 		return ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
@@ -87,8 +87,8 @@ func TestACutAttemptFailsWithDeadlineExceeded(t *testing.T) {
 		seen = append(seen, status.Code(err))
 		return len(seen) == 1
 	}
-	ic := interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithoutBudget(),
-		interceptor.WithRetryIf(retryIf), interceptor.WithPerAttemptTimeout(100*time.Millisecond))...)...).Unary()
+	ic := interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithBudget(nil),
+		interceptor.WithRetryPolicy(interceptor.RetryPolicy{If: retryIf}), interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 100 * time.Millisecond}))...)...).Unary()
 	cc := dialPassthrough(t)
 	err := drive(t, clk, func() error {
 		return ic(t.Context(), put, &echov1.PutRequest{}, new(nonProtoReply), cc, inv.invoke)
@@ -109,12 +109,12 @@ func TestPerAttemptTimeoutKeepsAnAttemptNoRetryCanFollow(t *testing.T) {
 		call   []grpc.CallOption
 		fires  interceptor.Reason
 	}{
-		{name: "budget empty", method: put, opts: []interceptor.ClientOption{interceptor.WithBudget(budgetNoBurst())}, fires: interceptor.ReasonBudget},
+		{name: "budget empty", method: put, opts: []interceptor.ClientOption{interceptor.WithBudget(budget.NewRegistry(budgetNoBurst()))}, fires: interceptor.ReasonBudget},
 		{name: "last attempt", method: put, call: []grpc.CallOption{interceptor.MaxAttempts(1)}},
 		{name: "not idempotent", method: notify},
-		{name: "retryIf refuses timeouts", method: put, opts: []interceptor.ClientOption{interceptor.WithRetryIf(func(_ context.Context, _ string, err error) bool {
+		{name: "retryIf refuses timeouts", method: put, opts: []interceptor.ClientOption{interceptor.WithRetryPolicy(interceptor.RetryPolicy{If: func(_ context.Context, _ string, err error) bool {
 			return status.Code(err) != codes.DeadlineExceeded
-		})}, fires: interceptor.ReasonRetryIf},
+		}})}, fires: interceptor.ReasonRetryIf},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -124,7 +124,7 @@ func TestPerAttemptTimeoutKeepsAnAttemptNoRetryCanFollow(t *testing.T) {
 			refusals := make(chan interceptor.RefusalEvent, 4)
 			spans := tracetest.NewInMemoryExporter()
 			tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-			opts = append(opts, interceptor.WithPerAttemptTimeout(100*time.Millisecond), interceptor.WithTracerProvider(tp),
+			opts = append(opts, interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 100 * time.Millisecond}), interceptor.WithTelemetry(interceptor.Telemetry{TracerProvider: tp}),
 				interceptor.WithHooks(interceptor.Hooks{OnRefusal: func(e interceptor.RefusalEvent) { refusals <- e }}))
 			ic := interceptor.NewClient(append(opts, tc.opts...)...).Unary()
 			cc := dialPassthrough(t)
@@ -186,12 +186,12 @@ func TestPerAttemptTimeoutDoesNoHarmOnASlowServer(t *testing.T) {
 		budget   interceptor.ClientOption
 		attempts int // per call
 	}{
-		{"no token", interceptor.WithBudget(budgetNoBurst()), 1},
-		{"tokens", interceptor.WithBudget(budget.Config{}), 3},
+		{"no token", interceptor.WithBudget(budget.NewRegistry(budgetNoBurst())), 1},
+		{"tokens", interceptor.WithBudget(budget.NewRegistry(budget.Config{})), 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, origin.Sleep(300*time.Millisecond), tc.budget,
-				interceptor.WithPerAttemptTimeout(50*time.Millisecond))
+				interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 50 * time.Millisecond}))
 			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 			defer cancel()
 			for i := range 3 {
@@ -236,7 +236,7 @@ func TestADoNotRetryBesideASlowAttemptDoesNotEndTheCall(t *testing.T) {
 			refusals := make(chan interceptor.RefusalEvent, 4)
 			ic := interceptor.NewClient(append(opts, append(noopProviders(),
 				interceptor.WithHooks(interceptor.Hooks{OnRefusal: func(e interceptor.RefusalEvent) { refusals <- e }}),
-				interceptor.WithPerAttemptTimeout(100*time.Millisecond))...)...).Unary()
+				interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 100 * time.Millisecond}))...)...).Unary()
 			cc := dialPassthrough(t)
 			done := callThenTimeOut(t, clk, inv, func() error {
 				return ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)

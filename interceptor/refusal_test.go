@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/stormguard/stormguard/breaker"
+	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
@@ -59,7 +60,7 @@ func TestRefusedByThroughClientKeepingOnlyTheMessage(t *testing.T) {
 		return origin.Reply{Code: codes.Unavailable, Message: "etcdserver: no leader"}
 	}
 	t.Run("budget", func(t *testing.T) {
-		o, c := dialWrapped(t, down, keepMessageOnly, interceptor.WithBudget(budgetNoBurst()))
+		o, c := dialWrapped(t, down, keepMessageOnly, interceptor.WithBudget(budget.NewRegistry(budgetNoBurst())))
 		_, err := c.Put(t.Context(), &echov1.PutRequest{RequestId: "x"})
 		require.Equal(t, 1, o.Total(), "one deposit at 10% funds no retry and there is no floor")
 		st := status.Convert(err)
@@ -71,8 +72,8 @@ func TestRefusedByThroughClientKeepingOnlyTheMessage(t *testing.T) {
 		assert.Equal(t, interceptor.ReasonBudget, interceptor.RefusedBy(ownError{st.Code(), st.Message()}))
 	})
 	t.Run("breaker", func(t *testing.T) {
-		_, c := dialWrapped(t, down, keepMessageOnly, interceptor.WithoutBudget(),
-			interceptor.WithBreaker(breaker.Config{MinAttempts: 3}))
+		_, c := dialWrapped(t, down, keepMessageOnly, interceptor.WithBudget(nil),
+			interceptor.WithBreaker(&breaker.Config{MinAttempts: 3}))
 		_, err := c.Put(t.Context(), &echov1.PutRequest{RequestId: "a"}) // three failed attempts open it
 		require.Equal(t, codes.Unavailable, status.Code(err))
 		_, err = c.Put(t.Context(), &echov1.PutRequest{RequestId: "b"})
@@ -82,7 +83,7 @@ func TestRefusedByThroughClientKeepingOnlyTheMessage(t *testing.T) {
 		assert.Equal(t, interceptor.ReasonBreaker, interceptor.RefusedBy(err))
 	})
 	t.Run("without marker", func(t *testing.T) {
-		_, c := dialWrapped(t, down, keepMessageOnly, interceptor.WithBudget(budgetNoBurst()), interceptor.WithoutRefusalMarker())
+		_, c := dialWrapped(t, down, keepMessageOnly, interceptor.WithBudget(budget.NewRegistry(budgetNoBurst())), interceptor.WithoutRefusalMarker())
 		_, err := c.Put(t.Context(), &echov1.PutRequest{RequestId: "x"})
 		assert.Equal(t, "etcdserver: no leader", status.Convert(err).Message(), "the message as the server sent it")
 		assert.Equal(t, interceptor.Reason(""), interceptor.RefusedBy(err), "nothing left to read")
@@ -91,7 +92,7 @@ func TestRefusedByThroughClientKeepingOnlyTheMessage(t *testing.T) {
 		pass := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 			return invoker(ctx, method, req, reply, cc, opts...)
 		}
-		_, c := dialWrapped(t, down, pass, interceptor.WithBudget(budgetNoBurst()), interceptor.WithoutRefusalMarker())
+		_, c := dialWrapped(t, down, pass, interceptor.WithBudget(budget.NewRegistry(budgetNoBurst())), interceptor.WithoutRefusalMarker())
 		_, err := c.Put(t.Context(), &echov1.PutRequest{RequestId: "x"})
 		assert.Equal(t, interceptor.ReasonBudget, interceptor.RefusedBy(err), "the details")
 	})

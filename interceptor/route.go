@@ -15,13 +15,13 @@ import (
 	"github.com/stormguard/stormguard/internal/protoreg"
 )
 
-// MaxRoutes bounds the (target, method) routes a Client caches, and the
+// maxRoutes bounds the (target, method) routes a Client caches, and the
 // breakers it keeps (one per target and method). Generated code has far
 // fewer; a proxy forwarding caller-chosen method names gets, beyond the
 // bound, a route built for each call and no breaker for the methods past
 // it (and, for methods the protobuf registry does not know, metrics under
 // one "_OTHER" method).
-const MaxRoutes = 10_000
+const maxRoutes = 10_000
 
 // methodConfigTTL is how long a route trusts the grpc service config it
 // read for its method before reading it again: service config changes take
@@ -71,7 +71,7 @@ type methodConfig struct {
 	provisional bool
 }
 
-// routeFor returns the route of (target, method), cached up to MaxRoutes.
+// routeFor returns the route of (target, method), cached up to maxRoutes.
 func (c *Client) routeFor(target, method string) *route {
 	k := routeKey{target, method}
 	if r, ok := c.routes.Load(k); ok {
@@ -151,7 +151,7 @@ type routeBreaker struct {
 }
 
 // breakerFor returns the breaker of method on the canonical target, made
-// on first use; nil past MaxRoutes breakers. A breaker is per method, not
+// on first use; nil past maxRoutes breakers. A breaker is per method, not
 // per target, so that a method that serves is never refused because
 // another method of the same target fails: each opens only on its own
 // method's failures. The budget and the endpoint table stay per target.
@@ -165,25 +165,14 @@ func (c *Client) breakerFor(target, method string, known bool) *breaker.Breaker 
 	return rb.b
 }
 
-// BreakerName is the name of the breaker of method (a full method name,
-// "/pkg.Svc/Method") on target (canonical, as TargetState.Target): the
-// target followed by the method, "dns:///host:443/pkg.Svc/Method". It is
-// what a breaker.Registry given with WithBreakers is asked for, the
-// target an OnStateChange of WithBreaker's Config receives, and what
-// Breaker.Target returns.
-func BreakerName(target, method string) string { return target + method }
-
-// newBreaker makes the breaker of k: from WithBreakers' registry, or its
-// own, whose callback also calls Hooks.OnBreakerChange.
+// newBreaker makes the breaker of k, named by its target and its method
+// ("dns:///host:443/pkg.Svc/Method": the target an OnStateChange of
+// WithBreaker's Config receives), whose callback also calls
+// Hooks.OnBreakerChange.
 func (c *Client) newBreaker(k routeKey, known bool) *routeBreaker {
 	rb := &routeBreaker{target: k.target, method: k.method, known: known}
-	name := BreakerName(k.target, k.method)
-	if c.breakers != nil {
-		rb.b = c.breakers.For(name)
-		return rb
-	}
 	cfg := c.breakerCfg
-	cfg.Target = name
+	cfg.Target = k.target + k.method
 	if c.o.hooks.OnBreakerChange != nil {
 		user := cfg.OnStateChange
 		cfg.OnStateChange = func(name string, from, to breaker.State) {

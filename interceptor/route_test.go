@@ -53,8 +53,8 @@ func TestTargetNameSharesBudgetAndBreaker(t *testing.T) {
 	var hookTargets []string
 	budgets := budget.NewRegistry(budget.Config{})
 	guard := interceptor.NewClient(append(noopProviders(), fast,
-		interceptor.WithBudgets(budgets),
-		interceptor.WithBreaker(breaker.Config{MinAttempts: 3}),
+		interceptor.WithBudget(budgets),
+		interceptor.WithBreaker(&breaker.Config{MinAttempts: 3}),
 		interceptor.WithTargetName(func(target string) string {
 			if strings.HasPrefix(target, "etcd-endpoints://") {
 				return "etcd"
@@ -107,7 +107,7 @@ func TestTargetNameSharesBudgetAndBreaker(t *testing.T) {
 // the default: "host:port" and "dns:///host:port" are one target.
 func TestTargetNameDefault(t *testing.T) {
 	budgets := budget.NewRegistry(budget.Config{})
-	guard := interceptor.NewClient(append(noopProviders(), fast, interceptor.WithBudgets(budgets),
+	guard := interceptor.NewClient(append(noopProviders(), fast, interceptor.WithBudget(budgets),
 		interceptor.WithTargetName(func(string) string { return "" }))...)
 	l, err := origin.TCP()
 	require.NoError(t, err)

@@ -41,7 +41,7 @@ func concurrently(n int, f func(i int) error) (ok int, codesSeen map[codes.Code]
 	return codesSeen[codes.OK], codesSeen
 }
 
-var naive = []interceptor.ClientOption{interceptor.WithoutBudget(), interceptor.WithoutBreaker()}
+var naive = []interceptor.ClientOption{interceptor.WithBudget(nil), interceptor.WithBreaker(nil)}
 
 // Seed 000, one hop: 50 concurrent callers, the origin answers UNAVAILABLE
 // to everything.

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/stormguard/stormguard/overload"
 	"github.com/stormguard/stormguard/semconv"
 
 	"google.golang.org/grpc"
@@ -48,15 +49,16 @@ func NewServer(opts ...ServerOption) *Server {
 		}
 	}
 	s := &Server{o: o, dl: deadline.NewServer(o.deadlineCfg), dedupe: o.dedupe}
-	s.ov.guard = o.overload.newGuard()
-	if !o.noBudget {
-		reg := o.budgets
-		if reg == nil {
-			reg = budget.NewRegistry(budget.Config{})
-		}
-		s.rb = newServerBudgets(reg, reg.Ratio())
+	s.ov.guard = o.overload
+	if !o.overloadSet {
+		s.ov.guard = overload.New(overload.Config{})
 	}
-	if s.dedupe == nil && !o.noDedupe {
+	reg := o.budgets
+	if !o.budgetSet {
+		reg = budget.NewRegistry(budget.Config{})
+	}
+	s.rb = newServerBudgets(reg, reg.Ratio()) // nil for a nil reg
+	if !o.dedupeSet {
 		s.dedupe = dedupe.NewServer(dedupe.Config{})
 	}
 	return s

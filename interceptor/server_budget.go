@@ -46,7 +46,7 @@ type serverBudgets struct {
 	reg   *budget.Registry
 	ratio float64
 	m     cowmap.Map[string, *methodBudget]
-	other *methodBudget // every method beyond MaxRoutes
+	other *methodBudget // every method beyond maxRoutes
 }
 
 // methodBudget is one method's retry budget and its recent outcomes.
@@ -61,7 +61,7 @@ func newServerBudgets(reg *budget.Registry, ratio float64) *serverBudgets {
 		return nil
 	}
 	s := &serverBudgets{reg: reg, ratio: ratio}
-	s.m.Max = MaxRoutes
+	s.m.Max = maxRoutes
 	s.other = s.newMethod(otherMethodSemconv)
 	return s
 }
@@ -78,7 +78,7 @@ func (s *serverBudgets) forMethod(method string) *methodBudget {
 	if mb, ok := s.m.Load(method); ok {
 		return mb
 	}
-	if s.m.Len() >= MaxRoutes {
+	if s.m.Len() >= maxRoutes {
 		return s.other
 	}
 	return s.m.LoadOrCreate(method, s.newMethod)

@@ -17,57 +17,11 @@ import (
 	"github.com/stormguard/stormguard/overload"
 )
 
-// overloadOptions are the overload options; the zero value is the
-// default protection, overload.Config{}.
-type overloadOptions struct {
-	off   bool
-	cfg   overload.Config
-	guard *overload.Guard
-}
-
-// WithOverload configures the server's overload protection of unary calls
-// (see the overload package): deadline-aware admission and retry-aware
-// shedding, on by default. Streams are not guarded: a stream's lifetime is
-// not a service time.
-func WithOverload(c overload.Config) ServerOption {
-	return serverOptionFunc(func(o *serverOptions) { o.overload = overloadOptions{cfg: c} })
-}
-
-// WithOverloadGuard uses g for the overload protection, so that several
-// Servers share it or its Stats can be read. nil is ignored.
-func WithOverloadGuard(g *overload.Guard) ServerOption {
-	return serverOptionFunc(func(o *serverOptions) {
-		if g != nil {
-			o.overload = overloadOptions{guard: g}
-		}
-	})
-}
-
-// WithoutOverload turns the overload protection off.
-func WithoutOverload() ServerOption {
-	return serverOptionFunc(func(o *serverOptions) { o.overload = overloadOptions{off: true} })
-}
-
-// newGuard returns the Guard the options ask for, or nil for none.
-func (o *overloadOptions) newGuard() *overload.Guard {
-	switch {
-	case o.off:
-		return nil
-	case o.guard != nil:
-		return o.guard
-	}
-	return overload.New(o.cfg)
-}
-
 // serverOverload is the Server's overload state.
 type serverOverload struct {
 	guard   *overload.Guard // nil: off
 	trailer atomic.Pointer[retryAfterTrailer]
 }
-
-// Overload returns the Server's overload protection (for its Stats and
-// per-method state), or nil when it is off.
-func (s *Server) Overload() *overload.Guard { return s.ov.guard }
 
 // The statuses of refusals, built once. They are marked as refusals for
 // the dedupe interceptor, which runs admission only for a request that is

@@ -38,10 +38,10 @@ func BenchmarkServerUnaryOverload(b *testing.B) {
 		}
 	}
 	b.Run("without", func(b *testing.B) {
-		run(b, first, interceptor.NewServer(interceptor.WithoutDedupe(), interceptor.WithoutOverload()))
+		run(b, first, interceptor.NewServer(interceptor.WithDedupe(nil), interceptor.WithOverload(nil)))
 	})
-	b.Run("with", func(b *testing.B) { run(b, first, interceptor.NewServer(interceptor.WithoutDedupe())) })
-	b.Run("with-retry", func(b *testing.B) { run(b, retry, interceptor.NewServer(interceptor.WithoutDedupe())) })
+	b.Run("with", func(b *testing.B) { run(b, first, interceptor.NewServer(interceptor.WithDedupe(nil))) })
+	b.Run("with-retry", func(b *testing.B) { run(b, retry, interceptor.NewServer(interceptor.WithDedupe(nil))) })
 }
 
 // BenchmarkServerOverloadBufconn measures a whole unary call over bufconn
@@ -51,7 +51,7 @@ func BenchmarkServerOverloadBufconn(b *testing.B) {
 		name string
 		opts []interceptor.ServerOption
 	}{
-		{"without", []interceptor.ServerOption{interceptor.WithoutOverload()}},
+		{"without", []interceptor.ServerOption{interceptor.WithOverload(nil)}},
 		{"with", nil},
 	} {
 		b.Run(c.name, func(b *testing.B) {

@@ -72,9 +72,9 @@ func retryCtx(ctx context.Context, previous int) context.Context {
 func TestServerShedsRetriesBeforeFirstAttempts(t *testing.T) {
 	release, arrived := make(chan struct{}), make(chan struct{}, 16)
 	o := origin.New(blocking(release, arrived))
-	echo, _, s := guarded(t, o, interceptor.WithOverload(overload.Config{
+	echo, _, s := guarded(t, o, interceptor.WithOverload(overload.New(overload.Config{
 		NoAdmission: true, NoAdaptive: true, MaxConcurrency: 4, RetryAfter: 250 * time.Millisecond,
-	}))
+	})))
 	// Calls that should be refused at once get a deadline, so that a
 	// regression fails the test instead of hanging it.
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
@@ -128,7 +128,7 @@ func TestServerShedsRetriesBeforeFirstAttempts(t *testing.T) {
 
 	// The origin saw only what was admitted; the shed ones never reached it.
 	assert.Equal(t, 4, o.Total())
-	st := s.Overload().Stats()
+	st := interceptor.OverloadOf(s).Stats()
 	assert.Equal(t, overload.Stats{Admitted: 4, ShedRetry: 3, ShedFirst: 1}, st)
 
 	// Streams are not guarded: a stream reaches its handler at the limit.
@@ -188,8 +188,8 @@ func TestServerRefusesDoomedWork(t *testing.T) {
 	now := time.Now()
 	g := trainedGuard(t, now)
 	o := origin.New(origin.Succeed())
-	echo, _, s := guarded(t, o, interceptor.WithOverloadGuard(g))
-	require.Same(t, g, s.Overload())
+	echo, _, s := guarded(t, o, interceptor.WithOverload(g))
+	require.Same(t, g, interceptor.OverloadOf(s))
 
 	ctx, cancel := context.WithDeadline(t.Context(), now.Add(2*time.Second))
 	defer cancel()
@@ -218,12 +218,12 @@ func TestServerRefusesDoomedWork(t *testing.T) {
 func TestSuiteClientObeysTheServersPushback(t *testing.T) {
 	release, arrived := make(chan struct{}), make(chan struct{}, 4)
 	o := origin.New(blocking(release, arrived))
-	s := interceptor.NewServer(interceptor.WithOverload(overload.Config{
+	s := interceptor.NewServer(interceptor.WithOverload(overload.New(overload.Config{
 		NoAdmission: true, NoAdaptive: true, MaxConcurrency: 1, RetryAfter: time.Millisecond,
-	}))
+	})))
 	l := origin.Bufconn()
 	srv := origin.Serve(l, o, grpc.ChainUnaryInterceptor(s.Unary()))
-	client := interceptor.NewClient(fast, interceptor.WithMaxAttempts(5), interceptor.WithoutBreaker())
+	client := interceptor.NewClient(fast, interceptor.WithRetryPolicy(interceptor.RetryPolicy{MaxAttempts: 5}), interceptor.WithBreaker(nil))
 	cc, err := l.Dial(grpc.WithChainUnaryInterceptor(client.Unary()))
 	require.NoError(t, err)
 	defer func() { cc.Close(); srv.Stop() }()
@@ -244,7 +244,7 @@ func TestSuiteClientObeysTheServersPushback(t *testing.T) {
 	assert.Equal(t, interceptor.ReasonPushback, interceptor.RefusedBy(err))
 	close(release)
 	wg.Wait()
-	assert.Equal(t, overload.Stats{Admitted: 1, ShedFirst: 1, ShedRetry: 1}, s.Overload().Stats(),
+	assert.Equal(t, overload.Stats{Admitted: 1, ShedFirst: 1, ShedRetry: 1}, interceptor.OverloadOf(s).Stats(),
 		"one shed first attempt, one shed retry, then the client stopped")
 	assert.Equal(t, 1, o.Total())
 }
@@ -260,7 +260,7 @@ func TestSuiteClientObeysTheServersPushback(t *testing.T) {
 func TestServerRefusesNothingWhenNotOverloaded(t *testing.T) {
 	o := origin.New(origin.Sleep(time.Millisecond))
 	echo, _, s := guarded(t, o)
-	require.NotNil(t, s.Overload(), "on by default")
+	require.NotNil(t, interceptor.OverloadOf(s), "on by default")
 	var wg sync.WaitGroup
 	var tight, late atomic.Int64 // 20ms calls refused on arrival; that ran out of time
 	for w := range 8 {
@@ -289,7 +289,7 @@ func TestServerRefusesNothingWhenNotOverloaded(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	st := s.Overload().Stats()
+	st := interceptor.OverloadOf(s).Stats()
 	t.Logf("overload stats %+v; 20ms calls refused on arrival: %d, out of time: %d", st, tight.Load(), late.Load())
 	assert.Zero(t, st.ShedRetry+st.ShedFirst, "shed: %+v", st)
 	assert.EqualValues(t, tight.Load(), st.RefusedDeadline, "refused on arrival: only 20ms calls")
@@ -300,10 +300,10 @@ func TestServerRefusesNothingWhenNotOverloaded(t *testing.T) {
 }
 
 func TestWithoutOverload(t *testing.T) {
-	_, _, s := guarded(t, origin.New(nil), interceptor.WithoutOverload())
-	assert.Nil(t, s.Overload())
-	_, _, s = guarded(t, origin.New(nil), interceptor.WithOverloadGuard(nil))
-	assert.NotNil(t, s.Overload(), "nil is ignored: the default stays")
+	_, _, s := guarded(t, origin.New(nil), interceptor.WithOverload(nil))
+	assert.Nil(t, interceptor.OverloadOf(s), "nil turns it off")
+	_, _, s = guarded(t, origin.New(nil))
+	assert.NotNil(t, interceptor.OverloadOf(s), "on by default")
 }
 
 // TestServerLearnsFromWhatTheMethodNeeds: calls that fail on their own
@@ -324,8 +324,8 @@ func TestServerLearnsFromWhatTheMethodNeeds(t *testing.T) {
 	clock := time.Now()
 	now := func() time.Time { cmu.Lock(); defer cmu.Unlock(); return clock }
 	tick := func() { cmu.Lock(); clock = clock.Add(100 * time.Millisecond); cmu.Unlock() }
-	echo, _, s := guarded(t, o, interceptor.WithOverload(overload.Config{Now: now}))
-	m := s.Overload().Method(echov1.EchoService_Put_FullMethodName)
+	echo, _, s := guarded(t, o, interceptor.WithOverload(overload.New(overload.Config{Now: now})))
+	m := interceptor.OverloadOf(s).Method(echov1.EchoService_Put_FullMethodName)
 	for i := range 30 {
 		_, err := echo.Put(t.Context(), &echov1.PutRequest{RequestId: strconv.Itoa(i)})
 		require.Equal(t, codes.Unavailable, status.Code(err))
@@ -421,7 +421,7 @@ func watchLimit(wg *sync.WaitGroup, m *overload.Method, end time.Time) *atomic.I
 func TestServerCancelledCallsTeachTheLimiterNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		echo, s := bubbleServe(t, origin.New(origin.Sleep(5*time.Millisecond)))
-		m := s.Overload().Method(echov1.EchoService_Put_FullMethodName)
+		m := interceptor.OverloadOf(s).Method(echov1.EchoService_Put_FullMethodName)
 		end := time.Now().Add(5 * time.Second)
 		var wg sync.WaitGroup
 		var honest, cancelled tally
@@ -443,7 +443,7 @@ func TestServerCancelledCallsTeachTheLimiterNothing(t *testing.T) {
 			time.Sleep(4 * time.Millisecond)
 		}
 		wg.Wait()
-		st := s.Overload().Stats()
+		st := interceptor.OverloadOf(s).Stats()
 		t.Logf("honest: %d ok, %d failed; cancelled calls: %d failed; largest limit %d; %+v",
 			honest.ok.Load(), honest.failed.Load(), cancelled.failed.Load(), most.Load(), st)
 		require.EqualValues(t, 500, cancelled.failed.Load())
@@ -462,7 +462,7 @@ func TestServerRefusesNoFirstAttemptOfASlowerDependency(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		o := origin.New(origin.Sleep(2 * time.Millisecond))
 		echo, s := bubbleServe(t, o)
-		m := s.Overload().Method(echov1.EchoService_Put_FullMethodName)
+		m := interceptor.OverloadOf(s).Method(echov1.EchoService_Put_FullMethodName)
 		start := time.Now()
 		end := start.Add(10 * time.Second)
 		var wg sync.WaitGroup
@@ -481,7 +481,7 @@ func TestServerRefusesNoFirstAttemptOfASlowerDependency(t *testing.T) {
 		time.Sleep(3 * time.Second)
 		o.SetScript(origin.Sleep(10 * time.Millisecond))
 		wg.Wait()
-		st := s.Overload().Stats()
+		st := interceptor.OverloadOf(s).Stats()
 		t.Logf("2 ms: %d ok, %d failed; 10 ms: %d ok, %d failed; largest limit %d; %+v",
 			before.ok.Load(), before.failed.Load(), after.ok.Load(), after.failed.Load(), most.Load(), st)
 		assert.Zero(t, before.failed.Load()+after.failed.Load(), "first attempts refused")
@@ -508,7 +508,7 @@ func TestServerAnswersAKeyedRetryFromTheStoreBeforeAdmission(t *testing.T) {
 			return origin.Reply{}
 		})
 		echo, _, s := guarded(t, o,
-			interceptor.WithOverload(overload.Config{NoAdmission: true, NoAdaptive: true, MaxConcurrency: 1}),
+			interceptor.WithOverload(overload.New(overload.Config{NoAdmission: true, NoAdaptive: true, MaxConcurrency: 1})),
 			interceptor.WithDedupe(dedupe.NewServer(dedupe.Config{AllowAnonymous: true})))
 		ctx := t.Context()
 		charge := func(ctx context.Context, key, id, account string) (*echov1.ChargeResponse, error) {
@@ -591,7 +591,7 @@ func TestServerAnswersAKeyedRetryFromTheStoreBeforeAdmission(t *testing.T) {
 		_, n = o.Balance("b")
 		assert.Equal(t, 1, n)
 
-		assert.Equal(t, overload.Stats{Admitted: 3}, s.Overload().Stats(),
+		assert.Equal(t, overload.Stats{Admitted: 3}, interceptor.OverloadOf(s).Stats(),
 			"admitted: the first charge, the holder and the slow charge; nothing else")
 	})
 }
@@ -697,7 +697,7 @@ func TestServerAForgedDeadlineBuysNothing(t *testing.T) {
 			wg.Wait()
 			honestOK[k] = honest.ok.Load()
 			t.Logf("flood %s: honest %d ok, %d failed; flood %d ok, %d failed; %+v", flood.name,
-				honest.ok.Load(), honest.failed.Load(), flooded.ok.Load(), flooded.failed.Load(), s.Overload().Stats())
+				honest.ok.Load(), honest.failed.Load(), flooded.ok.Load(), flooded.failed.Load(), interceptor.OverloadOf(s).Stats())
 		})
 	}
 	require.Positive(t, honestOK[0], "the honest callers keep nothing against the flood without a deadline")
@@ -720,7 +720,7 @@ func TestServerAShedKeyedWriteIsNotStored(t *testing.T) {
 		return origin.Reply{}
 	})
 	echo, _, _ := guarded(t, o,
-		interceptor.WithOverload(overload.Config{NoAdmission: true, NoAdaptive: true, MaxConcurrency: 1}),
+		interceptor.WithOverload(overload.New(overload.Config{NoAdmission: true, NoAdaptive: true, MaxConcurrency: 1})),
 		interceptor.WithDedupe(dedupe.NewServer(dedupe.Config{AllowAnonymous: true,
 			NotStored: idempotency.CodeSet(1 << codes.Canceled)})))
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // fail, not hang, on a regression
@@ -758,9 +758,9 @@ func TestServerTheAttemptHeaderIsSelfReported(t *testing.T) {
 		}
 		return origin.Reply{}
 	})
-	echo, _, s := guarded(t, o, interceptor.WithOverload(overload.Config{
+	echo, _, s := guarded(t, o, interceptor.WithOverload(overload.New(overload.Config{
 		NoAdmission: true, NoAdaptive: true, MaxConcurrency: 4,
-	}))
+	})))
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // fail, not hang, on a regression
 	defer cancel()
 	var wg sync.WaitGroup
@@ -798,5 +798,5 @@ func TestServerTheAttemptHeaderIsSelfReported(t *testing.T) {
 	assert.Zero(t, honest)
 	assert.Zero(t, bad)
 	assert.Equal(t, 20, hidden)
-	assert.Equal(t, overload.Stats{Admitted: 22, ShedRetry: 40}, s.Overload().Stats())
+	assert.Equal(t, overload.Stats{Admitted: 22, ShedRetry: 40}, interceptor.OverloadOf(s).Stats())
 }

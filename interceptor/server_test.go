@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/semconv"
 
 	"github.com/stretchr/testify/assert"
@@ -28,7 +29,7 @@ func midTier(t *testing.T, serverOpts ...interceptor.ServerOption) (dial func(gr
 	dl := origin.Bufconn()
 	ds := origin.Serve(dl, dead)
 	t.Cleanup(ds.Stop)
-	guard := interceptor.NewClient(fast, interceptor.WithBudget(budgetNoBurst()))
+	guard := interceptor.NewClient(fast, interceptor.WithBudget(budget.NewRegistry(budgetNoBurst())))
 	cc, err := dl.Dial(grpc.WithChainUnaryInterceptor(guard.Unary()))
 	require.NoError(t, err)
 	t.Cleanup(func() { cc.Close() })
@@ -108,7 +109,7 @@ func TestServerPushbackForPropagatedRefusal(t *testing.T) {
 	l := origin.Bufconn()
 	s := origin.Serve(l, o, grpc.ChainUnaryInterceptor(srv.Unary(),
 		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-			guard := interceptor.NewClient(interceptor.WithBudget(budgetNoBurst()), fast)
+			guard := interceptor.NewClient(interceptor.WithBudget(budget.NewRegistry(budgetNoBurst())), fast)
 			// A call refused by the budget, made from inside the handler.
 			inner := origin.New(origin.Always(codes.Unavailable))
 			il := origin.Bufconn()

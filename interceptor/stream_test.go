@@ -59,7 +59,7 @@ func recvAll(t *testing.T, s grpc.ServerStreamingClient[echov1.ListResponse]) ([
 }
 
 func TestServerStreamRetriedBeforeFirstResponse(t *testing.T) {
-	e := newEnv(t, failFirstAttempt(0), interceptor.WithoutBudget())
+	e := newEnv(t, failFirstAttempt(0), interceptor.WithBudget(nil))
 	s, err := e.echo.List(t.Context(), &echov1.ListRequest{RequestId: "l", Count: 5})
 	require.NoError(t, err)
 	got, err := recvAll(t, s)
@@ -69,7 +69,7 @@ func TestServerStreamRetriedBeforeFirstResponse(t *testing.T) {
 }
 
 func TestServerStreamFailureAfterFirstMessageGoesToCaller(t *testing.T) {
-	e := newEnv(t, failFirstAttempt(2), interceptor.WithoutBudget())
+	e := newEnv(t, failFirstAttempt(2), interceptor.WithBudget(nil))
 	s, err := e.echo.List(t.Context(), &echov1.ListRequest{RequestId: "l", Count: 5})
 	require.NoError(t, err)
 	got, err := recvAll(t, s)
@@ -111,7 +111,7 @@ func sum(cs [][]byte) []byte {
 }
 
 func TestClientStreamRetriedAndReplayed(t *testing.T) {
-	e := newEnv(t, failFirstAttempt(2), interceptor.WithoutBudget())
+	e := newEnv(t, failFirstAttempt(2), interceptor.WithBudget(nil))
 	cs := chunks(5, 1000)
 	res, err := upload1(t, e, "u", cs)
 	require.NoError(t, err)
@@ -124,7 +124,7 @@ func TestClientStreamRetriedAndReplayed(t *testing.T) {
 func TestClientStreamOverReplayLimitCommits(t *testing.T) {
 	cs := chunks(64, 16<<10) // 1 MiB
 	t.Run("healthy origin gets every byte once", func(t *testing.T) {
-		e := newEnv(t, nil, interceptor.WithoutBudget())
+		e := newEnv(t, nil, interceptor.WithBudget(nil))
 		res, err := upload1(t, e, "big", cs)
 		require.NoError(t, err)
 		assert.Equal(t, uint64(1<<20), res.GetSize())
@@ -132,14 +132,14 @@ func TestClientStreamOverReplayLimitCommits(t *testing.T) {
 	})
 	t.Run("failure after the limit is not retried", func(t *testing.T) {
 		// Fails after 20 chunks (320 KiB, past the 256 KiB limit).
-		e := newEnv(t, failFirstAttempt(20), interceptor.WithoutBudget())
+		e := newEnv(t, failFirstAttempt(20), interceptor.WithBudget(nil))
 		_, err := upload1(t, e, "big", cs)
 		assert.Equal(t, codes.Unavailable, status.Code(err))
 		assert.Equal(t, 1, e.origin.CountID(upload, "big"))
 		assert.Empty(t, e.origin.Uploads())
 	})
 	t.Run("failure before the limit is retried", func(t *testing.T) {
-		e := newEnv(t, failFirstAttempt(4), interceptor.WithoutBudget(), interceptor.WithReplayLimit(2<<20))
+		e := newEnv(t, failFirstAttempt(4), interceptor.WithBudget(nil), interceptor.WithRetryPolicy(interceptor.RetryPolicy{ReplayLimit: 2 << 20}))
 		res, err := upload1(t, e, "big", cs)
 		require.NoError(t, err)
 		assert.Equal(t, sum(cs), res.GetSha256())
@@ -149,7 +149,7 @@ func TestClientStreamOverReplayLimitCommits(t *testing.T) {
 
 func TestBidiStream(t *testing.T) {
 	t.Run("failure before the first response is retried", func(t *testing.T) {
-		e := newEnv(t, failFirstAttempt(0), interceptor.WithoutBudget())
+		e := newEnv(t, failFirstAttempt(0), interceptor.WithBudget(nil))
 		c, err := e.echo.Chat(t.Context())
 		require.NoError(t, err)
 		for i := range uint32(3) {
@@ -164,7 +164,7 @@ func TestBidiStream(t *testing.T) {
 		assert.Equal(t, 2, e.origin.CountID(chat, "c"))
 	})
 	t.Run("failure after the first response goes to the caller", func(t *testing.T) {
-		e := newEnv(t, failFirstAttempt(1), interceptor.WithoutBudget())
+		e := newEnv(t, failFirstAttempt(1), interceptor.WithBudget(nil))
 		c, err := e.echo.Chat(t.Context())
 		require.NoError(t, err)
 		require.NoError(t, c.Send(&echov1.ChatRequest{RequestId: "c", Seq: 0}))
@@ -177,7 +177,7 @@ func TestBidiStream(t *testing.T) {
 		assert.Equal(t, 1, e.origin.CountID(chat, "c"))
 	})
 	t.Run("messages sent before a retry are replayed in order", func(t *testing.T) {
-		e := newEnv(t, failFirstAttempt(0), interceptor.WithoutBudget())
+		e := newEnv(t, failFirstAttempt(0), interceptor.WithBudget(nil))
 		c, err := e.echo.Chat(t.Context())
 		require.NoError(t, err)
 		for i := range uint32(4) {
@@ -205,7 +205,7 @@ func TestStreamHeaderAndTrailerAfterRetry(t *testing.T) {
 			return origin.Reply{Code: codes.Unavailable, Trailer: map[string][]string{"t": {"1"}}}
 		}
 		return origin.Reply{Header: map[string][]string{"attempt": {fmt.Sprint(c.Attempt)}}, Trailer: map[string][]string{"t": {fmt.Sprint(c.Attempt)}}}
-	}, interceptor.WithoutBudget())
+	}, interceptor.WithBudget(nil))
 	s, err := e.echo.List(t.Context(), &echov1.ListRequest{RequestId: "h", Count: 2})
 	require.NoError(t, err)
 	md, err := s.Header()
@@ -221,7 +221,7 @@ func TestStreamHeaderCommits(t *testing.T) {
 	// A failure after the caller has seen a header is the caller's.
 	e := newEnv(t, func(c origin.Call) origin.Reply {
 		return origin.Reply{Code: codes.Unavailable, Header: map[string][]string{"attempt": {fmt.Sprint(c.Attempt)}}}
-	}, interceptor.WithoutBudget())
+	}, interceptor.WithBudget(nil))
 	s, err := e.echo.List(t.Context(), &echov1.ListRequest{RequestId: "h", Count: 2})
 	require.NoError(t, err)
 	md, err := s.Header()
@@ -258,7 +258,7 @@ func TestStreamsAgainstDeadOriginStayWithinBudget(t *testing.T) {
 }
 
 func TestStreamCallerCancelLeavesNothingBehind(t *testing.T) {
-	e := newEnv(t, origin.Sleep(time.Hour), interceptor.WithoutBudget())
+	e := newEnv(t, origin.Sleep(time.Hour), interceptor.WithBudget(nil))
 	ctx, cancel := context.WithCancel(t.Context())
 	s, err := e.echo.List(ctx, &echov1.ListRequest{RequestId: "x", Count: 1})
 	require.NoError(t, err)
@@ -362,7 +362,7 @@ func TestUnmarkedStreamIsAttemptedOnce(t *testing.T) {
 	grpc_health_v1.RegisterHealthServer(s, h)
 	go func() { _ = s.Serve(l) }()
 	defer s.Stop()
-	guard := interceptor.NewClient(fast, interceptor.WithoutBudget(), interceptor.WithMaxAttempts(5))
+	guard := interceptor.NewClient(fast, interceptor.WithBudget(nil), interceptor.WithRetryPolicy(interceptor.RetryPolicy{MaxAttempts: 5}))
 	cc, err := l.Dial(grpc.WithChainStreamInterceptor(guard.Stream()))
 	require.NoError(t, err)
 	defer cc.Close()
@@ -376,7 +376,7 @@ func TestUnmarkedStreamIsAttemptedOnce(t *testing.T) {
 }
 
 func TestSpansOfAStreamRetriedOnce(t *testing.T) {
-	e := newEnv(t, failFirstAttempt(0), interceptor.WithoutBudget())
+	e := newEnv(t, failFirstAttempt(0), interceptor.WithBudget(nil))
 	s, err := e.echo.List(t.Context(), &echov1.ListRequest{RequestId: "l", Count: 2})
 	require.NoError(t, err)
 	_, err = recvAll(t, s)

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/semconv"
 
 	"github.com/stretchr/testify/assert"
@@ -70,7 +71,7 @@ func TestSpansAndMetricsOfACallRetriedTwice(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	e := newEnv(t, origin.FailFirst(2, codes.Unavailable), interceptor.WithoutBudget(), interceptor.WithMeterProvider(mp))
+	e := newEnv(t, origin.FailFirst(2, codes.Unavailable), interceptor.WithBudget(nil), interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: mp}))
 	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "r"})
 	require.NoError(t, err)
 
@@ -135,7 +136,7 @@ func TestRefusalEventsAndMetrics(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithBudget(budgetNoBurst()), interceptor.WithMeterProvider(mp))
+	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithBudget(budget.NewRegistry(budgetNoBurst())), interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: mp}))
 	_, _ = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "a"})
 	_, _ = e.echo.Notify(t.Context(), &echov1.NotifyRequest{RequestId: "b"})
 	_, _ = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "c"}, interceptor.MaxAttempts(1))
@@ -177,8 +178,8 @@ func TestHedgeEvents(t *testing.T) {
 }
 
 func TestPropagatorsInjectIntoEveryAttempt(t *testing.T) {
-	e := newEnv(t, origin.FailFirst(1, codes.Unavailable), interceptor.WithoutBudget(),
-		interceptor.WithPropagators(propagation.TraceContext{}))
+	e := newEnv(t, origin.FailFirst(1, codes.Unavailable), interceptor.WithBudget(nil),
+		interceptor.WithTelemetry(interceptor.Telemetry{Propagators: propagation.TraceContext{}}))
 	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "p"})
 	require.NoError(t, err)
 	calls := e.origin.Calls()

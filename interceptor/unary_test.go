@@ -34,7 +34,7 @@ const (
 )
 
 func TestIdempotentMethodRetriedUntilSuccess(t *testing.T) {
-	e := newEnv(t, origin.FailFirst(2, codes.Unavailable), interceptor.WithoutBudget())
+	e := newEnv(t, origin.FailFirst(2, codes.Unavailable), interceptor.WithBudget(nil))
 	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "r"})
 	require.NoError(t, err)
 	assert.Equal(t, 3, e.origin.CountID(put, "r"))
@@ -48,10 +48,10 @@ func TestIdempotentMethodRetriedUntilSuccess(t *testing.T) {
 
 func TestUnmarkedMethodIsSentOnceWhateverTheOptions(t *testing.T) {
 	e := newEnv(t, origin.Always(codes.Unavailable),
-		interceptor.WithMaxAttempts(10),
-		interceptor.WithRetryableCodes(codes.Unavailable, codes.Internal, codes.Unknown),
+		interceptor.WithRetryPolicy(interceptor.RetryPolicy{MaxAttempts: 10}),
+		interceptor.WithRetryPolicy(interceptor.RetryPolicy{RetryableCodes: []codes.Code{codes.Unavailable, codes.Internal, codes.Unknown}}),
 		interceptor.WithHedging(time.Millisecond, 10),
-		interceptor.WithoutBudget(), interceptor.WithoutBreaker(),
+		interceptor.WithBudget(nil), interceptor.WithBreaker(nil),
 	)
 	_, err := e.echo.Notify(t.Context(), &echov1.NotifyRequest{RequestId: "n"},
 		interceptor.MaxAttempts(10), idempotency.CallKey("caller-key-1"))
@@ -72,7 +72,7 @@ func TestNonRetryableCodeIsReturnedAtOnce(t *testing.T) {
 func TestMaxAttempts(t *testing.T) {
 	// Without the breaker: the target serves nothing, and with it no
 	// retry would be sent after the fifth failure (TestServedNothing).
-	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithoutBudget(), interceptor.WithoutBreaker())
+	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithBudget(nil), interceptor.WithBreaker(nil))
 	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "a"})
 	assert.Equal(t, codes.Unavailable, status.Code(err))
 	assert.Equal(t, 3, e.origin.CountID(put, "a"), "default is 3 attempts in all")
@@ -91,7 +91,7 @@ func TestMaxAttempts(t *testing.T) {
 func TestBudgetRefusalKeepsOriginalStatus(t *testing.T) {
 	e := newEnv(t, func(c origin.Call) origin.Reply {
 		return origin.Reply{Code: codes.Unavailable, Message: "origin down: " + c.RequestID}
-	}, interceptor.WithBudget(budgetNoBurst()))
+	}, interceptor.WithBudget(budget.NewRegistry(budgetNoBurst())))
 	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "x"})
 	st := status.Convert(err)
 	assert.Equal(t, codes.Unavailable, st.Code())
@@ -112,8 +112,8 @@ func TestBudgetRefusalKeepsOriginalStatus(t *testing.T) {
 
 func TestBreakerOpenFailsFastAndIsNeverRetried(t *testing.T) {
 	now := time.Unix(1000, 0)
-	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithoutBudget(),
-		interceptor.WithBreaker(breaker.Config{ConsecutiveFailures: 3, OpenTimeout: time.Minute, Now: func() time.Time { return now }}))
+	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithBudget(nil),
+		interceptor.WithBreaker(&breaker.Config{ConsecutiveFailures: 3, OpenTimeout: time.Minute, Now: func() time.Time { return now }}))
 	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "a"})
 	assert.Equal(t, codes.Unavailable, status.Code(err))
 	assert.Equal(t, 3, e.origin.Total())
@@ -140,8 +140,8 @@ func TestBreakerOpenFailsFastAndIsNeverRetried(t *testing.T) {
 }
 
 func TestBackoffPastDeadlineIsNotSlept(t *testing.T) {
-	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithoutBudget(),
-		interceptor.WithBackoff(time.Hour, time.Hour))
+	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithBudget(nil),
+		interceptor.WithRetryPolicy(interceptor.RetryPolicy{BackoffBase: time.Hour, BackoffMax: time.Hour}))
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	_, err := e.echo.Put(ctx, &echov1.PutRequest{RequestId: "a"})
@@ -168,7 +168,7 @@ func TestPushback(t *testing.T) {
 			md := metadata.MD{semconv.PushbackKey: tt.values}
 			e := newEnv(t, func(origin.Call) origin.Reply {
 				return origin.Reply{Code: codes.Unavailable, Trailer: md}
-			}, interceptor.WithoutBudget(), interceptor.WithBackoff(time.Hour, time.Hour))
+			}, interceptor.WithBudget(nil), interceptor.WithRetryPolicy(interceptor.RetryPolicy{BackoffBase: time.Hour, BackoffMax: time.Hour}))
 			var tr metadata.MD
 			_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "p"}, grpc.Trailer(&tr))
 			assert.Equal(t, codes.Unavailable, status.Code(err))
@@ -184,7 +184,7 @@ func TestPushback(t *testing.T) {
 }
 
 func TestDeadlineHeaderOnEveryAttempt(t *testing.T) {
-	e := newEnv(t, origin.FailFirst(2, codes.Unavailable), interceptor.WithoutBudget(), interceptor.WithBackoff(20*time.Millisecond, 20*time.Millisecond))
+	e := newEnv(t, origin.FailFirst(2, codes.Unavailable), interceptor.WithBudget(nil), interceptor.WithRetryPolicy(interceptor.RetryPolicy{BackoffBase: 20 * time.Millisecond, BackoffMax: 20 * time.Millisecond}))
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	_, err := e.echo.Put(ctx, &echov1.PutRequest{RequestId: "d"})
@@ -206,7 +206,7 @@ func TestDeadlineHeaderOnEveryAttempt(t *testing.T) {
 }
 
 func TestRetryWithKeySendsOneKeyOnEveryAttempt(t *testing.T) {
-	e := newEnv(t, origin.FailFirst(2, codes.Unavailable), interceptor.WithoutBudget())
+	e := newEnv(t, origin.FailFirst(2, codes.Unavailable), interceptor.WithBudget(nil))
 	_, err := e.echo.Charge(t.Context(), &echov1.ChargeRequest{RequestId: "c", Account: "a", AmountCents: 1})
 	require.NoError(t, err)
 	calls := e.origin.Calls()
@@ -239,7 +239,7 @@ func TestRetryWithKeySendsOneKeyOnEveryAttempt(t *testing.T) {
 }
 
 func TestRetryWithKeyWithoutKeyIsSentOnce(t *testing.T) {
-	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithoutBudget(), interceptor.WithoutIdempotencyKeys())
+	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithBudget(nil), interceptor.WithoutIdempotencyKeys())
 	_, err := e.echo.Charge(t.Context(), &echov1.ChargeRequest{RequestId: "c"})
 	assert.Equal(t, codes.Unavailable, status.Code(err))
 	assert.Equal(t, 1, e.origin.Total())
@@ -265,7 +265,7 @@ func TestWithIdempotentOverride(t *testing.T) {
 }
 
 func TestRetryableCodesOption(t *testing.T) {
-	e := newEnv(t, origin.FailFirst(1, codes.ResourceExhausted), interceptor.WithRetryableCodes(codes.ResourceExhausted))
+	e := newEnv(t, origin.FailFirst(1, codes.ResourceExhausted), interceptor.WithRetryPolicy(interceptor.RetryPolicy{RetryableCodes: []codes.Code{codes.ResourceExhausted}}))
 	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "r"})
 	require.NoError(t, err)
 	assert.Equal(t, 2, e.origin.Total())
@@ -273,8 +273,7 @@ func TestRetryableCodesOption(t *testing.T) {
 
 func TestCallerCancelIsNotABreakerFailure(t *testing.T) {
 	now := time.Unix(1000, 0)
-	reg := breaker.NewRegistry(breaker.Config{ConsecutiveFailures: 1, Now: func() time.Time { return now }})
-	e := newEnv(t, origin.Sleep(time.Hour), interceptor.WithBreakers(reg))
+	e := newEnv(t, origin.Sleep(time.Hour), interceptor.WithBreaker(&breaker.Config{ConsecutiveFailures: 1, Now: func() time.Time { return now }}))
 	for i := range 3 {
 		ctx, cancel := context.WithCancel(t.Context())
 		go func() {
@@ -287,7 +286,10 @@ func TestCallerCancelIsNotABreakerFailure(t *testing.T) {
 		_, err := e.echo.Put(ctx, &echov1.PutRequest{RequestId: strconv.Itoa(i)})
 		assert.Equal(t, codes.Canceled, status.Code(err))
 	}
-	assert.Equal(t, breaker.StateClosed, reg.For(e.cc.Target()).State())
+	ts := e.guard.Targets()
+	require.Len(t, ts, 1)
+	require.Len(t, ts[0].Breakers, 1)
+	assert.Equal(t, breaker.StateClosed.String(), ts[0].Breakers[0].State)
 }
 
 func TestDeadlineFailFast(t *testing.T) {
@@ -301,7 +303,7 @@ func TestDeadlineFailFast(t *testing.T) {
 
 func TestBudgetsAreSharedPerTargetAcrossConns(t *testing.T) {
 	reg := budget.NewRegistry(budget.Config{})
-	guard := interceptor.NewClient(interceptor.WithBudgets(reg), fast)
+	guard := interceptor.NewClient(interceptor.WithBudget(reg), fast)
 	o := origin.New(nil)
 	l := origin.Bufconn()
 	srv := origin.Serve(l, o)

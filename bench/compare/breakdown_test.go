@@ -9,13 +9,14 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/stormguard/stormguard/interceptor"
+	"github.com/stormguard/stormguard/internal/clock"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
 // BenchmarkStormguardBreakdown takes stormguard's success path (fake
 // invoker, as in BenchmarkFakeInvoker) apart: each row turns one more
 // feature off, so the differences between rows are what each costs. The
-// last row replaces the clock by a constant (interceptor.WithClock), which
+// last row replaces the clock by a constant (through internal/clock's seam), which
 // is not a configuration anyone should run: it only measures what reading
 // the clock costs on this machine.
 func BenchmarkStormguardBreakdown(b *testing.B) {
@@ -31,11 +32,11 @@ func BenchmarkStormguardBreakdown(b *testing.B) {
 		opts []interceptor.ClientOption
 	}{
 		{"defaults", nil},
-		{"no-budget", []interceptor.ClientOption{interceptor.WithoutBudget()}},
-		{"no-breaker", []interceptor.ClientOption{interceptor.WithoutBreaker()}},
-		{"no-budget-no-breaker", []interceptor.ClientOption{interceptor.WithoutBudget(), interceptor.WithoutBreaker()}},
-		{"no-budget-no-breaker-frozen-clock", []interceptor.ClientOption{interceptor.WithoutBudget(), interceptor.WithoutBreaker(),
-			interceptor.WithClock(func() time.Time { return frozen })}},
+		{"no-budget", []interceptor.ClientOption{interceptor.WithBudget(nil)}},
+		{"no-breaker", []interceptor.ClientOption{interceptor.WithBreaker(nil)}},
+		{"no-budget-no-breaker", []interceptor.ClientOption{interceptor.WithBudget(nil), interceptor.WithBreaker(nil)}},
+		{"no-budget-no-breaker-frozen-clock", []interceptor.ClientOption{interceptor.WithBudget(nil), interceptor.WithBreaker(nil),
+			clock.ClientOption(func() time.Time { return frozen }, nil).(interceptor.ClientOption)}},
 	} {
 		ic := interceptor.NewClient(append(stormguardOptions(), v.opts...)...).Unary()
 		b.Run("variant="+v.name, func(b *testing.B) {

@@ -80,17 +80,17 @@ func stormguard() contender {
 // UNAVAILABLE attempt is retried up to 3 attempts).
 func stormguardLean() contender {
 	return contender{name: "stormguard-nobudget-nobreaker", interceptor: func() grpc.UnaryClientInterceptor {
-		return interceptor.NewClient(append(stormguardOptions(), interceptor.WithoutBudget(), interceptor.WithoutBreaker())...).Unary()
+		return interceptor.NewClient(append(stormguardOptions(), interceptor.WithBudget(nil), interceptor.WithBreaker(nil))...).Unary()
 	}}
 }
 
 func stormguardOptions() []interceptor.ClientOption {
 	return []interceptor.ClientOption{
-		interceptor.WithTracerProvider(tracenoop.NewTracerProvider()),
-		interceptor.WithMeterProvider(metricnoop.NewMeterProvider()),
-		interceptor.WithMaxAttempts(attempts),
-		interceptor.WithRetryableCodes(codes.Unavailable),
-		interceptor.WithBackoff(backoff, backoff),
+		interceptor.WithTelemetry(interceptor.Telemetry{TracerProvider: tracenoop.NewTracerProvider()}),
+		interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: metricnoop.NewMeterProvider()}),
+		interceptor.WithRetryPolicy(interceptor.RetryPolicy{MaxAttempts: attempts}),
+		interceptor.WithRetryPolicy(interceptor.RetryPolicy{RetryableCodes: []codes.Code{codes.Unavailable}}),
+		interceptor.WithRetryPolicy(interceptor.RetryPolicy{BackoffBase: backoff, BackoffMax: backoff}),
 	}
 }
 

@@ -41,10 +41,10 @@ func TestMiddlewareRetryOutsideTheSuite(t *testing.T) {
 	defer srv.Stop()
 	budgets := budget.NewRegistry(budget.Config{})
 	guard := interceptor.NewClient(
-		interceptor.WithTracerProvider(tracenoop.NewTracerProvider()),
-		interceptor.WithMeterProvider(metricnoop.NewMeterProvider()),
-		interceptor.WithBackoff(time.Millisecond, 2*time.Millisecond),
-		interceptor.WithBudgets(budgets),
+		interceptor.WithTelemetry(interceptor.Telemetry{TracerProvider: tracenoop.NewTracerProvider()}),
+		interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: metricnoop.NewMeterProvider()}),
+		interceptor.WithRetryPolicy(interceptor.RetryPolicy{BackoffBase: time.Millisecond, BackoffMax: 2 * time.Millisecond}),
+		interceptor.WithBudget(budgets),
 	)
 	var tries atomic.Int64
 	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {

@@ -61,7 +61,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (err error) {
 	}()
 	fmt.Fprintf(out, "client: calling %s through stormguard; spans go to %s\n", cfg.addr, where)
 
-	guard := interceptor.NewClient(interceptor.WithTracerProvider(tp))
+	guard := interceptor.NewClient(interceptor.WithTelemetry(interceptor.Telemetry{TracerProvider: tp}))
 	cc, err := grpc.NewClient(cfg.addr,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDisableRetry(), // the suite retries; grpc's own must not stack

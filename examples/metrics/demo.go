@@ -174,7 +174,7 @@ func Start(cfg Config) (_ *Demo, err error) {
 	// the timers of its backoffs and hedges) runs on that clock, and the
 	// breakers' jitter is seeded.
 	opts := []interceptor.ClientOption{
-		interceptor.WithMeterProvider(d.mp),
+		interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: d.mp}),
 		interceptor.WithHooks(interceptor.Hooks{
 			OnRefusal: func(e interceptor.RefusalEvent) { d.record(event{target: e.Target, reason: e.Reason}) },
 			OnBreakerChange: func(e interceptor.BreakerEvent) {
@@ -184,9 +184,8 @@ func Start(cfg Config) (_ *Demo, err error) {
 	}
 	if d.clock != nil {
 		opts = append(opts,
-			interceptor.WithClock(d.clock.Now),
-			interceptor.WithTimer(d.clock.NewTimer),
-			interceptor.WithBreaker(breaker.Config{Rand: lockedRand(cfg.Seed)}),
+			clock.ClientOption(d.clock.Now, d.clock.NewTimer).(interceptor.ClientOption),
+			interceptor.WithBreaker(&breaker.Config{Rand: lockedRand(cfg.Seed)}),
 		)
 	}
 	guard := interceptor.NewClient(opts...)
@@ -538,7 +537,7 @@ func (c *simClock) Run() (stop func()) {
 // once while it stands still (a call to orders takes no simulated time,
 // backoffs included), after d of the wall clock while it runs (search's
 // hedging delay).
-func (c *simClock) NewTimer(d time.Duration) interceptor.Timer {
+func (c *simClock) NewTimer(d time.Duration) clock.Timer {
 	if c.running.Load() != nil {
 		return clock.NewTimer(d)
 	}

@@ -30,8 +30,9 @@
 // search answers every Get, but stalls the first attempt of every 25th for
 // 500 ms: adaptive hedging sends a second attempt, which wins.
 //
-// The Client runs on a simulated clock (interceptor.WithClock and
-// WithTimer) that advances 10 ms per tick and stands still while orders is
+// The Client runs on a simulated clock (through internal/clock's seam,
+// which the suite keeps for the repository's simulators) that advances 10
+// ms per tick and stands still while orders is
 // called, so every run makes the same decisions on orders however fast the
 // machine is (the breakers' jitter is seeded, breaker.Config.Rand); orders'
 // calls then take no time, backoffs included. While search is called it

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stormguard/stormguard/interceptor"
+	"github.com/stormguard/stormguard/internal/clock"
 	"github.com/stormguard/stormguard/internal/origin"
 )
 
@@ -77,7 +78,7 @@ func (c *virtualClock) now() time.Time {
 // that fails each attempt with probability rate.
 func independentRow(ctx context.Context, p policy, rate float64, calls int) (Row, error) {
 	clk := &virtualClock{start: time.Now()}
-	e := newEnv(p, interceptor.WithClock(clk.now))
+	e := newEnv(p, clock.ClientOption(clk.now, nil).(interceptor.ClientOption))
 	defer e.close()
 	o := origin.New(failWithProbability(labSeed, rate))
 	client, err := e.oneHop(o)

@@ -219,7 +219,7 @@ func capacityRow(ctx context.Context, s shape, p policy, trigger bool) (Row, err
 	defer o.close()
 	var extra []interceptor.ClientOption
 	if s.perTry > 0 {
-		extra = append(extra, interceptor.WithPerAttemptTimeout(s.perTry))
+		extra = append(extra, interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: s.perTry}))
 	}
 	e := newEnv(p, extra...)
 	defer e.close()
@@ -270,7 +270,7 @@ func capacityRow(ctx context.Context, s shape, p policy, trigger bool) (Row, err
 }
 
 // serverRefusals adds up what the suite's servers refused, by reason.
-func serverRefusals(servers []*interceptor.Server) map[string]int {
+func serverRefusals(guards []*overload.Guard) map[string]int {
 	var m map[string]int
 	add := func(r overload.Reason, n uint64) {
 		if n > 0 {
@@ -280,13 +280,11 @@ func serverRefusals(servers []*interceptor.Server) map[string]int {
 			m[r.String()] += int(n)
 		}
 	}
-	for _, s := range servers {
-		if g := s.Overload(); g != nil {
-			st := g.Stats()
-			add(overload.RefusedDeadline, st.RefusedDeadline)
-			add(overload.ShedRetry, st.ShedRetry)
-			add(overload.ShedFirst, st.ShedFirst)
-		}
+	for _, g := range guards {
+		st := g.Stats()
+		add(overload.RefusedDeadline, st.RefusedDeadline)
+		add(overload.ShedRetry, st.ShedRetry)
+		add(overload.ShedFirst, st.ShedFirst)
 	}
 	return m
 }
@@ -403,7 +401,7 @@ func metastableWith(ctx context.Context, s shape) (*Result, error) {
 		}
 	}
 	for _, p := range metastablePolicies() {
-		if p.key == noRetries || (p.key != naive && p.key != suiteNoOverload && p.server() != nil) {
+		if p.key == noRetries || (p.key != naive && p.key != suiteNoOverload && p.hasServer()) {
 			jobs = append(jobs, &capacityJob{p: p})
 		}
 	}

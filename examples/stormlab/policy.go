@@ -106,12 +106,12 @@ func grpcServiceConfig(throttled bool) string {
 // clientOptions are the suite's options for p (nil for the other rows),
 // followed by extra.
 func (p policy) clientOptions(extra ...interceptor.ClientOption) []interceptor.ClientOption {
-	opts := []interceptor.ClientOption{interceptor.WithBackoff(backoffBase, backoffMax), interceptor.WithMaxAttempts(maxAttempts)}
+	opts := []interceptor.ClientOption{interceptor.WithRetryPolicy(interceptor.RetryPolicy{BackoffBase: backoffBase, BackoffMax: backoffMax}), interceptor.WithRetryPolicy(interceptor.RetryPolicy{MaxAttempts: maxAttempts})}
 	switch p.key {
 	case naive:
-		opts = append(opts, interceptor.WithoutBudget(), interceptor.WithoutBreaker())
+		opts = append(opts, interceptor.WithBudget(nil), interceptor.WithBreaker(nil))
 	case suiteBudget, suiteBudgetNoOverload:
-		opts = append(opts, interceptor.WithoutBreaker())
+		opts = append(opts, interceptor.WithBreaker(nil))
 	case suiteShadow:
 		opts = append(opts, interceptor.WithShadowMode())
 	case suiteDefaults, suiteOutlier, suiteNoAdmission, suiteNoShedding, suiteClientOnly, suiteNoOverload:
@@ -121,24 +121,33 @@ func (p policy) clientOptions(extra ...interceptor.ClientOption) []interceptor.C
 	return append(opts, extra...)
 }
 
-// server returns the suite's server side of p's setup: as it comes for
-// the suite's rows (with one overload mechanism off for the extra rows),
-// without the don't-retry pushback and the overload protection for the
-// naive row, and nil (plain grpc-go servers) for the others.
-func (p policy) server() *interceptor.Server {
+// server returns the suite's server side of p's setup, and its overload
+// protection: as it comes for the suite's rows (with one overload
+// mechanism off for the extra rows), without the don't-retry pushback,
+// the overload protection and the retry budget for the naive row, and nil
+// (plain grpc-go servers) for the others.
+func (p policy) server() (*interceptor.Server, *overload.Guard) {
+	var g *overload.Guard
 	switch p.key {
 	case naive, suiteShadow:
-		return interceptor.NewServer(interceptor.WithoutPushback(), interceptor.WithoutOverload(), interceptor.WithServerBudget(nil))
+		return interceptor.NewServer(interceptor.WithoutPushback(), interceptor.WithOverload(nil), interceptor.WithServerBudget(nil)), nil
 	case suiteBudget, suiteDefaults, suiteOutlier:
-		return interceptor.NewServer()
+		g = overload.New(overload.Config{})
 	case suiteNoAdmission:
-		return interceptor.NewServer(interceptor.WithOverload(overload.Config{NoAdmission: true}))
+		g = overload.New(overload.Config{NoAdmission: true})
 	case suiteNoShedding:
-		return interceptor.NewServer(interceptor.WithOverload(overload.Config{NoShedding: true}))
+		g = overload.New(overload.Config{NoShedding: true})
 	case suiteNoOverload, suiteBudgetNoOverload:
-		return interceptor.NewServer(interceptor.WithoutOverload())
+	default:
+		return nil, nil
 	}
-	return nil
+	return interceptor.NewServer(interceptor.WithOverload(g)), g
+}
+
+// hasServer reports whether p's setup has the suite's server side.
+func (p policy) hasServer() bool {
+	s, _ := p.server()
+	return s != nil
 }
 
 // env is the servers and connections of one row, on 127.0.0.1, stopped
@@ -147,7 +156,7 @@ type env struct {
 	p       policy
 	extra   []interceptor.ClientOption // more options for the suite's clients
 	servers []*origin.Server
-	guards  []*interceptor.Server // the suite's server sides, if any
+	guards  []*overload.Guard // the overload protection of the suite's server sides, if any
 	conns   []*grpc.ClientConn
 	// shadow reads the would-refuse counter of the shadow row's clients,
 	// which share shadowMP.
@@ -165,8 +174,10 @@ func (e *env) serve(svc origin.Registerer, opts ...grpc.ServerOption) (*origin.L
 		return nil, err
 	}
 	var sopts []grpc.ServerOption
-	if s := e.p.server(); s != nil {
-		e.guards = append(e.guards, s)
+	if s, g := e.p.server(); s != nil {
+		if g != nil {
+			e.guards = append(e.guards, g)
+		}
 		sopts = append(sopts, grpc.ChainUnaryInterceptor(s.Unary()), grpc.ChainStreamInterceptor(s.Stream()))
 	}
 	e.servers = append(e.servers, origin.Serve(l, svc, append(sopts, opts...)...))
@@ -190,7 +201,7 @@ func (e *env) dial(l *origin.Listener) (echov1.EchoServiceClient, error) {
 				e.shadow = sdkmetric.NewManualReader()
 				e.shadowMP = sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.shadow))
 			}
-			extra = append(slices.Clip(extra), interceptor.WithMeterProvider(e.shadowMP))
+			extra = append(slices.Clip(extra), interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: e.shadowMP}))
 		}
 		guard := interceptor.NewClient(e.p.clientOptions(extra...)...)
 		cc, err = l.Dial(grpc.WithChainUnaryInterceptor(guard.Unary()), grpc.WithChainStreamInterceptor(guard.Stream()))

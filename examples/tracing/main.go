@@ -192,7 +192,7 @@ var scenarios = []scenario{
 	{
 		name:   "budget-refused",
 		about:  "Put fails; a budget without its start-up burst has no credit for one lone call: the retry is refused",
-		client: []interceptor.ClientOption{interceptor.WithBudget(budget.Config{Burst: -1})},
+		client: []interceptor.ClientOption{interceptor.WithBudget(budget.NewRegistry(budget.Config{Burst: -1}))},
 		calls:  []func(context.Context, echov1.EchoServiceClient) (string, codes.Code, error){putCall(idBudget, codes.Unavailable)},
 	},
 	{
@@ -205,7 +205,7 @@ var scenarios = []scenario{
 		name: "breaker-open",
 		about: "a Put fails three times in a row (no budget, three attempts), which opens the breaker " +
 			"(ConsecutiveFailures 3); the next Put is refused without being sent",
-		client: []interceptor.ClientOption{interceptor.WithoutBudget(), interceptor.WithBreaker(breaker.Config{ConsecutiveFailures: 3})},
+		client: []interceptor.ClientOption{interceptor.WithBudget(nil), interceptor.WithBreaker(&breaker.Config{ConsecutiveFailures: 3})},
 		calls: []func(context.Context, echov1.EchoServiceClient) (string, codes.Code, error){
 			putCall(idOpener, codes.Unavailable), putCall(idRejected, codes.Unavailable),
 		},
@@ -247,7 +247,7 @@ func Run(ctx context.Context, tp trace.TracerProvider) ([]Result, error) {
 
 func runScenario(ctx context.Context, tracer trace.Tracer, tp trace.TracerProvider, l *origin.Listener, sc scenario) (Result, error) {
 	res := Result{Name: sc.name, About: sc.about, Target: l.Target}
-	guard := interceptor.NewClient(append([]interceptor.ClientOption{interceptor.WithTracerProvider(tp)}, sc.client...)...)
+	guard := interceptor.NewClient(append([]interceptor.ClientOption{interceptor.WithTelemetry(interceptor.Telemetry{TracerProvider: tp})}, sc.client...)...)
 	cc, err := l.Dial(grpc.WithChainUnaryInterceptor(guard.Unary()), grpc.WithChainStreamInterceptor(guard.Stream()))
 	if err != nil {
 		return res, err

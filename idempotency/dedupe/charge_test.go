@@ -74,7 +74,7 @@ func TestDoubleCharge(t *testing.T) {
 			// The client: stormguard's, which sends one key on every
 			// attempt of a retry_with_key method (no budget, so the lone
 			// call may retry; a short backoff).
-			guard := interceptor.NewClient(interceptor.WithoutBudget(), interceptor.WithBackoff(time.Millisecond, time.Millisecond))
+			guard := interceptor.NewClient(interceptor.WithBudget(nil), interceptor.WithRetryPolicy(interceptor.RetryPolicy{BackoffBase: time.Millisecond, BackoffMax: time.Millisecond}))
 			payments := startEcho(t, o, []grpc.ServerOption{grpc.ChainUnaryInterceptor(chain...)},
 				grpc.WithChainUnaryInterceptor(guard.Unary()))
 
@@ -115,7 +115,7 @@ func TestHedgedChargeRunsOnce(t *testing.T) {
 		return origin.Reply{}
 	})
 	dd := dedupe.NewServer(dedupe.Config{AllowAnonymous: true})
-	guard := interceptor.NewClient(interceptor.WithoutBudget(), interceptor.WithHedging(5*time.Millisecond, 3))
+	guard := interceptor.NewClient(interceptor.WithBudget(nil), interceptor.WithHedging(5*time.Millisecond, 3))
 	payments := startEcho(t, o, []grpc.ServerOption{grpc.ChainUnaryInterceptor(dd.Unary())},
 		grpc.WithChainUnaryInterceptor(guard.Unary()))
 	resp, err := payments.Charge(context.Background(), &echov1.ChargeRequest{RequestId: "h", Account: "acct", AmountCents: 100})

@@ -85,7 +85,7 @@ func startFleet(t *testing.T, o *origin.Origin, n int, storeConfig func(i int) r
 		f.replicas = append(f.replicas, rp)
 	}
 	r.InitialState(resolver.State{Addresses: addrs})
-	guard := interceptor.NewClient(interceptor.WithoutBudget(), interceptor.WithBackoff(time.Millisecond, 5*time.Millisecond))
+	guard := interceptor.NewClient(interceptor.WithBudget(nil), interceptor.WithRetryPolicy(interceptor.RetryPolicy{BackoffBase: time.Millisecond, BackoffMax: 5 * time.Millisecond}))
 	cc, err := grpc.NewClient(r.Scheme()+":///payments",
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithResolvers(r),

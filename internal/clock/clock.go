@@ -153,3 +153,12 @@ func (t *fakeTimer) Stop() bool {
 	}
 	return false
 }
+
+// ClientOption returns an interceptor.ClientOption (as an any) that runs a
+// Client on now and newTimer instead of the monotonic clock and real
+// timers. It is the seam through which this repository's simulators (the
+// storm lab's virtual clock, the metrics example's simulated ticks) drive a
+// Client's time; it is not part of the suite's API, and package
+// interceptor sets it when it is initialised. Tests use testing/synctest
+// instead.
+var ClientOption func(now func() time.Time, newTimer func(time.Duration) Timer) any
