@@ -3,6 +3,7 @@ package interceptor_test
 import (
 	"context"
 	"fmt"
+	"log"
 	"log/slog"
 	"net"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -30,16 +32,16 @@ import (
 
 const check = "/grpc.health.v1.Health/Check"
 
-// health is a health service that fails its first `fail` Checks with
+// flakyHealth is a health service that fails its first `fail` Checks with
 // UNAVAILABLE, stalls its first `stall` Checks until the caller gives up,
 // and counts the Checks it receives.
-type health struct {
+type flakyHealth struct {
 	healthpb.UnimplementedHealthServer
 	fail, stall atomic.Int32
 	calls       atomic.Int32
 }
 
-func (h *health) Check(ctx context.Context, _ *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+func (h *flakyHealth) Check(ctx context.Context, _ *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
 	h.calls.Add(1)
 	if h.stall.Add(-1) >= 0 {
 		<-ctx.Done()
@@ -62,33 +64,49 @@ func serve(h healthpb.HealthServer, opts ...grpc.ServerOption) (grpc.DialOption,
 	return dialer, s.Stop
 }
 
-// A Client retries a call whose method may be repeated, within its
-// budget, and sends a method that may not be repeated exactly once.
-func ExampleNewClient() {
-	h := &health{}
-	h.fail.Store(1)
-	dialer, stop := serve(h)
-	defer stop()
-
-	guard := interceptor.NewClient(interceptor.WithIdempotent(check))
-	conn, err := grpc.NewClient("passthrough:///health",
-		append(guard.DialOptions(), dialer, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+// A server whose first answer is UNAVAILABLE, and a Client that retries
+// it: the body of this example is a complete program (README.md shows it as
+// one). Mark the methods that may be repeated in their protos; grpc's
+// health service is not marked, so the client marks its Check here.
+func Example() {
+	// A server whose first answer is UNAVAILABLE, behind the suite's server interceptor.
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
+	}
+	var calls atomic.Int32
+	failFirst := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if calls.Add(1) == 1 {
+			return nil, status.Error(codes.Unavailable, "warming up")
+		}
+		return h(ctx, req)
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(interceptor.NewServer().Unary(), failFirst))
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	go srv.Serve(lis)
+	defer srv.Stop()
+
+	// The client. grpc's health Check is not marked in its proto, so mark it here.
+	guard := interceptor.NewClient(interceptor.WithIdempotent("/grpc.health.v1.Health/Check"))
+	conn, err := grpc.NewClient(lis.Addr().String(),
+		append(guard.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		log.Fatal(err)
 	}
 	defer conn.Close()
 
-	resp, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
-	fmt.Println(resp.GetStatus(), err, "after", h.calls.Load(), "attempts")
-	// Output:
-	// SERVING <nil> after 2 attempts
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	fmt.Println(resp.GetStatus(), err, "after", calls.Load(), "attempts") // SERVING <nil> after 2 attempts
+	// Output: SERVING <nil> after 2 attempts
 }
 
 // WithIdempotent marks methods of a proto one cannot annotate: without
 // it, grpc's health Check is unmarked, and sent once.
 func ExampleWithIdempotent() {
 	for _, opts := range [][]interceptor.ClientOption{nil, {interceptor.WithIdempotent(check)}} {
-		h := &health{}
+		h := &flakyHealth{}
 		h.fail.Store(1)
 		dialer, stop := serve(h)
 		guard := interceptor.NewClient(opts...)
@@ -107,7 +125,7 @@ func ExampleWithIdempotent() {
 // WithHedging sends another attempt when the first has not answered after
 // the delay; the first answer wins and the other attempt is cancelled.
 func ExampleWithHedging() {
-	h := &health{}
+	h := &flakyHealth{}
 	h.stall.Store(1) // the first attempt hangs
 	dialer, stop := serve(h)
 	defer stop()
@@ -129,7 +147,7 @@ func ExampleWithHedging() {
 // a lone call whose deposit (0.1 of a retry) funds none, with the budget's
 // start-up burst turned off.
 func ExampleRefusedBy() {
-	h := &health{}
+	h := &flakyHealth{}
 	h.fail.Store(1 << 30) // down
 	dialer, stop := serve(h)
 	defer stop()
@@ -161,7 +179,7 @@ func (f *forward) Check(ctx context.Context, req *healthpb.HealthCheckRequest) (
 // layer next to the failure retries, and a chain does not multiply the
 // load on a dead dependency.
 func ExampleNewServer() {
-	down := &health{}
+	down := &flakyHealth{}
 	down.fail.Store(1 << 30)
 	dialDown, stopDown := serve(down)
 	defer stopDown()
@@ -188,7 +206,7 @@ func ExampleNewServer() {
 // WithHooks reports each decision to the application, here as log/slog
 // records; the Client's own rare warnings go to WithLogger's logger.
 func ExampleWithHooks() {
-	h := &health{}
+	h := &flakyHealth{}
 	h.fail.Store(1)
 	dialer, stop := serve(h)
 	defer stop()
