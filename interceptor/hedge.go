@@ -30,7 +30,7 @@ import (
 // (Envoy's hedge_on_per_try_timeout), so that the slow attempt's answer
 // is not thrown away. Cancelling it would lose the work the server has
 // done or queued for it, and under overload that loss is what keeps a
-// service down (storm lab scenario 10); when no retry may be sent, the
+// service down in a metastable overload; when no retry may be sent, the
 // slow attempt simply runs on (semconv.EventTimeoutKept).
 //
 // The call is passed to every method rather than kept in the hedger, so
