@@ -32,12 +32,6 @@ import (
 // attempts in flight, opens and settles each of them with the same
 // functions.
 
-// MaxPushback is the longest grpc-retry-pushback-ms delay the client
-// honours: a server asking for a longer wait is taken to mean "do not
-// retry", so that a call without a deadline never sleeps for days on a
-// server's word.
-const MaxPushback = time.Minute
-
 // callSettings are the per-call options found among a call's CallOptions.
 type callSettings struct {
 	maxAttempts int
@@ -704,7 +698,18 @@ func (c *call) decide(err error, tr metadata.MD, a *attempt) (time.Duration, Rea
 	if f := c.client.o.retryIf; f != nil && !f(c.ctx, c.route.method, err) {
 		return 0, ReasonRetryIf, false
 	}
+	// A google.rpc.RetryInfo in the status is a server's pushback too: the
+	// retry waits at least its retry_delay (the longer of the two, when
+	// both came), and none is sent for a delay beyond MaxPushback.
+	ri, hasRI, riStop := parseRetryInfo(err)
+	if riStop {
+		c.stopped = true
+		return 0, ReasonPushback, false
+	}
 	delay := pushback
+	if hasRI && (!hasPushback || ri > delay) {
+		delay, hasPushback = ri, true
+	}
 	if hasPushback {
 		c.tally.backoffN = 0
 	} else {
@@ -934,23 +939,4 @@ func (c *call) endCall(err error) {
 		t.hedges.Record(c.ctx, int64(c.tally.hedges), rt.perCallOpts()...)
 	}
 	endSpan(c.span, code, st.Message())
-}
-
-// parsePushback reads grpc-retry-pushback-ms from trailers: has is true for
-// one value from 0 to MaxPushback (the delay); stop is true for a negative,
-// malformed or larger value, or several values.
-func parsePushback(tr metadata.MD) (delay time.Duration, has, stop bool) {
-	vs := tr[semconv.PushbackKey]
-	switch len(vs) {
-	case 0:
-		return 0, false, false
-	case 1:
-	default:
-		return 0, false, true
-	}
-	ms, err := strconv.ParseInt(vs[0], 10, 32)
-	if err != nil || ms < 0 || ms > MaxPushback.Milliseconds() {
-		return 0, false, true
-	}
-	return time.Duration(ms) * time.Millisecond, true, false
 }

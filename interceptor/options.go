@@ -83,8 +83,11 @@ type RetryPolicy struct {
 	// BackoffBase and BackoffMax bound the backoff between attempts: the
 	// n-th retry waits a random time in [d/2, d] with d = min(BackoffMax,
 	// BackoffBase·2ⁿ⁻¹): 50 ms and 1 s by default. A BackoffMax below
-	// BackoffBase is raised to it. A server's grpc-retry-pushback-ms
-	// replaces the backoff.
+	// BackoffBase is raised to it. A server's grpc-retry-pushback-ms, or
+	// the retry_delay of a google.rpc.RetryInfo in its status, replaces the
+	// backoff (the longer of the two when both come); a delay beyond
+	// MaxPushback, or one that does not fit in the call's deadline, means
+	// no retry.
 	BackoffBase, BackoffMax time.Duration
 	// RetryableCodes are the status codes after which an attempt may be
 	// retried: Unavailable only by default; an empty, non-nil slice means

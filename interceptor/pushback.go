@@ -1,0 +1,75 @@
+package interceptor
+
+import (
+	"strconv"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/stormguard/stormguard/semconv"
+)
+
+// MaxPushback is the longest delay before a retry that the client takes
+// from a server, by grpc-retry-pushback-ms or by google.rpc.RetryInfo: a
+// server asking for a longer wait is taken to mean "do not retry", so that
+// a call without a deadline never sleeps for days on a server's word.
+const MaxPushback = time.Minute
+
+// parsePushback reads grpc-retry-pushback-ms from trailers: has is true for
+// one value from 0 to MaxPushback (the delay); stop is true for a negative,
+// malformed or larger value, or several values.
+func parsePushback(tr metadata.MD) (delay time.Duration, has, stop bool) {
+	vs := tr[semconv.PushbackKey]
+	switch len(vs) {
+	case 0:
+		return 0, false, false
+	case 1:
+	default:
+		return 0, false, true
+	}
+	ms, err := strconv.ParseInt(vs[0], 10, 32)
+	if err != nil || ms < 0 || ms > MaxPushback.Milliseconds() {
+		return 0, false, true
+	}
+	return time.Duration(ms) * time.Millisecond, true, false
+}
+
+// retryInfoTypeURL is the type URL of google.rpc.RetryInfo in a status's
+// details.
+const retryInfoTypeURL = "type.googleapis.com/google.rpc.RetryInfo"
+
+// parseRetryInfo reads the google.rpc.RetryInfo among the details of err's
+// status, as any gRPC server may send it (AIP-194): has is true for a
+// retry_delay from 0 to MaxPushback (the delay); stop is true for a longer
+// one, or for several RetryInfo details that disagree. A RetryInfo without
+// a valid retry_delay (absent, negative, or malformed) is ignored, as are
+// details that do not unmarshal.
+func parseRetryInfo(err error) (delay time.Duration, has, stop bool) {
+	st, ok := status.FromError(err)
+	if !ok {
+		return 0, false, false
+	}
+	found := false
+	for _, d := range st.Proto().GetDetails() {
+		if d.GetTypeUrl() != retryInfoTypeURL {
+			continue
+		}
+		var ri errdetails.RetryInfo
+		if d.UnmarshalTo(&ri) != nil || ri.GetRetryDelay() == nil || ri.GetRetryDelay().CheckValid() != nil {
+			continue
+		}
+		v := ri.GetRetryDelay().AsDuration()
+		switch {
+		case v < 0:
+			continue
+		case v > MaxPushback:
+			return 0, false, true
+		case found && v != delay:
+			return 0, false, true
+		}
+		delay, found = v, true
+	}
+	return delay, found, false
+}
