@@ -18,7 +18,7 @@
 // if the method may be repeated (NO_SIDE_EFFECTS or IDEMPOTENT, WithIdempotent,
 // or retry_with_key with a key), the code is retryable (default:
 // Unavailable), attempts are left (default 3 in all), the server did not
-// push back, WithRetryIf agrees, and the backoff ends before the deadline.
+// push back, RetryPolicy.If agrees, and the backoff ends before the deadline.
 // When the retry is due, the breaker and the budget are asked; a token is
 // withdrawn only for a retry that is sent. A method that may not be
 // repeated is sent exactly once, whatever the options say.
@@ -78,7 +78,7 @@
 // # Telemetry
 //
 // Each call is a span (CLIENT "pkg.Svc/Method", or INTERNAL
-// "Sent.pkg.Svc/Method" with WithInstrumentedAttempts) with a child span
+// "Sent.pkg.Svc/Method" with Telemetry.InstrumentedAttempts) with a child span
 // per attempt, and an event per decision. Metrics are listed with the
 // Metric constants; instruments are created once per Client, and providers
 // default to the OpenTelemetry globals. Hooks, Targets and StateHandler

@@ -16,7 +16,7 @@ import (
 //
 // A hook that panics does not disturb the call or the Client: the panic is
 // recovered where the hook was called, logged (level Error, with the
-// stack, on the WithLogger logger), and the call goes on as if the hook had
+// stack, on Telemetry.Logger), and the call goes on as if the hook had
 // returned. A hook may run where a panic could not be handed to the
 // caller (OnBreakerChange on the Client's own timers, say), and a panic
 // half-way through a decision would leave the call's state inconsistent:
@@ -35,9 +35,7 @@ type Hooks struct {
 	// changed state, on the goroutine whose admission or report changed
 	// it: usually a call's, sometimes the goroutine of the Client's
 	// per-attempt timer, of the watcher that ends a stream whose caller
-	// left, or of a metrics collection (the breaker-state gauge). It is not
-	// called for breakers given with WithBreakers (set their
-	// Config.OnStateChange instead).
+	// left, or of a metrics collection (the breaker-state gauge).
 	OnBreakerChange func(BreakerEvent)
 }
 
@@ -127,7 +125,7 @@ func (c *Client) onBreakerChange(e BreakerEvent) {
 
 // recoverOwn recovers, on a goroutine the Client owns (a timer, a
 // watcher), a panic of code it does not control that reached it (the
-// callback of a breaker given with WithBreakers), and logs it: no panic
+// callback of its breakers), and logs it: no panic
 // may end the process from a goroutine the caller does not own.
 func (c *Client) recoverOwn(where string) {
 	if v := recover(); v != nil {

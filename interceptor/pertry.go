@@ -73,7 +73,7 @@ func (c *call) newPerTry(d time.Duration, cancel context.CancelFunc) *perTry {
 
 // mayFollow reports whether a retry may follow a timed-out attempt of c
 // about to be sent, as far as is known before it is sent: the method may
-// be repeated, attempts are left, and WithRetryIf does not refuse a
+// be repeated, attempts are left, and RetryPolicy.If does not refuse a
 // timeout. The breaker and the budget are asked when the timeout fires.
 func (c *call) mayFollow() bool {
 	if !c.plan.repeatable || c.plan.grpcRetry || c.tally.sent+1 >= c.plan.maxAttempts {

@@ -25,7 +25,7 @@ const (
 	ReasonNotIdempotent Reason = "not_idempotent" // the method may not be repeated
 	ReasonMaxAttempts   Reason = "max_attempts"   // the attempt limit is reached
 	ReasonCode          Reason = "code"           // the status code is not retryable
-	ReasonRetryIf       Reason = "retry_if"       // the WithRetryIf predicate said no
+	ReasonRetryIf       Reason = "retry_if"       // the RetryPolicy.If predicate said no
 	ReasonGRPCRetry     Reason = "grpc_retry"     // grpc-go's own retry policy covers the method
 )
 

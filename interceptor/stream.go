@@ -21,7 +21,7 @@ import (
 // (same budget, breaker, deadline, pushback and telemetry) until it is
 // committed: when the caller has received a response header or message, or
 // when the client messages it sent outgrow the replay limit (see
-// WithReplayLimit). Until then every client message and CloseSend is kept
+// RetryPolicy.ReplayLimit). Until then every client message and CloseSend is kept
 // and replayed, in order, on each new attempt. After commit, errors go to
 // the caller unchanged and nothing is ever delivered twice. Streams are not
 // hedged. A method with a service config retryPolicy is treated as Unary

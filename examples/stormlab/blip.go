@@ -36,7 +36,7 @@ func overloadBlip(ctx context.Context) (*Result, error) {
 		{grpcRetry, "grpc-go retryPolicy"},
 		{grpcThrottled, "grpc-go retryPolicy+throttling"},
 		{suiteClientOnly, "stormguard client, plain server"},
-		{suiteNoOverload, "stormguard, server WithoutOverload()"},
+		{suiteNoOverload, "stormguard, server WithOverload(nil)"},
 		{suiteDefaults, "stormguard defaults"},
 	} {
 		jobs = append(jobs, &capacityJob{p: p, trigger: true})
