@@ -3,6 +3,8 @@ package idempotency
 import (
 	"strings"
 
+	stormguardv1 "github.com/stormguard/stormguard/proto/stormguard/v1"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/descriptorpb"
@@ -40,6 +42,9 @@ type Mark struct {
 	Closest string
 	// Methods lists, for an Unknown method, every method of the service.
 	Methods []string
+	// SendOnce lists the methods the entry names whose proto marks them
+	// send_once: the entry does not mark them, and they are sent once.
+	SendOnce []string
 }
 
 // CheckMarks reports, entry by entry, what entries (in the form of
@@ -82,7 +87,10 @@ func CheckMarks(files *protoregistry.Files, entries []string) []Mark {
 		methods := sd.Methods()
 		if m.WholeService {
 			for i := range methods.Len() {
-				if md := methods.Get(i); !alreadyRepeatable(md) {
+				switch md := methods.Get(i); {
+				case sendOnce(md):
+					m.SendOnce = append(m.SendOnce, fullName(svc, md))
+				case !alreadyRepeatable(md):
 					m.Marked = append(m.Marked, fullName(svc, md))
 				}
 			}
@@ -90,7 +98,10 @@ func CheckMarks(files *protoregistry.Files, entries []string) []Mark {
 			continue
 		}
 		if md := methods.ByName(protoreflect.Name(method)); md != nil {
-			if !alreadyRepeatable(md) {
+			switch {
+			case sendOnce(md):
+				m.SendOnce = []string{fullName(svc, md)}
+			case !alreadyRepeatable(md):
 				m.Marked = []string{fullName(svc, md)}
 			}
 			out = append(out, m)
@@ -148,6 +159,16 @@ func fullName(svc string, md protoreflect.MethodDescriptor) string {
 func alreadyRepeatable(md protoreflect.MethodDescriptor) bool {
 	opts, ok := md.Options().(*descriptorpb.MethodOptions)
 	return ok && opts.GetIdempotencyLevel() != descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN
+}
+
+// sendOnce reports whether md's proto marks it send_once.
+func sendOnce(md protoreflect.MethodDescriptor) bool {
+	opts, ok := md.Options().(*descriptorpb.MethodOptions)
+	if !ok || opts == nil {
+		return false
+	}
+	mp, _ := proto.GetExtension(opts, stormguardv1.E_Method).(*stormguardv1.MethodPolicy)
+	return mp.GetSendOnce()
 }
 
 // editDistance is the Levenshtein distance between a and b, in bytes.

@@ -79,6 +79,11 @@ type Policy struct {
 	// retry is sent beside it; 0: never, attempts may use all the time
 	// the call has left.
 	PerAttemptTimeout time.Duration
+	// SendOnce is true when the proto marks the method send_once: it is
+	// sent exactly once, whatever a service config, WithIdempotent-style
+	// overrides or its other options say. Its Level is then Unmarked and
+	// its other fields zero.
+	SendOnce bool
 }
 
 // Repeatable reports whether a logical call of this method may send more
@@ -209,7 +214,7 @@ func (r *Resolver) Lookup(fullMethod string) Policy {
 }
 
 func (r *Resolver) override(p Policy, fullMethod string) Policy {
-	if p.Level < Idempotent && r.idempotent.Has(fullMethod) {
+	if !p.SendOnce && p.Level < Idempotent && r.idempotent.Has(fullMethod) {
 		p.Level = Idempotent
 	}
 	return p
@@ -234,6 +239,9 @@ func (r *Resolver) resolve(svc, method string) Policy {
 	mp, _ := proto.GetExtension(opts, stormguardv1.E_Method).(*stormguardv1.MethodPolicy)
 	if mp == nil {
 		return p
+	}
+	if mp.GetSendOnce() {
+		return Policy{Known: true, ClientStreaming: p.ClientStreaming, ServerStreaming: p.ServerStreaming, SendOnce: true}
 	}
 	if mp.GetRetryWithKey() && p.Level == Unmarked {
 		p.Level = RetryWithKey

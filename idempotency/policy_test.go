@@ -22,6 +22,7 @@ func TestLookupDemoMethods(t *testing.T) {
 		{echov1.EchoService_Put_FullMethodName, idempotency.Policy{Level: idempotency.Idempotent, Known: true}},
 		{echov1.EchoService_Charge_FullMethodName, idempotency.Policy{Level: idempotency.RetryWithKey, Known: true}},
 		{echov1.EchoService_Notify_FullMethodName, idempotency.Policy{Level: idempotency.Unmarked, Known: true}},
+		{echov1.EchoService_Transfer_FullMethodName, idempotency.Policy{Level: idempotency.Unmarked, Known: true, SendOnce: true}},
 		{echov1.EchoService_List_FullMethodName, idempotency.Policy{Level: idempotency.NoSideEffects, Known: true, ServerStreaming: true}},
 		{echov1.EchoService_Upload_FullMethodName, idempotency.Policy{Level: idempotency.Idempotent, Known: true, ClientStreaming: true}},
 		{echov1.EchoService_Chat_FullMethodName, idempotency.Policy{Level: idempotency.Idempotent, Known: true, ClientStreaming: true, ServerStreaming: true}},
@@ -75,6 +76,15 @@ func TestResolverOverrides(t *testing.T) {
 		assert.Equal(t, tt.want, r.Lookup(tt.method).Level, tt.method)
 		assert.Equal(t, tt.want, r.Lookup(tt.method).Level, "cached "+tt.method)
 	}
+	// A send_once method is never raised, by a method or a whole-service
+	// entry.
+	once := idempotency.NewResolver(idempotency.ResolverConfig{Idempotent: []string{
+		echov1.EchoService_Transfer_FullMethodName, "/echo.v1.EchoService/"}})
+	p := once.Lookup(echov1.EchoService_Transfer_FullMethodName)
+	assert.True(t, p.SendOnce)
+	assert.Equal(t, idempotency.Unmarked, p.Level)
+	assert.False(t, p.Repeatable(true))
+	assert.Equal(t, idempotency.Idempotent, once.Lookup(echov1.EchoService_Notify_FullMethodName).Level)
 	// The override is per resolver: the package default is untouched.
 	assert.Equal(t, idempotency.Unmarked, idempotency.Lookup(echov1.EchoService_Notify_FullMethodName).Level)
 }

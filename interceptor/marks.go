@@ -28,5 +28,9 @@ func (c *Client) checkMarks() {
 			c.logger().Info("stormguard: WithIdempotent marks a whole service: these methods may now be retried, writes included",
 				"entry", m.Entry, "marked", m.Marked)
 		}
+		if len(m.SendOnce) > 0 {
+			c.logger().Warn("stormguard: WithIdempotent names methods whose proto marks them send_once: they are not marked, and are sent once",
+				"entry", m.Entry, "send_once", m.SendOnce)
+		}
 	}
 }

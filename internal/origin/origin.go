@@ -284,6 +284,13 @@ func (o *Origin) Notify(ctx context.Context, req *echov1.NotifyRequest) (*echov1
 	})
 }
 
+// Transfer acknowledges.
+func (o *Origin) Transfer(ctx context.Context, req *echov1.TransferRequest) (*echov1.TransferResponse, error) {
+	return unary(o, ctx, echov1.EchoService_Transfer_FullMethodName, req, func(Call) *echov1.TransferResponse {
+		return &echov1.TransferResponse{RequestId: req.GetRequestId()}
+	})
+}
+
 // List sends req.Count items, failing after Reply.FailAfter of them when
 // the reply has a code.
 func (o *Origin) List(req *echov1.ListRequest, stream grpc.ServerStreamingServer[echov1.ListResponse]) error {

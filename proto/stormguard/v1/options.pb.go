@@ -76,8 +76,17 @@ type MethodPolicy struct {
 	// still bounds the whole call. Absent or zero: attempts may use all the
 	// time the call has left.
 	PerAttemptTimeout *durationpb.Duration `protobuf:"bytes,6,opt,name=per_attempt_timeout,json=perAttemptTimeout,proto3" json:"per_attempt_timeout,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// send_once marks a method whose every attempt has an effect that must not
+	// happen twice (it has no idempotency key to make a repeat safe): it is
+	// sent exactly once, whatever else says it may be repeated. It wins over a
+	// service config's retryPolicy or hedgingPolicy for the method (the
+	// operator's), over the client's WithIdempotent and over the other fields
+	// here, including an idempotency_level of IDEMPOTENT or NO_SIDE_EFFECTS. A
+	// method without any mark is sent once too, unless a service config gives
+	// it a policy.
+	SendOnce      bool `protobuf:"varint,7,opt,name=send_once,json=sendOnce,proto3" json:"send_once,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *MethodPolicy) Reset() {
@@ -152,6 +161,13 @@ func (x *MethodPolicy) GetPerAttemptTimeout() *durationpb.Duration {
 	return nil
 }
 
+func (x *MethodPolicy) GetSendOnce() bool {
+	if x != nil {
+		return x.SendOnce
+	}
+	return false
+}
+
 var file_stormguard_v1_options_proto_extTypes = []protoimpl.ExtensionInfo{
 	{
 		ExtendedType:  (*descriptorpb.MethodOptions)(nil),
@@ -178,7 +194,7 @@ var File_stormguard_v1_options_proto protoreflect.FileDescriptor
 
 const file_stormguard_v1_options_proto_rawDesc = "" +
 	"\n" +
-	"\x1bstormguard/v1/options.proto\x12\rstormguard.v1\x1a google/protobuf/descriptor.proto\x1a\x1egoogle/protobuf/duration.proto\"\xaa\x02\n" +
+	"\x1bstormguard/v1/options.proto\x12\rstormguard.v1\x1a google/protobuf/descriptor.proto\x1a\x1egoogle/protobuf/duration.proto\"\xc7\x02\n" +
 	"\fMethodPolicy\x12$\n" +
 	"\x0eretry_with_key\x18\x01 \x01(\bR\fretryWithKey\x12!\n" +
 	"\fmax_attempts\x18\x02 \x01(\rR\vmaxAttempts\x12>\n" +
@@ -186,7 +202,8 @@ const file_stormguard_v1_options_proto_rawDesc = "" +
 	"\n" +
 	"max_hedges\x18\x04 \x01(\rR\tmaxHedges\x12'\n" +
 	"\x0fretryable_codes\x18\x05 \x03(\tR\x0eretryableCodes\x12I\n" +
-	"\x13per_attempt_timeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x11perAttemptTimeout:U\n" +
+	"\x13per_attempt_timeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x11perAttemptTimeout\x12\x1b\n" +
+	"\tsend_once\x18\a \x01(\bR\bsendOnce:U\n" +
 	"\x06method\x12\x1e.google.protobuf.MethodOptions\x18\xb5\x87\x03 \x01(\v2\x1b.stormguard.v1.MethodPolicyR\x06methodBCZAgithub.com/stormguard/stormguard/proto/stormguard/v1;stormguardv1b\x06proto3"
 
 var (

@@ -464,6 +464,120 @@ func (x *NotifyResponse) GetRequestId() string {
 	return ""
 }
 
+// TransferRequest moves amount_cents from one account to another.
+type TransferRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	From          string                 `protobuf:"bytes,2,opt,name=from,proto3" json:"from,omitempty"`
+	To            string                 `protobuf:"bytes,3,opt,name=to,proto3" json:"to,omitempty"`
+	AmountCents   int64                  `protobuf:"varint,4,opt,name=amount_cents,json=amountCents,proto3" json:"amount_cents,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferRequest) Reset() {
+	*x = TransferRequest{}
+	mi := &file_echo_v1_echo_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferRequest) ProtoMessage() {}
+
+func (x *TransferRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_echo_v1_echo_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferRequest.ProtoReflect.Descriptor instead.
+func (*TransferRequest) Descriptor() ([]byte, []int) {
+	return file_echo_v1_echo_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *TransferRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *TransferRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *TransferRequest) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+func (x *TransferRequest) GetAmountCents() int64 {
+	if x != nil {
+		return x.AmountCents
+	}
+	return 0
+}
+
+// TransferResponse acknowledges a transfer.
+type TransferResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferResponse) Reset() {
+	*x = TransferResponse{}
+	mi := &file_echo_v1_echo_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferResponse) ProtoMessage() {}
+
+func (x *TransferResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_echo_v1_echo_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferResponse.ProtoReflect.Descriptor instead.
+func (*TransferResponse) Descriptor() ([]byte, []int) {
+	return file_echo_v1_echo_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *TransferResponse) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
 // ListRequest asks for count items.
 type ListRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -475,7 +589,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_echo_v1_echo_proto_msgTypes[8]
+	mi := &file_echo_v1_echo_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -487,7 +601,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_echo_v1_echo_proto_msgTypes[8]
+	mi := &file_echo_v1_echo_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -500,7 +614,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_echo_v1_echo_proto_rawDescGZIP(), []int{8}
+	return file_echo_v1_echo_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListRequest) GetRequestId() string {
@@ -530,7 +644,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_echo_v1_echo_proto_msgTypes[9]
+	mi := &file_echo_v1_echo_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -542,7 +656,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_echo_v1_echo_proto_msgTypes[9]
+	mi := &file_echo_v1_echo_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -555,7 +669,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_echo_v1_echo_proto_rawDescGZIP(), []int{9}
+	return file_echo_v1_echo_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListResponse) GetRequestId() string {
@@ -590,7 +704,7 @@ type UploadRequest struct {
 
 func (x *UploadRequest) Reset() {
 	*x = UploadRequest{}
-	mi := &file_echo_v1_echo_proto_msgTypes[10]
+	mi := &file_echo_v1_echo_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -602,7 +716,7 @@ func (x *UploadRequest) String() string {
 func (*UploadRequest) ProtoMessage() {}
 
 func (x *UploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_echo_v1_echo_proto_msgTypes[10]
+	mi := &file_echo_v1_echo_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -615,7 +729,7 @@ func (x *UploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
 func (*UploadRequest) Descriptor() ([]byte, []int) {
-	return file_echo_v1_echo_proto_rawDescGZIP(), []int{10}
+	return file_echo_v1_echo_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *UploadRequest) GetRequestId() string {
@@ -646,7 +760,7 @@ type UploadResponse struct {
 
 func (x *UploadResponse) Reset() {
 	*x = UploadResponse{}
-	mi := &file_echo_v1_echo_proto_msgTypes[11]
+	mi := &file_echo_v1_echo_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -658,7 +772,7 @@ func (x *UploadResponse) String() string {
 func (*UploadResponse) ProtoMessage() {}
 
 func (x *UploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_echo_v1_echo_proto_msgTypes[11]
+	mi := &file_echo_v1_echo_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -671,7 +785,7 @@ func (x *UploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
 func (*UploadResponse) Descriptor() ([]byte, []int) {
-	return file_echo_v1_echo_proto_rawDescGZIP(), []int{11}
+	return file_echo_v1_echo_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *UploadResponse) GetRequestId() string {
@@ -714,7 +828,7 @@ type ChatRequest struct {
 
 func (x *ChatRequest) Reset() {
 	*x = ChatRequest{}
-	mi := &file_echo_v1_echo_proto_msgTypes[12]
+	mi := &file_echo_v1_echo_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -726,7 +840,7 @@ func (x *ChatRequest) String() string {
 func (*ChatRequest) ProtoMessage() {}
 
 func (x *ChatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_echo_v1_echo_proto_msgTypes[12]
+	mi := &file_echo_v1_echo_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -739,7 +853,7 @@ func (x *ChatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatRequest.ProtoReflect.Descriptor instead.
 func (*ChatRequest) Descriptor() ([]byte, []int) {
-	return file_echo_v1_echo_proto_rawDescGZIP(), []int{12}
+	return file_echo_v1_echo_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ChatRequest) GetRequestId() string {
@@ -775,7 +889,7 @@ type ChatResponse struct {
 
 func (x *ChatResponse) Reset() {
 	*x = ChatResponse{}
-	mi := &file_echo_v1_echo_proto_msgTypes[13]
+	mi := &file_echo_v1_echo_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -787,7 +901,7 @@ func (x *ChatResponse) String() string {
 func (*ChatResponse) ProtoMessage() {}
 
 func (x *ChatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_echo_v1_echo_proto_msgTypes[13]
+	mi := &file_echo_v1_echo_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -800,7 +914,7 @@ func (x *ChatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatResponse.ProtoReflect.Descriptor instead.
 func (*ChatResponse) Descriptor() ([]byte, []int) {
-	return file_echo_v1_echo_proto_rawDescGZIP(), []int{13}
+	return file_echo_v1_echo_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ChatResponse) GetRequestId() string {
@@ -863,6 +977,15 @@ const file_echo_v1_echo_proto_rawDesc = "" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"/\n" +
 	"\x0eNotifyResponse\x12\x1d\n" +
 	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\"w\n" +
+	"\x0fTransferRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x12\n" +
+	"\x04from\x18\x02 \x01(\tR\x04from\x12\x0e\n" +
+	"\x02to\x18\x03 \x01(\tR\x02to\x12!\n" +
+	"\famount_cents\x18\x04 \x01(\x03R\vamountCents\"1\n" +
+	"\x10TransferResponse\x12\x1d\n" +
+	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\"B\n" +
 	"\vListRequest\x12\x1d\n" +
 	"\n" +
@@ -892,12 +1015,13 @@ const file_echo_v1_echo_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\rR\x03seq\x12\x18\n" +
-	"\apayload\x18\x03 \x01(\fR\apayload2\xbb\x03\n" +
+	"\apayload\x18\x03 \x01(\fR\apayload2\x84\x04\n" +
 	"\vEchoService\x12;\n" +
 	"\x03Get\x12\x13.echo.v1.GetRequest\x1a\x14.echo.v1.GetResponse\"\t\xaa\xbb\x18\x02\x1a\x00\x90\x02\x01\x125\n" +
 	"\x03Put\x12\x13.echo.v1.PutRequest\x1a\x14.echo.v1.PutResponse\"\x03\x90\x02\x02\x12A\n" +
 	"\x06Charge\x12\x16.echo.v1.ChargeRequest\x1a\x17.echo.v1.ChargeResponse\"\x06\xaa\xbb\x18\x02\b\x01\x129\n" +
-	"\x06Notify\x12\x16.echo.v1.NotifyRequest\x1a\x17.echo.v1.NotifyResponse\x12:\n" +
+	"\x06Notify\x12\x16.echo.v1.NotifyRequest\x1a\x17.echo.v1.NotifyResponse\x12G\n" +
+	"\bTransfer\x12\x18.echo.v1.TransferRequest\x1a\x19.echo.v1.TransferResponse\"\x06\xaa\xbb\x18\x028\x01\x12:\n" +
 	"\x04List\x12\x14.echo.v1.ListRequest\x1a\x15.echo.v1.ListResponse\"\x03\x90\x02\x010\x01\x12@\n" +
 	"\x06Upload\x12\x16.echo.v1.UploadRequest\x1a\x17.echo.v1.UploadResponse\"\x03\x90\x02\x02(\x01\x12<\n" +
 	"\x04Chat\x12\x14.echo.v1.ChatRequest\x1a\x15.echo.v1.ChatResponse\"\x03\x90\x02\x02(\x010\x01B@Z>github.com/stormguard/stormguard/internal/proto/echo/v1;echov1b\x06proto3"
@@ -914,40 +1038,44 @@ func file_echo_v1_echo_proto_rawDescGZIP() []byte {
 	return file_echo_v1_echo_proto_rawDescData
 }
 
-var file_echo_v1_echo_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_echo_v1_echo_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_echo_v1_echo_proto_goTypes = []any{
-	(*GetRequest)(nil),     // 0: echo.v1.GetRequest
-	(*GetResponse)(nil),    // 1: echo.v1.GetResponse
-	(*PutRequest)(nil),     // 2: echo.v1.PutRequest
-	(*PutResponse)(nil),    // 3: echo.v1.PutResponse
-	(*ChargeRequest)(nil),  // 4: echo.v1.ChargeRequest
-	(*ChargeResponse)(nil), // 5: echo.v1.ChargeResponse
-	(*NotifyRequest)(nil),  // 6: echo.v1.NotifyRequest
-	(*NotifyResponse)(nil), // 7: echo.v1.NotifyResponse
-	(*ListRequest)(nil),    // 8: echo.v1.ListRequest
-	(*ListResponse)(nil),   // 9: echo.v1.ListResponse
-	(*UploadRequest)(nil),  // 10: echo.v1.UploadRequest
-	(*UploadResponse)(nil), // 11: echo.v1.UploadResponse
-	(*ChatRequest)(nil),    // 12: echo.v1.ChatRequest
-	(*ChatResponse)(nil),   // 13: echo.v1.ChatResponse
+	(*GetRequest)(nil),       // 0: echo.v1.GetRequest
+	(*GetResponse)(nil),      // 1: echo.v1.GetResponse
+	(*PutRequest)(nil),       // 2: echo.v1.PutRequest
+	(*PutResponse)(nil),      // 3: echo.v1.PutResponse
+	(*ChargeRequest)(nil),    // 4: echo.v1.ChargeRequest
+	(*ChargeResponse)(nil),   // 5: echo.v1.ChargeResponse
+	(*NotifyRequest)(nil),    // 6: echo.v1.NotifyRequest
+	(*NotifyResponse)(nil),   // 7: echo.v1.NotifyResponse
+	(*TransferRequest)(nil),  // 8: echo.v1.TransferRequest
+	(*TransferResponse)(nil), // 9: echo.v1.TransferResponse
+	(*ListRequest)(nil),      // 10: echo.v1.ListRequest
+	(*ListResponse)(nil),     // 11: echo.v1.ListResponse
+	(*UploadRequest)(nil),    // 12: echo.v1.UploadRequest
+	(*UploadResponse)(nil),   // 13: echo.v1.UploadResponse
+	(*ChatRequest)(nil),      // 14: echo.v1.ChatRequest
+	(*ChatResponse)(nil),     // 15: echo.v1.ChatResponse
 }
 var file_echo_v1_echo_proto_depIdxs = []int32{
 	0,  // 0: echo.v1.EchoService.Get:input_type -> echo.v1.GetRequest
 	2,  // 1: echo.v1.EchoService.Put:input_type -> echo.v1.PutRequest
 	4,  // 2: echo.v1.EchoService.Charge:input_type -> echo.v1.ChargeRequest
 	6,  // 3: echo.v1.EchoService.Notify:input_type -> echo.v1.NotifyRequest
-	8,  // 4: echo.v1.EchoService.List:input_type -> echo.v1.ListRequest
-	10, // 5: echo.v1.EchoService.Upload:input_type -> echo.v1.UploadRequest
-	12, // 6: echo.v1.EchoService.Chat:input_type -> echo.v1.ChatRequest
-	1,  // 7: echo.v1.EchoService.Get:output_type -> echo.v1.GetResponse
-	3,  // 8: echo.v1.EchoService.Put:output_type -> echo.v1.PutResponse
-	5,  // 9: echo.v1.EchoService.Charge:output_type -> echo.v1.ChargeResponse
-	7,  // 10: echo.v1.EchoService.Notify:output_type -> echo.v1.NotifyResponse
-	9,  // 11: echo.v1.EchoService.List:output_type -> echo.v1.ListResponse
-	11, // 12: echo.v1.EchoService.Upload:output_type -> echo.v1.UploadResponse
-	13, // 13: echo.v1.EchoService.Chat:output_type -> echo.v1.ChatResponse
-	7,  // [7:14] is the sub-list for method output_type
-	0,  // [0:7] is the sub-list for method input_type
+	8,  // 4: echo.v1.EchoService.Transfer:input_type -> echo.v1.TransferRequest
+	10, // 5: echo.v1.EchoService.List:input_type -> echo.v1.ListRequest
+	12, // 6: echo.v1.EchoService.Upload:input_type -> echo.v1.UploadRequest
+	14, // 7: echo.v1.EchoService.Chat:input_type -> echo.v1.ChatRequest
+	1,  // 8: echo.v1.EchoService.Get:output_type -> echo.v1.GetResponse
+	3,  // 9: echo.v1.EchoService.Put:output_type -> echo.v1.PutResponse
+	5,  // 10: echo.v1.EchoService.Charge:output_type -> echo.v1.ChargeResponse
+	7,  // 11: echo.v1.EchoService.Notify:output_type -> echo.v1.NotifyResponse
+	9,  // 12: echo.v1.EchoService.Transfer:output_type -> echo.v1.TransferResponse
+	11, // 13: echo.v1.EchoService.List:output_type -> echo.v1.ListResponse
+	13, // 14: echo.v1.EchoService.Upload:output_type -> echo.v1.UploadResponse
+	15, // 15: echo.v1.EchoService.Chat:output_type -> echo.v1.ChatResponse
+	8,  // [8:16] is the sub-list for method output_type
+	0,  // [0:8] is the sub-list for method input_type
 	0,  // [0:0] is the sub-list for extension type_name
 	0,  // [0:0] is the sub-list for extension extendee
 	0,  // [0:0] is the sub-list for field type_name
@@ -964,7 +1092,7 @@ func file_echo_v1_echo_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_echo_v1_echo_proto_rawDesc), len(file_echo_v1_echo_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -24,13 +24,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	EchoService_Get_FullMethodName    = "/echo.v1.EchoService/Get"
-	EchoService_Put_FullMethodName    = "/echo.v1.EchoService/Put"
-	EchoService_Charge_FullMethodName = "/echo.v1.EchoService/Charge"
-	EchoService_Notify_FullMethodName = "/echo.v1.EchoService/Notify"
-	EchoService_List_FullMethodName   = "/echo.v1.EchoService/List"
-	EchoService_Upload_FullMethodName = "/echo.v1.EchoService/Upload"
-	EchoService_Chat_FullMethodName   = "/echo.v1.EchoService/Chat"
+	EchoService_Get_FullMethodName      = "/echo.v1.EchoService/Get"
+	EchoService_Put_FullMethodName      = "/echo.v1.EchoService/Put"
+	EchoService_Charge_FullMethodName   = "/echo.v1.EchoService/Charge"
+	EchoService_Notify_FullMethodName   = "/echo.v1.EchoService/Notify"
+	EchoService_Transfer_FullMethodName = "/echo.v1.EchoService/Transfer"
+	EchoService_List_FullMethodName     = "/echo.v1.EchoService/List"
+	EchoService_Upload_FullMethodName   = "/echo.v1.EchoService/Upload"
+	EchoService_Chat_FullMethodName     = "/echo.v1.EchoService/Chat"
 )
 
 // EchoServiceClient is the client API for EchoService service.
@@ -48,8 +49,13 @@ type EchoServiceClient interface {
 	// Charge moves money. Repeating it would charge twice, unless the server
 	// deduplicates on the idempotency key: it may be retried only with one.
 	Charge(ctx context.Context, in *ChargeRequest, opts ...grpc.CallOption) (*ChargeResponse, error)
-	// Notify sends a notification. Unmarked: attempted exactly once, ever.
+	// Notify sends a notification. Unmarked: attempted exactly once, unless a
+	// service config gives it a retry or hedging policy.
 	Notify(ctx context.Context, in *NotifyRequest, opts ...grpc.CallOption) (*NotifyResponse, error)
+	// Transfer moves money between accounts, with no idempotency key to make
+	// a repeat safe: send_once, so that it is attempted exactly once whatever
+	// a service config or a client option says.
+	Transfer(ctx context.Context, in *TransferRequest, opts ...grpc.CallOption) (*TransferResponse, error)
 	// List streams count items back. A read: the stream may be re-opened
 	// before its first response arrives.
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ListResponse], error)
@@ -102,6 +108,16 @@ func (c *echoServiceClient) Notify(ctx context.Context, in *NotifyRequest, opts 
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(NotifyResponse)
 	err := c.cc.Invoke(ctx, EchoService_Notify_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *echoServiceClient) Transfer(ctx context.Context, in *TransferRequest, opts ...grpc.CallOption) (*TransferResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TransferResponse)
+	err := c.cc.Invoke(ctx, EchoService_Transfer_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -168,8 +184,13 @@ type EchoServiceServer interface {
 	// Charge moves money. Repeating it would charge twice, unless the server
 	// deduplicates on the idempotency key: it may be retried only with one.
 	Charge(context.Context, *ChargeRequest) (*ChargeResponse, error)
-	// Notify sends a notification. Unmarked: attempted exactly once, ever.
+	// Notify sends a notification. Unmarked: attempted exactly once, unless a
+	// service config gives it a retry or hedging policy.
 	Notify(context.Context, *NotifyRequest) (*NotifyResponse, error)
+	// Transfer moves money between accounts, with no idempotency key to make
+	// a repeat safe: send_once, so that it is attempted exactly once whatever
+	// a service config or a client option says.
+	Transfer(context.Context, *TransferRequest) (*TransferResponse, error)
 	// List streams count items back. A read: the stream may be re-opened
 	// before its first response arrives.
 	List(*ListRequest, grpc.ServerStreamingServer[ListResponse]) error
@@ -199,6 +220,9 @@ func (UnimplementedEchoServiceServer) Charge(context.Context, *ChargeRequest) (*
 }
 func (UnimplementedEchoServiceServer) Notify(context.Context, *NotifyRequest) (*NotifyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Notify not implemented")
+}
+func (UnimplementedEchoServiceServer) Transfer(context.Context, *TransferRequest) (*TransferResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Transfer not implemented")
 }
 func (UnimplementedEchoServiceServer) List(*ListRequest, grpc.ServerStreamingServer[ListResponse]) error {
 	return status.Error(codes.Unimplemented, "method List not implemented")
@@ -302,6 +326,24 @@ func _EchoService_Notify_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _EchoService_Transfer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TransferRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EchoServiceServer).Transfer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: EchoService_Transfer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EchoServiceServer).Transfer(ctx, req.(*TransferRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _EchoService_List_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(ListRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -349,6 +391,10 @@ var EchoService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Notify",
 			Handler:    _EchoService_Notify_Handler,
+		},
+		{
+			MethodName: "Transfer",
+			Handler:    _EchoService_Transfer_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
