@@ -91,7 +91,10 @@ func (c *call) end(a *attempt, err error, abandoned bool) {
 			a.ticket.Done(failed)
 		}
 		c.route.endpoints.record(a.peer(), failed, now)
-		if c.route.lat != nil && (code == codes.OK || !c.route.retryable.Has(code)) {
+		if code == codes.OK {
+			c.throttle.Success() // a nil throttle counts nothing
+		}
+		if c.route.lat != nil && (code == codes.OK || !c.rule.retryable.Has(code)) {
 			c.route.lat.observe(now.Sub(a.start))
 		}
 	}

@@ -1,6 +1,7 @@
 package interceptor
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -8,6 +9,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/resolver"
 
 	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/budget"
@@ -15,6 +17,8 @@ import (
 	"github.com/stormguard/stormguard/idempotency"
 	"github.com/stormguard/stormguard/internal/clock"
 	"github.com/stormguard/stormguard/internal/cowmap"
+	"github.com/stormguard/stormguard/internal/limits"
+	"github.com/stormguard/stormguard/internal/svcconfig"
 )
 
 // Client is the suite's client side: unary and stream interceptors that
@@ -57,6 +61,9 @@ type Client struct {
 	breakerAt bool
 	closeOnce sync.Once
 	closeErr  error
+	// defaultSC is WithDefaultServiceConfig's config, parsed (nil: none,
+	// or invalid).
+	defaultSC *svcconfig.Config
 }
 
 // NewClient returns a Client configured by opts. Nil options are ignored.
@@ -79,6 +86,18 @@ func NewClient(opts ...ClientOption) *Client {
 	c.grpcRetry.Max = maxRoutes
 	c.resolver = idempotency.NewResolver(idempotency.ResolverConfig{Idempotent: o.idempotent})
 	c.checkMarks()
+	if js := o.serviceConfig; js != "" {
+		sc, err := svcconfig.Parse(js)
+		switch {
+		case err != nil:
+			c.logger().Error("stormguard: WithDefaultServiceConfig: the service config is invalid (grpc.NewClient will fail with it)", "error", err)
+		default:
+			c.defaultSC = sc
+			for _, w := range sc.Warnings {
+				c.logger().Warn("stormguard: WithDefaultServiceConfig: "+w, "config", js)
+			}
+		}
+	}
 	c.budgets = o.budgets
 	if !o.budgetSet {
 		c.budgets = budget.NewRegistry(budget.Config{})
@@ -178,18 +197,74 @@ func (c *Client) afterFunc(d time.Duration, f func()) (stop func() bool) {
 }
 
 // DialOptions returns the dial options that install the Client on a
-// ClientConn: grpc.WithDisableRetry, so that grpc-go's own service-config
-// retries do not multiply the suite's, and both interceptors (after any
-// interceptors given earlier in the dial options). Interceptors installed
-// this way know grpc-go does not retry, so a service config retryPolicy
-// does not stop the suite from retrying, from the first call (see Unary
-// for interceptors installed by hand).
+// ClientConn: grpc.WithDisableRetry, so that grpc-go's own retries never
+// multiply the suite's; the Client's default service config, if any
+// (WithDefaultServiceConfig); the ClientConn's resolvers, wrapped so that
+// the suite reads the service configs they give; and both interceptors
+// (after any interceptors given earlier in the dial options).
+//
+// The service config drives the suite. A method's retryPolicy
+// (maxAttempts, initialBackoff, maxBackoff, backoffMultiplier,
+// retryableStatusCodes) or hedgingPolicy (maxAttempts, hedgingDelay,
+// nonFatalStatusCodes), as the resolver gives it (DNS TXT records, xDS, a
+// resolver of your own) or the default service config, is carried out by
+// the suite, within its budget, breaker and deadline: it is the operator
+// saying that the method may be repeated, and how, and it takes precedence
+// over the proto's options and the Client's. maxAttempts is capped at the
+// suite's limit (10), not grpc-go's 5. The service config's
+// retryThrottling bounds the ClientConn's retries and hedges besides the
+// budget (refusals for ReasonThrottle). A service config the resolver
+// gives at run time takes effect on the next call. Two things win over a
+// service config: a method whose proto marks it send_once is sent once,
+// and a retry_with_key method is repeated only with an idempotency key;
+// the call span's semconv.AttrServiceConfig says which way it went.
+// Methods without a policy retry as their proto and the Client's options
+// say.
+//
+// The service config's JSON is read from the resolvers registered for dns,
+// passthrough, unix, unix-abstract, xds and google-c2p, and the default
+// scheme (resolver.Get, when DialOptions is called); a resolver given with
+// grpc.WithResolvers before DialOptions is used as given, and grpc.Dial's
+// own resolution of other schemes too: for those, the suite reads the
+// retryPolicy through grpc (grpc.ClientConn.GetMethodConfig), again at
+// most once a second, and cannot see a hedgingPolicy or retryThrottling.
+// Likewise for a default service config given to grpc directly
+// (grpc.WithDefaultServiceConfig) rather than to WithDefaultServiceConfig.
+//
+// Each call of DialOptions returns options for one ClientConn: dial each
+// ClientConn with a call of its own, so that each follows its own
+// resolver's service config.
 func (c *Client) DialOptions() []grpc.DialOption {
-	return []grpc.DialOption{
+	w := svcconfig.NewWatch(c.defaultSC)
+	opts := []grpc.DialOption{
 		grpc.WithDisableRetry(),
-		grpc.WithChainUnaryInterceptor(c.unaryInterceptor(true)),
-		grpc.WithChainStreamInterceptor(c.streamInterceptor(true)),
+		// grpc-go does not retry, so its attempt limit only caps the
+		// retryPolicy it parses: raised to the suite's, for the policies
+		// the suite reads through grpc (see above).
+		grpc.WithMaxCallAttempts(limits.MaxAttempts),
+		grpc.WithResolvers(w.Builders(resolverSchemes()...)...),
 	}
+	if c.o.serviceConfig != "" {
+		opts = append(opts, grpc.WithDefaultServiceConfig(c.o.serviceConfig))
+	}
+	return append(opts,
+		grpc.WithChainUnaryInterceptor(c.unaryInterceptor(w)),
+		grpc.WithChainStreamInterceptor(c.streamInterceptor(w)),
+	)
+}
+
+// resolverSchemes are the schemes whose resolvers DialOptions wraps: grpc's
+// own, xDS's, the default, and those tests add for their manual resolvers.
+// testSchemes are resolver schemes DialOptions wraps for tests (their
+// manual resolvers); set in export_test.go.
+var testSchemes []string
+
+func resolverSchemes() []string {
+	schemes := append([]string{"dns", "passthrough", "unix", "unix-abstract", "xds", "google-c2p"}, testSchemes...)
+	if d := resolver.GetDefaultScheme(); !slices.Contains(schemes, d) {
+		schemes = append(schemes, d)
+	}
+	return schemes
 }
 
 // Close unregisters the Client's gauge callbacks from its MeterProvider,

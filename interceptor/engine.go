@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -21,6 +22,7 @@ import (
 	"github.com/stormguard/stormguard/deadline"
 	"github.com/stormguard/stormguard/idempotency"
 	"github.com/stormguard/stormguard/internal/codename"
+	"github.com/stormguard/stormguard/internal/svcconfig"
 )
 
 // The attempt engine. A call is the state of one logical call; run is its
@@ -68,6 +70,7 @@ func scanCallOptions(opts []grpc.CallOption) (s callSettings) {
 // when the method's service config is read again).
 type plan struct {
 	maxAttempts int
+	asked       int  // the call option MaxAttempts (0: none)
 	repeatable  bool // the method may be repeated (retried or hedged)
 	hedge       bool // hedges follow a slow attempt
 	beside      bool // a per-attempt timeout sends a retry beside the slow attempt (see hedger)
@@ -166,6 +169,18 @@ type call struct {
 	failedOn  []net.Addr // the endpoints the call's attempts failed on
 	grpc      grpcWatch
 	outer     outerTry
+	// rule is how the call retries and hedges: its route's, or the service
+	// config's policy for its method (applyServiceConfig).
+	rule *retryRule
+	// watch is the service config of a ClientConn dialed with DialOptions
+	// (nil: installed by hand); hasKey, that the call has an idempotency
+	// key; scIgnored, why the service config's policy was not applied.
+	watch     *svcconfig.Watch
+	hasKey    bool
+	scIgnored string
+	// throttle is the service config's retryThrottling when the call
+	// started (nil: none).
+	throttle *svcconfig.Throttle
 }
 
 // start resolves the call's settings from the caller's ctx: the
@@ -175,9 +190,10 @@ type call struct {
 // Client default timeout to calls that have none). It sets c.ctx to the
 // context the attempts are sent with, deposits into the budget and starts
 // the call span, and returns the CancelFunc to call when the call is over.
-func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, grpcRetryOff bool) (context.CancelFunc, error) {
+func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, w *svcconfig.Watch) (context.CancelFunc, error) {
 	r := c.route
-	c.cc, c.grpc.off = cc, grpcRetryOff
+	c.cc, c.watch, c.grpc.off = cc, w, w != nil
+	c.rule = &r.rule
 	c.start = c.client.now()
 	if c.outer.req != nil {
 		c.outer.scope, c.outer.done = callerScope(ctx), ctx.Done()
@@ -191,20 +207,17 @@ func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, 
 		return noCancel, err
 	}
 	p := &c.plan
+	c.hasKey, p.asked = hasKey, cs.maxAttempts
 	p.repeatable = r.policy.Repeatable(hasKey)
-	p.maxAttempts = 1
-	if p.repeatable {
-		p.maxAttempts = r.maxAttempts
-		if cs.maxAttempts > 0 {
-			p.maxAttempts = cs.maxAttempts
-		}
-	}
-	mc := r.methodConfig(cc, c.start)
+	mc := r.methodConfig(cc, c.start, w)
+	c.throttle = mc.throttle
+	c.applyServiceConfig(mc)
 	c.applyGRPCRetry(mc)
+	c.setMaxAttempts()
 	// A try that came back is already a retry: it neither hedges nor
 	// sends a retry beside a slow attempt.
 	more := p.repeatable && !p.grpcRetry && p.maxAttempts > 1 && c.outer.back == nil
-	p.hedge = more && r.hedge && !cs.noHedge
+	p.hedge = more && c.rule.hedge && !cs.noHedge
 	p.beside = more && r.perAttempt > 0
 	if metadata.ValueFromOutgoingContext(ctx, deadline.MetadataKey) != nil {
 		ctx = removeOutgoing(ctx, deadline.MetadataKey) // stale: the attempts send their own
@@ -297,6 +310,51 @@ func removeOutgoing(ctx context.Context, key string) context.Context {
 	return metadata.NewOutgoingContext(ctx, md)
 }
 
+// setMaxAttempts sets the call's attempt limit: one for a call that may not
+// be repeated; else its rule's, or the MaxAttempts call option's.
+func (c *call) setMaxAttempts() {
+	p := &c.plan
+	p.maxAttempts = 1
+	if p.repeatable {
+		p.maxAttempts = c.rule.maxAttempts
+		if p.asked > 0 {
+			p.maxAttempts = p.asked
+		}
+	}
+}
+
+// Values of semconv.AttrServiceConfig: the service config's policy for the
+// method drove the call, or was not applied because the proto says the
+// method is sent once, or may be repeated only with an idempotency key.
+const (
+	scApplied      = "applied"
+	scIgnoredOnce  = "ignored:send_once"
+	scIgnoredNoKey = "ignored:no_key"
+)
+
+// applyServiceConfig lets the service config's retryPolicy or
+// hedgingPolicy for the method (mc.rule), if any, drive the call: the
+// operator's policy says the method may be repeated, and how. It applies
+// only through DialOptions, where grpc-go's own retries are off (installed
+// by hand, a retryPolicy is grpc-go's to carry out: see applyGRPCRetry).
+// The proto has the last word on safety: a send_once method is sent once,
+// and a retry_with_key method without a key is not repeated, whatever the
+// service config says.
+func (c *call) applyServiceConfig(mc *methodConfig) {
+	if mc.rule == nil || !c.grpc.off || c.rule == mc.rule {
+		return
+	}
+	switch pol := c.route.policy; {
+	case pol.SendOnce:
+		c.scIgnored = scIgnoredOnce
+	case pol.Level == idempotency.RetryWithKey && !c.hasKey:
+		c.scIgnored = scIgnoredNoKey
+	default:
+		c.rule, c.scIgnored = mc.rule, ""
+		c.plan.repeatable = true
+	}
+}
+
 // applyGRPCRetry notes whether grpc-go retries the method itself: its
 // service config has a retryPolicy and grpc-go's retries are not known to
 // be off (DialOptions turns them off; installed by hand, the Client
@@ -334,7 +392,10 @@ func (c *call) applyGRPCRetry(mc *methodConfig) {
 // stops the suite's retries, and a method timeout bounds the rest of the
 // call, measured from its start, when it is tighter than its deadline.
 func (c *call) recheckMethodConfig(now time.Time) {
-	mc := c.route.readMethodConfig(c.cc, now)
+	mc := c.route.readMethodConfig(c.cc, now, c.watch)
+	if c.applyServiceConfig(mc); c.rule == mc.rule {
+		c.setMaxAttempts()
+	}
 	c.applyGRPCRetry(mc)
 	if mc.timeout > 0 {
 		if dl := c.start.Add(mc.timeout); !c.dl.ok || dl.Before(c.dl.at) {
@@ -497,7 +558,10 @@ func (c *call) gate(a *attempt, now time.Time) (Reason, error) {
 		}
 	}
 	switch {
-	case a.kind == kindFirst, a.kind == kindRetry && c.pay == payPrepaid:
+	case a.kind == kindFirst:
+	case c.throttle.Throttled():
+		return ReasonThrottle, nil
+	case a.kind == kindRetry && c.pay == payPrepaid:
 	case a.kind == kindRetry && c.pay == payFailover:
 		a.free = true // the budget pays at the pick if it cannot fail over
 	case !c.route.budget.WithdrawAt(now): // a nil budget grants
@@ -680,14 +744,21 @@ func (c *call) decide(err error, tr metadata.MD, a *attempt) (time.Duration, Rea
 		c.stopped = true // for the attempts still running (hedged calls)
 		return 0, ReasonPushback, false
 	}
+	now := c.client.now()
+	if w := c.watch; w != nil && c.grpc.mc.gen != w.Generation() {
+		// The resolver gave another service config since the call read
+		// it (a fresh ClientConn's first call runs before it has any):
+		// its policy for the method applies from this decision on.
+		c.recheckMethodConfig(now)
+	}
 	code := status.Code(err)
-	if !c.route.retryable.Has(code) && !(a.timeout && code == codes.DeadlineExceeded) {
+	if !c.rule.retryable.Has(code) && !(a.timeout && code == codes.DeadlineExceeded) {
 		return 0, ReasonCode, false
 	}
 	if !c.plan.repeatable {
 		return 0, ReasonNotIdempotent, false
 	}
-	now := c.client.now()
+	c.throttle.Failure() // a nil throttle counts nothing
 	c.recheckMethodConfig(now)
 	if c.plan.grpcRetry {
 		return 0, ReasonGRPCRetry, false
@@ -735,6 +806,8 @@ func (c *call) decide(err error, tr metadata.MD, a *attempt) (time.Duration, Rea
 func (c *call) fundable(now time.Time) Reason {
 	var r Reason
 	switch {
+	case c.throttle.Throttled():
+		return ReasonThrottle // the service config's retryThrottling: no shadow mode
 	case c.route.breaker != nil && (c.route.breaker.RetryAfter() > 0 || c.deadForSure(now)):
 		r = ReasonBreaker
 	case c.route.budget != nil && c.pay == payBudget && !c.client.o.shadow && !c.route.budget.PeekAt(now):
@@ -912,9 +985,15 @@ func (c *call) backoff() time.Duration {
 
 // backoffCeil is the longest the next retry's backoff can be.
 func (c *call) backoffCeil() time.Duration {
-	d := c.client.o.backoffBase << min(c.tally.backoffN, 30)
-	if d <= 0 || d > c.client.o.backoffMax {
-		d = c.client.o.backoffMax
+	r := c.rule
+	var d time.Duration
+	if r.backoffMult == 2 {
+		d = r.backoffBase << min(c.tally.backoffN, 30)
+	} else if f := float64(r.backoffBase) * math.Pow(r.backoffMult, float64(c.tally.backoffN)); f < float64(r.backoffMax) {
+		d = time.Duration(f)
+	}
+	if d <= 0 || d > r.backoffMax {
+		d = r.backoffMax
 	}
 	return d
 }
@@ -937,6 +1016,14 @@ func (c *call) endCall(err error) {
 	}
 	if c.tally.hedges > 0 {
 		t.hedges.Record(c.ctx, int64(c.tally.hedges), rt.perCallOpts()...)
+	}
+	if c.recording {
+		switch {
+		case c.rule.fromServiceConfig:
+			c.span.SetAttributes(semconv.AttrServiceConfig.String(scApplied))
+		case c.scIgnored != "":
+			c.span.SetAttributes(semconv.AttrServiceConfig.String(c.scIgnored))
+		}
 	}
 	endSpan(c.span, code, st.Message())
 }

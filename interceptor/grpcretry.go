@@ -75,7 +75,7 @@ func (c *call) noteGRPCRetries(a *attempt, calls int32, err error, hdr, tr metad
 	}
 	if !c.grpc.mc.grpcRetry && err != nil {
 		// Sent before the ClientConn had its service config: read it now.
-		c.grpc.mc = c.route.readMethodConfig(c.cc, c.client.now())
+		c.grpc.mc = c.route.readMethodConfig(c.cc, c.client.now(), c.watch)
 	}
 	switch {
 	case calls > 1:

@@ -43,8 +43,9 @@ func scriptedFailures(c origin.Call) origin.Reply {
 // server saw.
 type retryCase struct {
 	id string
-	// With grpc-go's retries off (the suite's 3 attempts) and on
-	// (grpc-go's 4 attempts, the suite's one).
+	// As the suite's own options say (3 attempts: by hand, grpc-go's
+	// retries off), and as the retryPolicy says (4 attempts: carried out by
+	// grpc-go, or, through DialOptions, by the suite).
 	offCode, onCode         codes.Code
 	offAttempts, onAttempts int
 }
@@ -63,21 +64,20 @@ var retryCases = []retryCase{
 }
 
 // grpc-go's retry tests ported onto the suite installed three ways, with
-// a service config retryPolicy: with DialOptions (grpc-go's retries off),
-// by hand with grpc.WithDisableRetry as the README says (off too), and by
-// hand without it (grpc-go's retries on). Off, the by-hand install retries
-// exactly as DialOptions does, within the suite's budget: the same codes,
-// the same attempts at the server (the old code sent one attempt and left
-// the retries to grpc-go, whose retries were off: nobody retried). On,
-// grpc-go retries and the suite does not: the server sees what it sees
-// from grpc-go alone, nothing multiplied.
+// a service config retryPolicy: with DialOptions (grpc-go's retries off:
+// the suite carries the retryPolicy out, 4 attempts, as grpc-go alone
+// would), by hand with grpc.WithDisableRetry (off too: the suite retries
+// as its own options say, 3 attempts; installed by hand it leaves a
+// retryPolicy to grpc-go, whose retries are off here), and by hand without
+// it (grpc-go's retries on). On, grpc-go retries and the suite does not:
+// the server sees what it sees from grpc-go alone, nothing multiplied.
 func TestGRPCRetryTestsByHand(t *testing.T) {
 	installs := []struct {
 		name   string
-		off    bool // grpc-go's retries are off
+		off    bool // the suite's own options decide, not the retryPolicy
 		dialed func(guard *interceptor.Client) []grpc.DialOption
 	}{
-		{"DialOptions", true, func(g *interceptor.Client) []grpc.DialOption { return g.DialOptions() }},
+		{"DialOptions", false, func(g *interceptor.Client) []grpc.DialOption { return g.DialOptions() }},
 		{"by hand, WithDisableRetry", true, func(g *interceptor.Client) []grpc.DialOption {
 			return []grpc.DialOption{grpc.WithDisableRetry(), grpc.WithChainUnaryInterceptor(g.Unary()), grpc.WithChainStreamInterceptor(g.Stream())}
 		}},

@@ -280,9 +280,9 @@ func (h *hedger) arm(c *call) {
 		return
 	}
 	var d time.Duration
-	if h.hedging && c.tally.hedges < c.route.maxHedges {
-		d = c.route.hedgeDelay
-		if c.route.lat != nil {
+	if h.hedging && c.tally.hedges < c.rule.maxHedges {
+		d = c.rule.hedgeDelay
+		if d == 0 && c.route.lat != nil {
 			var ok bool
 			if d, ok = c.route.lat.hedgeDelay(); !ok {
 				d = 0 // adaptive, not warm yet: no hedge

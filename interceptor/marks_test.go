@@ -43,10 +43,11 @@ func (h *records) attrs() []map[string]any {
 
 // A WithIdempotent name that the protobuf registry does not know, while it
 // knows the service, marks nothing: NewClient says so, naming the closest
-// method; a whole-service mark logs the methods it marks.
+// method; a whole-service mark logs the methods it marks, and warns of the
+// send_once methods it does not.
 func TestWithIdempotentChecksNames(t *testing.T) {
 	const svc = "/echo.v1.EchoService/"
-	all := []string{svc + "Get", svc + "Put", svc + "Charge", svc + "Notify", svc + "List", svc + "Upload", svc + "Chat"}
+	all := []string{svc + "Get", svc + "Put", svc + "Charge", svc + "Notify", svc + "Transfer", svc + "List", svc + "Upload", svc + "Chat"}
 	logs := &records{}
 	interceptor.NewClient(append(noopProviders(), interceptor.WithTelemetry(interceptor.Telemetry{Logger: slog.New(logs)}),
 		interceptor.WithIdempotent(svc+"notify", svc+"Fetch", svc+"Put", "/unknown.v1.Svc/Do"),
@@ -54,10 +55,11 @@ func TestWithIdempotentChecksNames(t *testing.T) {
 	)...)
 	got := logs.attrs()
 	t.Logf("%d records: %v", len(got), got)
-	require.Len(t, got, 3)
+	require.Len(t, got, 4)
 	assert.Equal(t, map[string]any{"level": "WARN", "entry": svc + "notify", "service": "echo.v1.EchoService", "closest": svc + "Notify", "methods": all}, got[0])
 	assert.Equal(t, map[string]any{"level": "WARN", "entry": svc + "Fetch", "service": "echo.v1.EchoService", "methods": all}, got[1])
 	assert.Equal(t, map[string]any{"level": "INFO", "entry": svc, "marked": []string{svc + "Charge", svc + "Notify"}}, got[2])
+	assert.Equal(t, map[string]any{"level": "WARN", "entry": svc, "send_once": []string{svc + "Transfer"}}, got[3])
 
 	// Names the registry knows, or cannot check, log nothing.
 	quiet := &records{}

@@ -68,6 +68,7 @@ type clientOptions struct {
 	noFailover     bool
 	noMarker       bool
 	targetName     func(target string) string
+	serviceConfig  string // WithDefaultServiceConfig's JSON ("": none)
 }
 
 // RetryPolicy says how the Client retries the methods that may be
@@ -315,6 +316,19 @@ func WithHooks(h Hooks) ClientOption {
 // documentation).
 func WithoutFailover() ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.noFailover = true })
+}
+
+// WithDefaultServiceConfig gives the ClientConns dialed with DialOptions a
+// default service config (JSON, as grpc.WithDefaultServiceConfig takes
+// it), used until and unless their resolver gives one. DialOptions passes
+// it on to grpc, so that grpc applies it as usual (timeouts, load
+// balancing), and the suite carries out its methods' retryPolicy and
+// hedgingPolicy and its retryThrottling (see DialOptions). An invalid
+// config makes grpc.NewClient fail, as grpc.WithDefaultServiceConfig's
+// does. A later WithDefaultServiceConfig replaces an earlier one; ""
+// removes it. Interceptors installed by hand do not read it.
+func WithDefaultServiceConfig(json string) ClientOption {
+	return clientOptionFunc(func(o *clientOptions) { o.serviceConfig = json })
 }
 
 // WithTargetName names the dependency behind each ClientConn's target:

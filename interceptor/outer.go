@@ -107,7 +107,7 @@ func (c *Client) cameBack(scope any, r *route, req any, now time.Time) *returned
 func (c *Client) noteFailed(k *call, err error) {
 	code := status.Code(err)
 	scope, req := k.outer.scope, k.outer.req
-	if !c.failures.Has(code) && !k.route.retryable.Has(code) || scope == nil || k.outer.callerDone() {
+	if !c.failures.Has(code) && !k.rule.retryable.Has(code) || scope == nil || k.outer.callerDone() {
 		return
 	}
 	t := c.returns.Load()

@@ -27,6 +27,7 @@ const (
 	ReasonCode          Reason = "code"           // the status code is not retryable
 	ReasonRetryIf       Reason = "retry_if"       // the RetryPolicy.If predicate said no
 	ReasonGRPCRetry     Reason = "grpc_retry"     // grpc-go's own retry policy covers the method
+	ReasonThrottle      Reason = "throttle"       // the service config's retryThrottling refused it
 )
 
 // reasonInfo is one row of the refusal table: what a refusal for a reason
@@ -61,6 +62,7 @@ var refusals = map[Reason]reasonInfo{
 	ReasonCode:          {fatal: true},
 	ReasonRetryIf:       {fatal: true},
 	ReasonGRPCRetry:     {fatal: true},
+	ReasonThrottle:      {annotates: true, propagates: true},
 }
 
 func (r Reason) info() reasonInfo { return refusals[r] }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/idempotency"
 	"github.com/stormguard/stormguard/internal/protoreg"
+	"github.com/stormguard/stormguard/internal/svcconfig"
 )
 
 // maxRoutes bounds the (target, method) routes a Client caches, and the
@@ -33,25 +35,36 @@ type routeKey struct{ target, method string }
 // route is everything a call needs that depends only on its target and
 // method, resolved once and cached.
 type route struct {
-	method      string // "/pkg.Svc/Method"
-	target      string // the dependency's name (WithTargetName), or cc.Target()
-	key         string // its budget's, breakers' and endpoint table's key (see dependency)
-	policy      idempotency.Policy
-	budget      *budget.Budget   // nil: none
-	breaker     *breaker.Breaker // nil: none
-	endpoints   *endpoints       // the target's endpoints
-	maxAttempts int              // for repeatable calls
-	retryable   idempotency.CodeSet
-	hedge       bool
-	hedgeDelay  time.Duration // 0: adaptive
-	maxHedges   int
-	perAttempt  time.Duration
-	lat         *latency                 // adaptive hedging; nil unless hedge && hedgeDelay == 0
-	respType    protoreflect.MessageType // streams: to drain a failed attempt; may be nil
-	tel         *routeTelemetry
+	method     string // "/pkg.Svc/Method"
+	target     string // the dependency's name (WithTargetName), or cc.Target()
+	key        string // its budget's, breakers' and endpoint table's key (see dependency)
+	policy     idempotency.Policy
+	budget     *budget.Budget   // nil: none
+	breaker    *breaker.Breaker // nil: none
+	endpoints  *endpoints       // the target's endpoints
+	rule       retryRule        // from the proto's options and the Client's
+	perAttempt time.Duration
+	lat        *latency                 // adaptive hedging; nil unless rule.hedge && rule.hedgeDelay == 0
+	respType   protoreflect.MessageType // streams: to drain a failed attempt; may be nil
+	tel        *routeTelemetry
 
 	mc         atomic.Pointer[methodConfig]
 	warnedOnce atomic.Bool // the grpc-go retryPolicy warning was logged
+}
+
+// retryRule is how the calls of one method retry and hedge (when they may
+// be repeated): as the method's proto options and the Client's options say
+// (route.rule), or as the service config's policy for the method says
+// (methodConfig.rule).
+type retryRule struct {
+	maxAttempts             int // for repeatable calls
+	retryable               idempotency.CodeSet
+	backoffBase, backoffMax time.Duration
+	backoffMult             float64 // 2, unless a service config says otherwise
+	hedge                   bool
+	hedgeDelay              time.Duration // 0: adaptive (route.lat)
+	maxHedges               int
+	fromServiceConfig       bool
 }
 
 // methodConfig is what the ClientConn's service config says of the
@@ -69,6 +82,14 @@ type methodConfig struct {
 	// watched as if it had one (see applyGRPCRetry), and the first call
 	// that finds the ClientConn ready reads it again.
 	provisional bool
+
+	// For a ClientConn dialed with DialOptions: the service config it was
+	// read from (its generation), the policy it gives the method (nil:
+	// none) and its retry throttle (nil: none).
+	watch    *svcconfig.Watch
+	gen      uint64
+	rule     *retryRule
+	throttle *svcconfig.Throttle
 }
 
 // routeFor returns the route of (target, method), cached up to maxRoutes.
@@ -85,14 +106,19 @@ func (c *Client) newRoute(k routeKey) *route {
 	target, key := c.dependency(k.target)
 	p := c.resolver.Lookup(method)
 	r := &route{
-		method:      method,
-		target:      target,
-		policy:      p,
-		maxAttempts: c.o.maxAttempts,
-		retryable:   c.retryable,
-		perAttempt:  p.PerAttemptTimeout,
-		tel:         newRouteTelemetry(method, target, p.Known, c.o.instrumented),
-		respType:    protoreg.ResponseType(method),
+		method:     method,
+		target:     target,
+		policy:     p,
+		perAttempt: p.PerAttemptTimeout,
+		tel:        newRouteTelemetry(method, target, p.Known, c.o.instrumented),
+		respType:   protoreg.ResponseType(method),
+		rule: retryRule{
+			maxAttempts: c.o.maxAttempts,
+			retryable:   c.retryable,
+			backoffBase: c.o.backoffBase,
+			backoffMax:  c.o.backoffMax,
+			backoffMult: 2,
+		},
 	}
 	if r.perAttempt == 0 {
 		r.perAttempt = c.o.perAttempt
@@ -105,28 +131,58 @@ func (c *Client) newRoute(k routeKey) *route {
 		r.breaker = c.breakerFor(key, method, p.Known)
 	}
 	r.endpoints = c.endpoints.LoadOrCreate(key, func(string) *endpoints { return &endpoints{} })
+	rl := &r.rule
 	if p.MaxAttempts > 0 {
-		r.maxAttempts = clampAttempts(p.MaxAttempts)
+		rl.maxAttempts = clampAttempts(p.MaxAttempts)
 	}
 	if p.RetryableCodes != 0 {
-		r.retryable = p.RetryableCodes
+		rl.retryable = p.RetryableCodes
 	}
 	switch {
 	case p.Hedging:
-		r.hedge, r.hedgeDelay, r.maxHedges = true, p.HedgingDelay, p.MaxHedges
+		rl.hedge, rl.hedgeDelay, rl.maxHedges = true, p.HedgingDelay, p.MaxHedges
 	case c.o.hedging:
-		r.hedge, r.hedgeDelay = true, c.o.hedgeDelay
+		rl.hedge, rl.hedgeDelay = true, c.o.hedgeDelay
 		if c.o.hedgeAttempts > 0 {
-			r.maxAttempts = clampAttempts(c.o.hedgeAttempts)
+			rl.maxAttempts = clampAttempts(c.o.hedgeAttempts)
 		}
 	}
-	if r.maxHedges <= 0 || r.maxHedges >= r.maxAttempts {
-		r.maxHedges = r.maxAttempts - 1
+	if rl.maxHedges <= 0 || rl.maxHedges >= rl.maxAttempts {
+		rl.maxHedges = rl.maxAttempts - 1
 	}
-	if r.hedge && r.hedgeDelay == 0 {
+	if rl.hedge && rl.hedgeDelay == 0 {
 		r.lat = newLatency(c.hedgeQ)
 	}
 	return r
+}
+
+// ruleFrom returns the rule the service config's policy mp gives the
+// route's method: a retryPolicy's attempts (capped at the suite's limit,
+// not grpc-go's 5), backoff and retryable codes, and no hedging; or a
+// hedgingPolicy's attempts, delay (0: every attempt at once, as gRFC A6
+// says) and non-fatal codes, after which a failed attempt is retried.
+// What the policy does not say (the per-attempt timeout) stays the
+// route's.
+func (r *route) ruleFrom(mp *svcconfig.Method) *retryRule {
+	rl := r.rule
+	rl.fromServiceConfig = true
+	switch {
+	case mp.Retry != nil:
+		rp := mp.Retry
+		rl.maxAttempts = clampAttempts(rp.MaxAttempts)
+		rl.retryable = idempotency.Codes(rp.RetryableStatusCodes...)
+		rl.backoffBase, rl.backoffMax = rp.InitialBackoff, max(rp.MaxBackoff, rp.InitialBackoff)
+		rl.backoffMult = rp.BackoffMultiplier
+		rl.hedge, rl.hedgeDelay, rl.maxHedges = false, 0, 0
+	case mp.Hedging != nil:
+		hp := mp.Hedging
+		rl.maxAttempts = clampAttempts(hp.MaxAttempts)
+		rl.retryable = idempotency.Codes(hp.NonFatalStatusCodes...)
+		rl.hedge, rl.hedgeDelay, rl.maxHedges = true, max(hp.HedgingDelay, time.Nanosecond), rl.maxAttempts-1
+	default:
+		return nil
+	}
+	return &rl
 }
 
 // dependency returns what a ClientConn's target is called (in telemetry,
@@ -198,15 +254,23 @@ func canonicalTarget(target string) string {
 }
 
 // methodConfig returns the service config of the route's method as cc
-// has it, read at most once per methodConfigTTL per ClientConn (nil cc:
-// none).
-func (r *route) methodConfig(cc *grpc.ClientConn, now time.Time) *methodConfig {
+// has it (nil cc: none). Through DialOptions (w not nil, following the
+// ClientConn's resolver) it is read again when the resolver has given the
+// ClientConn another service config, so that a new one takes effect on the
+// next call; otherwise at most once per methodConfigTTL per ClientConn.
+func (r *route) methodConfig(cc *grpc.ClientConn, now time.Time, w *svcconfig.Watch) *methodConfig {
 	mc := r.mc.Load()
-	if mc != nil && mc.cc == cc && now.Sub(mc.read) < methodConfigTTL && !now.Before(mc.read) &&
-		(!mc.provisional || cc.GetState() != connectivity.Ready) {
-		return mc
+	if mc != nil && mc.cc == cc && mc.watch == w {
+		if w != nil && w.Following() {
+			if mc.gen == w.Generation() {
+				return mc
+			}
+		} else if now.Sub(mc.read) < methodConfigTTL && !now.Before(mc.read) &&
+			(!mc.provisional || cc.GetState() != connectivity.Ready) {
+			return mc
+		}
 	}
-	return r.readMethodConfig(cc, now)
+	return r.readMethodConfig(cc, now, w)
 }
 
 // readMethodConfig reads the method's service config from cc now, and
@@ -214,8 +278,19 @@ func (r *route) methodConfig(cc *grpc.ClientConn, now time.Time) *methodConfig {
 // service config (grpc resolves the target on the first call), so the
 // failure path reads it again, and a config without a retryPolicy read
 // while cc was not ready is provisional.
-func (r *route) readMethodConfig(cc *grpc.ClientConn, now time.Time) *methodConfig {
-	next := &methodConfig{cc: cc, read: now}
+//
+// Through DialOptions (w not nil), the method's retryPolicy or
+// hedgingPolicy comes from the service config's JSON as the resolver gave
+// it (w), or, when w does not know it, from grpc's reading of its
+// retryPolicy (the default service config given to grpc directly, or a
+// resolver w does not wrap).
+func (r *route) readMethodConfig(cc *grpc.ClientConn, now time.Time, w *svcconfig.Watch) *methodConfig {
+	next := &methodConfig{cc: cc, read: now, watch: w}
+	var cfg *svcconfig.Config
+	if w != nil {
+		next.gen = w.Generation() // first: a config given after is read by the next call
+		cfg, next.throttle, _ = w.Current()
+	}
 	if cc != nil {
 		m := cc.GetMethodConfig(r.method)
 		if m.Timeout != nil && *m.Timeout > 0 {
@@ -228,10 +303,30 @@ func (r *route) readMethodConfig(cc *grpc.ClientConn, now time.Time) *methodConf
 					next.grpcCodes |= idempotency.Codes(code)
 				}
 			}
-		} else {
+			if w != nil && cfg == nil {
+				next.rule = r.ruleFrom(&svcconfig.Method{Retry: &svcconfig.Retry{
+					MaxAttempts: rp.MaxAttempts, InitialBackoff: rp.InitialBackoff, MaxBackoff: rp.MaxBackoff,
+					BackoffMultiplier: rp.BackoffMultiplier, RetryableStatusCodes: codeList(next.grpcCodes),
+				}})
+			}
+		} else if w == nil {
 			next.provisional = cc.GetState() != connectivity.Ready
 		}
 	}
+	if mp := cfg.Lookup(r.method); mp != nil {
+		next.rule = r.ruleFrom(mp)
+	}
 	r.mc.Store(next)
 	return next
+}
+
+// codeList lists the codes of s.
+func codeList(s idempotency.CodeSet) []codes.Code {
+	var out []codes.Code
+	for c := codes.Code(1); c < 32; c++ {
+		if s.Has(c) {
+			out = append(out, c)
+		}
+	}
+	return out
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"sync"
 
+	"github.com/stormguard/stormguard/internal/svcconfig"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
@@ -26,18 +27,18 @@ import (
 // the caller unchanged and nothing is ever delivered twice. Streams are not
 // hedged. A method with a service config retryPolicy is treated as Unary
 // says.
-func (c *Client) Stream() grpc.StreamClientInterceptor { return c.streamInterceptor(false) }
+func (c *Client) Stream() grpc.StreamClientInterceptor { return c.streamInterceptor(nil) }
 
-func (c *Client) streamInterceptor(grpcRetryOff bool) grpc.StreamClientInterceptor {
+func (c *Client) streamInterceptor(w *svcconfig.Watch) grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		return c.stream(ctx, desc, cc, method, streamer, opts, grpcRetryOff)
+		return c.stream(ctx, desc, cc, method, streamer, opts, w)
 	}
 }
 
-func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts []grpc.CallOption, grpcRetryOff bool) (grpc.ClientStream, error) {
+func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts []grpc.CallOption, w *svcconfig.Watch) (grpc.ClientStream, error) {
 	k := &call{client: c, route: c.routeFor(targetOf(cc), method)}
 	cs := scanCallOptions(opts)
-	cancel, err := k.setup(ctx, cs, cc, grpcRetryOff)
+	cancel, err := k.setup(ctx, cs, cc, w)
 	if err != nil {
 		return nil, err
 	}

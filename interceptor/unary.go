@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	"github.com/stormguard/stormguard/internal/svcconfig"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
@@ -25,22 +26,22 @@ import (
 // DialOptions. With grpc-go's retries on, the suite keeps sending one
 // attempt per call, so that the two never multiply. The README's table
 // "grpc-go's own retries" lists the four combinations.
-func (c *Client) Unary() grpc.UnaryClientInterceptor { return c.unaryInterceptor(false) }
+func (c *Client) Unary() grpc.UnaryClientInterceptor { return c.unaryInterceptor(nil) }
 
-func (c *Client) unaryInterceptor(grpcRetryOff bool) grpc.UnaryClientInterceptor {
+func (c *Client) unaryInterceptor(w *svcconfig.Watch) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		return c.unary(ctx, method, req, reply, cc, invoker, opts, grpcRetryOff)
+		return c.unary(ctx, method, req, reply, cc, invoker, opts, w)
 	}
 }
 
-func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, grpcRetryOff bool) error {
+func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, w *svcconfig.Watch) error {
 	st := unaryPool.Get().(*unaryState)
 	defer st.release()
 	k := &st.k
 	*k = call{client: c, route: c.routeFor(targetOf(cc), method)}
 	k.outer.req = req
 	cs := scanCallOptions(opts)
-	cancel, err := k.setup(ctx, cs, cc, grpcRetryOff)
+	cancel, err := k.setup(ctx, cs, cc, w)
 	if err != nil {
 		return err
 	}

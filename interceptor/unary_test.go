@@ -27,10 +27,11 @@ import (
 )
 
 const (
-	get    = echov1.EchoService_Get_FullMethodName
-	put    = echov1.EchoService_Put_FullMethodName
-	charge = echov1.EchoService_Charge_FullMethodName
-	notify = echov1.EchoService_Notify_FullMethodName
+	get      = echov1.EchoService_Get_FullMethodName
+	put      = echov1.EchoService_Put_FullMethodName
+	charge   = echov1.EchoService_Charge_FullMethodName
+	notify   = echov1.EchoService_Notify_FullMethodName
+	transfer = echov1.EchoService_Transfer_FullMethodName
 )
 
 func TestIdempotentMethodRetriedUntilSuccess(t *testing.T) {

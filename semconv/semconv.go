@@ -63,6 +63,13 @@ const (
 	// own service-config retryPolicy covers: the suite then sends one
 	// attempt and leaves the retries to grpc-go (see interceptor.Client.DialOptions).
 	AttrGRPCRetryPolicy = attribute.Key("stormguard.grpc_retry_policy")
+	// AttrServiceConfig says, on call spans of methods that the service
+	// config gives a retryPolicy or hedgingPolicy, what the suite did with
+	// it: "applied" (the policy drove the call's retries or hedges), or
+	// "ignored:send_once" / "ignored:no_key" (the proto marks the method
+	// send_once, or retry_with_key and the call has no idempotency key: the
+	// proto wins, and the call is not repeated).
+	AttrServiceConfig = attribute.Key("stormguard.service_config")
 	// AttrOuterRetry is true on call spans of a try that a retry loop
 	// outside the suite (a client library's own, such as etcd's
 	// clientv3) sent again after it failed: the try deposits nothing into

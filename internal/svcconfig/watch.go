@@ -19,6 +19,10 @@ type Watch struct {
 	// resolver that made its config without ParseServiceConfig).
 	cur atomic.Pointer[state]
 	def *Config // the default service config (nil: none known)
+	// built is true once a resolver was built through the Watch's
+	// builders: until then (or ever, for a scheme it does not wrap) its
+	// generation does not change with the ClientConn's service config.
+	built atomic.Bool
 
 	mu     sync.Mutex
 	parsed [4]parsedConfig // the latest configs parsed for the resolver, newest last
@@ -56,6 +60,12 @@ func (w *Watch) Current() (cfg *Config, throttle *Throttle, gen uint64) {
 // Generation returns the generation of the service config in effect.
 func (w *Watch) Generation() uint64 { return w.cur.Load().gen }
 
+// Following reports whether a resolver was built through the Watch's
+// builders, so that its generation changes with every service config the
+// ClientConn is given. Until then, or for a ClientConn whose scheme the
+// Watch does not wrap, the service config can change unseen.
+func (w *Watch) Following() bool { return w.built.Load() }
+
 // Builders returns resolver builders that wrap each of schemes' builders
 // (as registered now: a scheme without one is skipped), to be given to
 // grpc.WithResolvers.
@@ -77,6 +87,7 @@ type builder struct {
 }
 
 func (b builder) Build(t resolver.Target, cc resolver.ClientConn, o resolver.BuildOptions) (resolver.Resolver, error) {
+	b.w.built.Store(true)
 	return b.Builder.Build(t, &clientConn{ClientConn: cc, w: b.w}, o)
 }
 

@@ -29,6 +29,7 @@ func TestWatchFollowsTheResolver(t *testing.T) {
 	cfg, th, gen0 := w.Current()
 	assert.Same(t, def, cfg)
 	assert.Nil(t, th)
+	assert.False(t, w.Following())
 
 	cc, err := grpc.NewClient("svcconfig-watch-test:///x", grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithResolvers(w.Builders("svcconfig-watch-test", "no-such-scheme")...))
@@ -42,6 +43,7 @@ func TestWatchFollowsTheResolver(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the resolver was never built")
 	}
+	assert.True(t, w.Following())
 
 	push := func(js string) {
 		t.Helper()
