@@ -6,6 +6,7 @@ import (
 	"io"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stormguard/stormguard/semconv"
@@ -35,157 +36,155 @@ func failFirstN(n int) func(int) reply {
 	}
 }
 
-// The backoff waits on the Client's timers: on a fake clock the n-th retry
-// starts between d/2 and d after the failure, d = base·2ⁿ⁻¹, exactly.
-func TestBackoffOnTheFakeClock(t *testing.T) {
-	clk, opts := fakeClock()
-	inv := &invoker{clk: clk, script: failFirstN(2)}
-	cc := dialPassthrough(t)
-	ic := interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithBudget(nil),
-		interceptor.WithRetryPolicy(interceptor.RetryPolicy{BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second}))...)...).Unary()
-	err := drive(t, clk, func() error {
-		return ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
+// The backoff waits on the Client's timers: the n-th retry starts between
+// d/2 and d after the failure, d = base·2ⁿ⁻¹, on the bubble's clock.
+func TestBackoffWaitsOnTheClientsTimers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		inv := &invoker{script: failFirstN(2)}
+		cc := dialPassthrough(t)
+		ic := interceptor.NewClient(append(noopProviders(), interceptor.WithBudget(nil),
+			interceptor.WithRetryPolicy(interceptor.RetryPolicy{BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second}))...).Unary()
+		err := ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
+		require.NoError(t, err)
+		calls := inv.attempts()
+		require.Len(t, calls, 3)
+		first, second := calls[1].at.Sub(calls[0].at), calls[2].at.Sub(calls[1].at)
+		assert.GreaterOrEqual(t, first, 50*time.Millisecond)
+		assert.LessOrEqual(t, first, 100*time.Millisecond)
+		assert.GreaterOrEqual(t, second, 100*time.Millisecond)
+		assert.LessOrEqual(t, second, 200*time.Millisecond)
+		assert.Equal(t, []string{"1"}, calls[1].md.Get(semconv.PreviousAttemptsKey))
+		assert.Equal(t, []string{"2"}, calls[2].md.Get(semconv.PreviousAttemptsKey))
 	})
-	require.NoError(t, err)
-	calls := inv.attempts()
-	require.Len(t, calls, 3)
-	first, second := calls[1].at.Sub(calls[0].at), calls[2].at.Sub(calls[1].at)
-	assert.GreaterOrEqual(t, first, 50*time.Millisecond)
-	assert.LessOrEqual(t, first, 100*time.Millisecond)
-	assert.GreaterOrEqual(t, second, 100*time.Millisecond)
-	assert.LessOrEqual(t, second, 200*time.Millisecond)
-	assert.Equal(t, []string{"1"}, calls[1].md.Get(semconv.PreviousAttemptsKey))
-	assert.Equal(t, []string{"2"}, calls[2].md.Get(semconv.PreviousAttemptsKey))
 }
 
 // A hedge is sent when the hedging delay passes on the Client's timers, the
 // stalled first attempt is cancelled, and its goroutine is gone when the
-// call returns (goleak checks).
-func TestHedgeOnTheFakeClock(t *testing.T) {
-	clk, opts := fakeClock()
-	inv := &invoker{clk: clk, script: func(n int) reply { return reply{block: n == 1} }}
-	ic := interceptor.NewClient(append(opts, append(noopProviders(),
-		interceptor.WithHedging(10*time.Millisecond, 2), interceptor.WithBudget(nil))...)...).Unary()
-	cc := dialPassthrough(t)
-	err := drive(t, clk, func() error {
-		return ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
+// call returns (the bubble, and goleak, check).
+func TestHedgeIsSentAfterTheDelay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		inv := &invoker{script: func(n int) reply { return reply{block: n == 1} }}
+		ic := interceptor.NewClient(append(noopProviders(),
+			interceptor.WithHedging(10*time.Millisecond, 2), interceptor.WithBudget(nil))...).Unary()
+		cc := dialPassthrough(t)
+		err := ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
+		require.NoError(t, err)
+		calls := inv.attempts()
+		require.Len(t, calls, 2)
+		assert.Equal(t, 10*time.Millisecond, calls[1].at.Sub(calls[0].at), "hedge after exactly the delay")
+		assert.Equal(t, []string{"1"}, calls[1].md.Get(semconv.PreviousAttemptsKey))
+		assert.ErrorIs(t, calls[0].ctx.Err(), context.Canceled, "the loser was cancelled")
 	})
-	require.NoError(t, err)
-	calls := inv.attempts()
-	require.Len(t, calls, 2)
-	assert.Equal(t, 10*time.Millisecond, calls[1].at.Sub(calls[0].at), "hedge after exactly the delay")
-	assert.Equal(t, []string{"1"}, calls[1].md.Get(semconv.PreviousAttemptsKey))
-	assert.ErrorIs(t, calls[0].ctx.Err(), context.Canceled, "the loser was cancelled")
 }
 
 // A retry the budget cannot pay for is refused at once: the caller does not
-// wait a backoff for it (no timer is armed).
+// wait a backoff for it (no time passes on the bubble's clock).
 func TestRetryRefusedByAnEmptyBudgetDoesNotWait(t *testing.T) {
-	clk, opts := fakeClock()
-	inv := &invoker{clk: clk, script: failFirstN(1)}
-	ic := interceptor.NewClient(append(opts, append(noopProviders(),
-		interceptor.WithBudget(budget.NewRegistry(budgetNoBurst())), interceptor.WithBreaker(nil))...)...).Unary()
-	cc := dialPassthrough(t)
-	err := ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
-	assert.Equal(t, codes.Unavailable, status.Code(err))
-	assert.Equal(t, interceptor.ReasonBudget, interceptor.RefusedBy(err))
-	assert.Len(t, inv.attempts(), 1)
-	assert.Equal(t, 0, clk.Pending(), "no backoff timer was armed")
-}
-
-// Issue 13 item 9: a token is withdrawn only for a retry that is sent. Here
-// the retry passes the decision (its backoff ends before the deadline) but
-// is refused when it is due (less than the minimum time left): the budget
-// must not have paid for it.
-func TestBudgetIsNotSpentOnARetryThatIsNotSent(t *testing.T) {
-	clk, opts := fakeClock()
-	inv := &invoker{clk: clk, script: failFirstN(1)}
-	budgets := budget.NewRegistry(budget.Config{})
-	ic := interceptor.NewClient(append(opts, append(noopProviders(),
-		interceptor.WithBudget(budgets), interceptor.WithBreaker(nil),
-		interceptor.WithRetryPolicy(interceptor.RetryPolicy{BackoffBase: 80 * time.Millisecond, BackoffMax: 80 * time.Millisecond}),
-		interceptor.WithDeadline(deadline.ClientConfig{MinRemaining: time.Hour - 10*time.Millisecond}))...)...).Unary()
-	cc := dialPassthrough(t)
-	ctx, cancel := context.WithDeadline(t.Context(), clk.Now().Add(time.Hour))
-	defer cancel()
-	err := drive(t, clk, func() error {
-		return ic(ctx, put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
-	})
-	assert.Equal(t, codes.Unavailable, status.Code(err))
-	assert.Equal(t, interceptor.ReasonDeadline, interceptor.RefusedBy(err))
-	assert.Len(t, inv.attempts(), 1)
-	st := budgets.For("passthrough:///fake").Stats()
-	assert.Equal(t, uint64(0), st.Granted, "no token for a retry that was never sent")
-}
-
-// Issue 13 item 9, for hedges: a hedge refused when it is due (too little
-// time left) takes no token from the budget; the first attempt's answer is
-// the call's.
-func TestBudgetIsNotSpentOnAHedgeThatIsNotSent(t *testing.T) {
-	clk, opts := fakeClock()
-	hold := make(chan struct{})
-	inv := &invoker{clk: clk, script: func(n int) reply { return reply{hold: hold} }}
-	budgets := budget.NewRegistry(budget.Config{})
-	var refusals []interceptor.RefusalEvent
-	ic := interceptor.NewClient(append(opts, append(noopProviders(),
-		interceptor.WithBudget(budgets), interceptor.WithBreaker(nil),
-		interceptor.WithHedging(10*time.Millisecond, 2),
-		interceptor.WithHooks(interceptor.Hooks{OnRefusal: func(e interceptor.RefusalEvent) {
-			refusals = append(refusals, e)
-			close(hold) // the first attempt answers once the hedge was decided
-		}}),
-		// 1 h at the start, less than MinRemaining when the hedge is due.
-		interceptor.WithDeadline(deadline.ClientConfig{MinRemaining: time.Hour - 5*time.Millisecond}))...)...).Unary()
-	cc := dialPassthrough(t)
-	ctx, cancel := context.WithDeadline(t.Context(), clk.Now().Add(time.Hour))
-	defer cancel()
-	err := drive(t, clk, func() error {
-		return ic(ctx, put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
-	})
-	require.NoError(t, err, "the first attempt's answer")
-	assert.Len(t, inv.attempts(), 1, "no hedge was sent")
-	require.Len(t, refusals, 1)
-	assert.Equal(t, semconv.EventHedgeRefused, refusals[0].Event)
-	assert.Equal(t, interceptor.ReasonDeadline, refusals[0].Reason)
-	st := budgets.For("passthrough:///fake").Stats()
-	assert.Equal(t, uint64(0), st.Granted, "no token for a hedge that was never sent")
-}
-
-// Issue 13 item 5: a server's pushback beyond MaxPushback means "do not
-// retry"; a call without a deadline does not sleep for 24.8 days.
-func TestPushbackBeyondTheCapStopsRetries(t *testing.T) {
-	inv := &invoker{script: func(n int) reply {
-		return reply{err: errUnavailable, trailer: metadata.Pairs(semconv.PushbackKey, "2147483647")}
-	}}
-	ic := interceptor.NewClient(append(noopProviders(), interceptor.WithBudget(nil))...).Unary()
-	cc := dialPassthrough(t)
-	done := make(chan error, 1)
-	go func() {
-		done <- ic(context.Background(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
-	}()
-	select {
-	case err := <-done:
+	synctest.Test(t, func(t *testing.T) {
+		inv := &invoker{script: failFirstN(1)}
+		ic := interceptor.NewClient(append(noopProviders(),
+			interceptor.WithBudget(budget.NewRegistry(budgetNoBurst())), interceptor.WithBreaker(nil))...).Unary()
+		cc := dialPassthrough(t)
+		start := time.Now()
+		err := ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
 		assert.Equal(t, codes.Unavailable, status.Code(err))
-		assert.Equal(t, interceptor.ReasonPushback, interceptor.RefusedBy(err))
-	case <-time.After(30 * time.Second):
-		t.Fatal("the call is sleeping on the server's pushback")
-	}
-	assert.Len(t, inv.attempts(), 1)
-	// Within the cap, the pushback is honoured as the delay.
-	clk, opts := fakeClock()
-	inv = &invoker{clk: clk, script: func(n int) reply {
-		if n == 1 {
-			return reply{err: errUnavailable, trailer: metadata.Pairs(semconv.PushbackKey, "60000")}
+		assert.Equal(t, interceptor.ReasonBudget, interceptor.RefusedBy(err))
+		assert.Len(t, inv.attempts(), 1)
+		assert.Zero(t, time.Since(start), "the caller waited for a retry that was refused")
+	})
+}
+
+// A token is withdrawn only for a retry that is sent. Here the retry passes
+// the decision (its backoff ends before the deadline) but is refused when
+// it is due (less than the minimum time left): the budget must not have
+// paid for it.
+func TestBudgetIsNotSpentOnARetryThatIsNotSent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		inv := &invoker{script: failFirstN(1)}
+		budgets := budget.NewRegistry(budget.Config{})
+		ic := interceptor.NewClient(append(noopProviders(),
+			interceptor.WithBudget(budgets), interceptor.WithBreaker(nil),
+			interceptor.WithRetryPolicy(interceptor.RetryPolicy{BackoffBase: 80 * time.Millisecond, BackoffMax: 80 * time.Millisecond}),
+			interceptor.WithDeadline(deadline.ClientConfig{MinRemaining: time.Hour - 10*time.Millisecond}))...).Unary()
+		cc := dialPassthrough(t)
+		ctx, cancel := context.WithDeadline(t.Context(), time.Now().Add(time.Hour))
+		defer cancel()
+		err := ic(ctx, put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
+		assert.Equal(t, codes.Unavailable, status.Code(err))
+		assert.Equal(t, interceptor.ReasonDeadline, interceptor.RefusedBy(err))
+		assert.Len(t, inv.attempts(), 1)
+		st := budgets.For("passthrough:///fake").Stats()
+		assert.Equal(t, uint64(0), st.Granted, "no token for a retry that was never sent")
+	})
+}
+
+// The same for hedges: a hedge refused when it is due (too little time
+// left) takes no token from the budget; the first attempt's answer is the
+// call's.
+func TestBudgetIsNotSpentOnAHedgeThatIsNotSent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hold := make(chan struct{})
+		inv := &invoker{script: func(n int) reply { return reply{hold: hold} }}
+		budgets := budget.NewRegistry(budget.Config{})
+		var refusals []interceptor.RefusalEvent
+		ic := interceptor.NewClient(append(noopProviders(),
+			interceptor.WithBudget(budgets), interceptor.WithBreaker(nil),
+			interceptor.WithHedging(10*time.Millisecond, 2),
+			interceptor.WithHooks(interceptor.Hooks{OnRefusal: func(e interceptor.RefusalEvent) {
+				refusals = append(refusals, e)
+				close(hold) // the first attempt answers once the hedge was decided
+			}}),
+			// 1 h at the start, less than MinRemaining when the hedge is due.
+			interceptor.WithDeadline(deadline.ClientConfig{MinRemaining: time.Hour - 5*time.Millisecond}))...).Unary()
+		cc := dialPassthrough(t)
+		ctx, cancel := context.WithDeadline(t.Context(), time.Now().Add(time.Hour))
+		defer cancel()
+		err := ic(ctx, put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
+		require.NoError(t, err, "the first attempt's answer")
+		assert.Len(t, inv.attempts(), 1, "no hedge was sent")
+		require.Len(t, refusals, 1)
+		assert.Equal(t, semconv.EventHedgeRefused, refusals[0].Event)
+		assert.Equal(t, interceptor.ReasonDeadline, refusals[0].Reason)
+		st := budgets.For("passthrough:///fake").Stats()
+		assert.Equal(t, uint64(0), st.Granted, "no token for a hedge that was never sent")
+	})
+}
+
+// A server's pushback beyond MaxPushback means "do not retry"; a call
+// without a deadline does not sleep for 24.8 days. Within the cap, the
+// pushback is honoured as the delay.
+func TestPushbackBeyondTheCapStopsRetries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		inv := &invoker{script: func(n int) reply {
+			return reply{err: errUnavailable, trailer: metadata.Pairs(semconv.PushbackKey, "2147483647")}
+		}}
+		ic := interceptor.NewClient(append(noopProviders(), interceptor.WithBudget(nil))...).Unary()
+		cc := dialPassthrough(t)
+		done := make(chan error, 1)
+		go func() {
+			done <- ic(context.Background(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
+		}()
+		select {
+		case err := <-done:
+			assert.Equal(t, codes.Unavailable, status.Code(err))
+			assert.Equal(t, interceptor.ReasonPushback, interceptor.RefusedBy(err))
+		case <-time.After(30 * time.Second):
+			t.Fatal("the call is sleeping on the server's pushback")
 		}
-		return reply{}
-	}}
-	ic = interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithBudget(nil))...)...).Unary()
-	require.NoError(t, drive(t, clk, func() error {
-		return ic(context.Background(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
-	}))
-	calls := inv.attempts()
-	require.Len(t, calls, 2)
-	assert.Equal(t, time.Minute, calls[1].at.Sub(calls[0].at))
+		assert.Len(t, inv.attempts(), 1)
+		// Within the cap, the pushback is honoured as the delay.
+		inv = &invoker{script: func(n int) reply {
+			if n == 1 {
+				return reply{err: errUnavailable, trailer: metadata.Pairs(semconv.PushbackKey, "60000")}
+			}
+			return reply{}
+		}}
+		ic = interceptor.NewClient(append(noopProviders(), interceptor.WithBudget(nil))...).Unary()
+		require.NoError(t, ic(context.Background(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke))
+		calls := inv.attempts()
+		require.Len(t, calls, 2)
+		assert.Equal(t, time.Minute, calls[1].at.Sub(calls[0].at))
+	})
 }
 
 // Issue 13 item 12: go-grpc-middleware's tests call interceptors with a nil
@@ -220,18 +219,19 @@ func TestKeyCallOptionByPointer(t *testing.T) {
 // the time left when grpc builds the headers; no metadata is added to the
 // context on the success path.
 func TestDeadlineHeaderFromCallCredentials(t *testing.T) {
-	clk, opts := fakeClock()
-	inv := &invoker{clk: clk, script: failFirstN(0)}
-	ic := interceptor.NewClient(append(opts, noopProviders()...)...).Unary()
-	cc := dialPassthrough(t)
-	ctx, cancel := context.WithDeadline(t.Context(), clk.Now().Add(2*time.Second))
-	defer cancel()
-	require.NoError(t, ic(ctx, put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke))
-	a := inv.attempts()[0]
-	require.True(t, a.hasCreds)
-	ms := deadline.DefaultMargin.Milliseconds()
-	assert.Equal(t, fmt.Sprint(2000-ms), a.header, "2 s less the default margin (the fake clock stands still)")
-	assert.Empty(t, a.md.Get(deadline.MetadataKey))
+	synctest.Test(t, func(t *testing.T) {
+		inv := &invoker{script: failFirstN(0)}
+		ic := interceptor.NewClient(noopProviders()...).Unary()
+		cc := dialPassthrough(t)
+		ctx, cancel := context.WithDeadline(t.Context(), time.Now().Add(2*time.Second))
+		defer cancel()
+		require.NoError(t, ic(ctx, put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke))
+		a := inv.attempts()[0]
+		require.True(t, a.hasCreds)
+		ms := deadline.DefaultMargin.Milliseconds()
+		assert.Equal(t, fmt.Sprint(2000-ms), a.header, "2 s less the default margin (no time passes in the bubble)")
+		assert.Empty(t, a.md.Get(deadline.MetadataKey))
+	})
 }
 
 // Issue 13 item 8: a message sent while a stream switches attempts is not

@@ -32,7 +32,7 @@ func fakeClock() (*clock.Fake, []interceptor.ClientOption) {
 
 // invocation is what the scripted invoker saw of one attempt.
 type invocation struct {
-	at       time.Time   // on the fake clock
+	at       time.Time   // time.Now when it was sent (virtual in a bubble)
 	md       metadata.MD // outgoing metadata
 	header   string      // stormguard-deadline-ms from the attempt's call credentials
 	hasCreds bool
@@ -52,7 +52,6 @@ type reply struct {
 // invoker is a scripted grpc.UnaryInvoker: attempt n answers script(n)
 // (from 1).
 type invoker struct {
-	clk    *clock.Fake
 	script func(n int) reply
 	sent   chan int // when not nil, gets each attempt's number once it is recorded
 
@@ -61,10 +60,7 @@ type invoker struct {
 }
 
 func (v *invoker) invoke(ctx context.Context, _ string, _, _ any, _ *grpc.ClientConn, opts ...grpc.CallOption) error {
-	in := invocation{ctx: ctx}
-	if v.clk != nil {
-		in.at = v.clk.Now()
-	}
+	in := invocation{ctx: ctx, at: time.Now()}
 	in.md, _ = metadata.FromOutgoingContext(ctx)
 	var tr *metadata.MD
 	for _, o := range opts {

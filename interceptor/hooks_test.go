@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stormguard/stormguard/semconv"
@@ -96,67 +97,72 @@ func TestPanickingOnRetryInAStreamRetry(t *testing.T) {
 func TestOnRefusalAtAPerAttemptTimeoutRunsOnTheCallsGoroutine(t *testing.T) {
 	for _, panics := range []bool{false, true} {
 		t.Run(fmt.Sprint("panics=", panics), func(t *testing.T) {
-			clk, opts := fakeClock()
-			hold := make(chan struct{})
-			inv := &invoker{clk: clk, sent: make(chan int, 8), script: func(n int) reply {
-				if n <= 3 {
-					return reply{err: errUnavailable}
-				}
-				return reply{hold: hold}
-			}}
-			type hookCall struct {
-				e interceptor.RefusalEvent
-				g string
-			}
-			calls := make(chan hookCall, 8)
-			var logs syncBuffer
-			reader := sdkmetric.NewManualReader()
-			ic := interceptor.NewClient(append(opts, append(noopProviders(), logTo(&logs),
-				interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}),
-				interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 100 * time.Millisecond}),
-				interceptor.WithHooks(interceptor.Hooks{OnRefusal: func(e interceptor.RefusalEvent) {
-					calls <- hookCall{e, goid()}
-					if panics && e.Event == semconv.EventTimeoutKept {
-						panic("OnRefusal panics")
+			synctest.Test(t, func(t *testing.T) {
+				hold := make(chan struct{})
+				inv := &invoker{sent: make(chan int, 8), script: func(n int) reply {
+					if n <= 3 {
+						return reply{err: errUnavailable}
 					}
-				}}))...)...).Unary()
-			cc := dialPassthrough(t)
-			for i := range 3 {
-				err := ic(t.Context(), put, &echov1.PutRequest{}, new(nonProtoReply), cc, inv.invoke, interceptor.MaxAttempts(1))
-				require.Error(t, err)
+					return reply{hold: hold}
+				}}
+				type hookCall struct {
+					e interceptor.RefusalEvent
+					g string
+				}
+				calls := make(chan hookCall, 8)
+				var logs syncBuffer
+				reader := sdkmetric.NewManualReader()
+				ic := interceptor.NewClient(append(noopProviders(), logTo(&logs),
+					interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}),
+					interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 100 * time.Millisecond}),
+					interceptor.WithHooks(interceptor.Hooks{OnRefusal: func(e interceptor.RefusalEvent) {
+						calls <- hookCall{e, goid()}
+						if panics && e.Event == semconv.EventTimeoutKept {
+							panic("OnRefusal panics")
+						}
+					}}))...).Unary()
+				cc := dialPassthrough(t)
+				for i := range 3 {
+					err := ic(t.Context(), put, &echov1.PutRequest{}, new(nonProtoReply), cc, inv.invoke, interceptor.MaxAttempts(1))
+					require.Error(t, err)
+					<-inv.sent
+					require.Equal(t, interceptor.ReasonMaxAttempts, (<-calls).e.Reason, "call %d", i)
+				}
+				keptByBreaker := func() int64 {
+					agg, ok := collect(t, reader)[semconv.MetricRefusals]
+					if !ok {
+						return 0
+					}
+					return sumBy(t, agg, semconv.AttrReason)[string(interceptor.ReasonBreaker)]
+				}
+				callG := make(chan string, 1)
+				done := make(chan error, 1)
+				go func() {
+					callG <- goid()
+					done <- ic(t.Context(), put, &echov1.PutRequest{}, new(nonProtoReply), cc, inv.invoke)
+				}()
 				<-inv.sent
-				require.Equal(t, interceptor.ReasonMaxAttempts, (<-calls).e.Reason, "call %d", i)
-			}
-			callG := make(chan string, 1)
-			done := make(chan error, 1)
-			go func() {
-				callG <- goid()
-				done <- ic(t.Context(), put, &echov1.PutRequest{}, new(nonProtoReply), cc, inv.invoke)
-			}()
-			<-inv.sent
-			require.True(t, clk.WaitPending(1, 20*time.Second), "the per-attempt timer is armed")
-			d, ok := clk.Next()
-			require.True(t, ok)
-			clk.Advance(d)
-			// The timer's refusal is counted when it fires.
-			require.Eventually(t, func() bool {
-				agg, ok := collect(t, reader)[semconv.MetricRefusals]
-				return ok && sumBy(t, agg, semconv.AttrReason)[string(interceptor.ReasonBreaker)] == 1
-			}, 10*time.Second, time.Millisecond, "the per-attempt timer kept the attempt")
-			close(hold) // the kept attempt answers
-			require.NoError(t, <-done, "the kept attempt's answer is the call's")
-			var hc hookCall
-			select {
-			case hc = <-calls:
-			case <-time.After(10 * time.Second):
-				t.Fatal("no OnRefusal for the kept attempt")
-			}
-			assert.Equal(t, semconv.EventTimeoutKept, hc.e.Event)
-			assert.Equal(t, interceptor.ReasonBreaker, hc.e.Reason)
-			assert.Equal(t, <-callG, hc.g, "OnRefusal ran on another goroutine than the call's")
-			if panics {
-				assert.Contains(t, logs.String(), "OnRefusal panics")
-			}
+				synctest.Wait()
+				require.Zero(t, keptByBreaker(), "a refusal before the per-attempt timeout")
+				time.Sleep(100 * time.Millisecond) // the per-attempt timeout
+				synctest.Wait()
+				// The timer's refusal is counted when it fires.
+				require.EqualValues(t, 1, keptByBreaker(), "the per-attempt timer kept the attempt")
+				close(hold) // the kept attempt answers
+				require.NoError(t, <-done, "the kept attempt's answer is the call's")
+				var hc hookCall
+				select {
+				case hc = <-calls:
+				case <-time.After(10 * time.Second):
+					t.Fatal("no OnRefusal for the kept attempt")
+				}
+				assert.Equal(t, semconv.EventTimeoutKept, hc.e.Event)
+				assert.Equal(t, interceptor.ReasonBreaker, hc.e.Reason)
+				assert.Equal(t, <-callG, hc.g, "OnRefusal ran on another goroutine than the call's")
+				if panics {
+					assert.Contains(t, logs.String(), "OnRefusal panics")
+				}
+			})
 		})
 	}
 }
@@ -168,40 +174,41 @@ func TestOnRefusalAtAPerAttemptTimeoutRunsOnTheCallsGoroutine(t *testing.T) {
 // the probe was presumed failed, a whole breaker window (10 s) later: every
 // call in between was refused.
 func TestPanickingOnBreakerChangeKeepsTheProbe(t *testing.T) {
-	clk, opts := fakeClock()
-	var down atomic.Bool
-	down.Store(true)
-	var logs syncBuffer
-	e := newEnv(t, func(origin.Call) origin.Reply {
-		if down.Load() {
-			return origin.Reply{Code: codes.Unavailable}
-		}
-		return origin.Reply{}
-	}, append(opts, logTo(&logs), interceptor.WithHooks(interceptor.Hooks{
-		OnBreakerChange: func(e interceptor.BreakerEvent) {
-			if e.To == breaker.StateHalfOpen {
-				panic("OnBreakerChange panics")
+	synctest.Test(t, func(t *testing.T) {
+		var down atomic.Bool
+		down.Store(true)
+		var logs syncBuffer
+		e := newEnv(t, func(origin.Call) origin.Reply {
+			if down.Load() {
+				return origin.Reply{Code: codes.Unavailable}
 			}
-		},
-	}))...)
-	for i := range 25 {
-		_, _ = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)}, interceptor.MaxAttempts(1))
-	}
-	require.Equal(t, "open", e.guard.Targets()[0].Breakers[0].State)
-	down.Store(false)
-	clk.Advance(1200 * time.Millisecond) // past the open period (1 s, plus at most 20% jitter)
-	failed := 0
-	for i := range 20 { // over 2 s
-		var err error
-		if v := catch(func() { _, err = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("healed", i)}) }); v != nil {
-			err = fmt.Errorf("panicked: %v", v)
+			return origin.Reply{}
+		}, logTo(&logs), interceptor.WithHooks(interceptor.Hooks{
+			OnBreakerChange: func(e interceptor.BreakerEvent) {
+				if e.To == breaker.StateHalfOpen {
+					panic("OnBreakerChange panics")
+				}
+			},
+		}))
+		for i := range 25 {
+			_, _ = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)}, interceptor.MaxAttempts(1))
 		}
-		if err != nil {
-			failed++
-			t.Logf("call %d: %v", i, err)
+		require.Equal(t, "open", e.guard.Targets()[0].Breakers[0].State)
+		down.Store(false)
+		time.Sleep(1200 * time.Millisecond) // past the open period (1 s, plus at most 20% jitter)
+		failed := 0
+		for i := range 20 { // over 2 s
+			var err error
+			if v := catch(func() { _, err = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("healed", i)}) }); v != nil {
+				err = fmt.Errorf("panicked: %v", v)
+			}
+			if err != nil {
+				failed++
+				t.Logf("call %d: %v", i, err)
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
-		clk.Advance(100 * time.Millisecond)
-	}
-	assert.Zero(t, failed, "calls to the healed target failed")
-	assert.Contains(t, logs.String(), "OnBreakerChange panics")
+		assert.Zero(t, failed, "calls to the healed target failed")
+		assert.Contains(t, logs.String(), "OnBreakerChange panics")
+	})
 }
