@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -188,64 +189,61 @@ func TestServedNothingStopsRetries(t *testing.T) {
 // it opened (plus at most 20% jitter; the old defaults: 5 s, growing to
 // 40 s), and calls go through again: protection does not outlast its cause.
 func TestRecoveryAfterAnOutage(t *testing.T) {
-	clk, opts := fakeClock()
-	var down atomic.Bool
-	down.Store(true)
-	e := newEnv(t, func(origin.Call) origin.Reply {
-		if down.Load() {
-			return origin.Reply{Code: codes.Unavailable}
+	synctest.Test(t, func(t *testing.T) {
+		var down atomic.Bool
+		down.Store(true)
+		e := newEnv(t, func(origin.Call) origin.Reply {
+			if down.Load() {
+				return origin.Reply{Code: codes.Unavailable}
+			}
+			return origin.Reply{}
+		})
+		for i := range 25 {
+			_, _ = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)}, interceptor.MaxAttempts(1))
 		}
-		return origin.Reply{}
-	}, opts...)
-	for i := range 25 {
-		_, _ = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)}, interceptor.MaxAttempts(1))
-	}
-	down.Store(false)
-	before := e.origin.Total()
-	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "healed"})
-	assert.Equal(t, interceptor.ReasonBreaker, interceptor.RefusedBy(err), "open: the healed target is not known yet")
-	assert.Equal(t, before, e.origin.Total())
-	clk.Advance(1200 * time.Millisecond)
-	_, err = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "probe"})
-	require.NoError(t, err, "1.2 s later the probe goes through")
-	_, err = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "next"})
-	require.NoError(t, err, "and the breaker is closed")
+		down.Store(false)
+		before := e.origin.Total()
+		_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "healed"})
+		assert.Equal(t, interceptor.ReasonBreaker, interceptor.RefusedBy(err), "open: the healed target is not known yet")
+		assert.Equal(t, before, e.origin.Total())
+		time.Sleep(1200 * time.Millisecond)
+		_, err = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "probe"})
+		require.NoError(t, err, "1.2 s later the probe goes through")
+		_, err = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "next"})
+		require.NoError(t, err, "and the breaker is closed")
+	})
 }
 
 // A target that dies after serving well: its endpoints' window forgets the
 // successes within 4 s, and from then on its callers get no retries, though
 // the breaker (whose window is 10 s) is still closed.
 func TestServedNothingAfterHealthyTraffic(t *testing.T) {
-	clk, opts := fakeClock()
-	var down atomic.Bool
-	e := newEnv(t, func(origin.Call) origin.Reply {
-		if down.Load() {
-			return origin.Reply{Code: codes.Unavailable}
+	synctest.Test(t, func(t *testing.T) {
+		var down atomic.Bool
+		e := newEnv(t, func(origin.Call) origin.Reply {
+			if down.Load() {
+				return origin.Reply{Code: codes.Unavailable}
+			}
+			return origin.Reply{}
+		}, interceptor.WithBudget(nil))
+		for i := range 20 {
+			_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("ok", i)})
+			require.NoError(t, err)
 		}
-		return origin.Reply{}
-	}, append(opts, interceptor.WithBudget(nil))...)
-	for i := range 20 {
-		_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("ok", i)})
-		require.NoError(t, err)
-	}
-	down.Store(true)
-	put1 := func(id string) error {
-		return drive(t, clk, func() error {
-			_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: id})
-			return err
-		})
-	}
-	// Still served lately: the failed call is retried.
-	require.Error(t, put1("early"))
-	assert.Equal(t, 3, e.origin.CountID(put, "early"))
-	clk.Advance(5 * time.Second)
-	for i := range 3 {
-		_, _ = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("down", i)}, interceptor.MaxAttempts(1))
-	}
-	err := put1("late")
-	assert.Equal(t, interceptor.ReasonBreaker, interceptor.RefusedBy(err))
-	assert.Equal(t, 1, e.origin.CountID(put, "late"), "served nothing lately: no retry")
-	assert.Equal(t, "closed", e.guard.Targets()[0].Breakers[0].State)
+		down.Store(true)
+		// Still served lately: the failed call is retried.
+		_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "early"})
+		require.Error(t, err)
+		assert.Equal(t, 3, e.origin.CountID(put, "early"))
+		time.Sleep(5 * time.Second)
+		for i := range 3 {
+			_, _ = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("down", i)}, interceptor.MaxAttempts(1))
+		}
+		_, err = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "late"})
+		assert.Equal(t, interceptor.ReasonBreaker, interceptor.RefusedBy(err))
+		assert.Equal(t, 1, e.origin.CountID(put, "late"), "served nothing lately: no retry")
+		assert.Equal(t, "closed", e.guard.Targets()[0].Breakers[0].State)
+	})
 }
 
 // Short deadlines: a call with 1 to 6 ms left, to a handler that answers

@@ -13,22 +13,13 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-
-	"github.com/stormguard/stormguard/interceptor"
-	"github.com/stormguard/stormguard/internal/clock"
 )
 
 // This file is the test machinery for windows a real connection cannot hit
-// on purpose: a scripted invoker and streamer, and a fake clock that moves
-// only when the test advances it.
-
-// fakeClock returns a fake clock and the options that put a Client on it.
-func fakeClock() (*clock.Fake, []interceptor.ClientOption) {
-	f := clock.NewFake(time.Now())
-	return f, []interceptor.ClientOption{
-		clock.ClientOption(f.Now, func(d time.Duration) clock.Timer { return f.NewTimer(d) }).(interceptor.ClientOption),
-	}
-}
+// on purpose: a scripted invoker and streamer. The tests that time them run
+// in a testing/synctest bubble, where time.Now and the Client's timers are
+// the bubble's virtual clock: it moves only when every goroutine of the
+// bubble is blocked.
 
 // invocation is what the scripted invoker saw of one attempt.
 type invocation struct {
@@ -105,30 +96,6 @@ func (v *invoker) attempts() []invocation {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return append([]invocation(nil), v.calls...)
-}
-
-// drive runs f on its own goroutine and, until it returns, fires the fake
-// clock's timers one by one as they are armed. It returns f's error.
-func drive(t *testing.T, clk *clock.Fake, f func() error) error {
-	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- f() }()
-	for {
-		select {
-		case err := <-done:
-			return err
-		default:
-		}
-		if d, ok := clk.Next(); ok {
-			clk.Advance(d)
-			continue
-		}
-		select {
-		case err := <-done:
-			return err
-		case <-time.After(time.Millisecond):
-		}
-	}
 }
 
 // fakeStream is a scripted grpc.ClientStream.
