@@ -80,14 +80,13 @@ func workload(t *testing.T, c echov1.EchoServiceClient, calls, workers int) int 
 	return int(ok.Load())
 }
 
-// Issue 14: one of two (and one of three) backends behind the user's
-// round_robin answers UNAVAILABLE to everything. With no retries, 50%
-// (67%) of calls succeed; the per-target breaker of the old defaults took
-// that to 0.7%. With the interceptors alone, a retry after a failure on the
-// bad endpoint fails over: it goes to another endpoint (picks of the bad
-// one are refused before anything is sent) and is not charged to the
-// budget. At least 97% succeed, and the bad backend gets at most 1.10x the
-// requests it gets without retries.
+// One of two (and one of three) backends behind the user's round_robin answers
+// UNAVAILABLE to everything. With no retries, 50% (67%) of calls succeed; the
+// per-target breaker of the old defaults took that to 0.7%. With the
+// interceptors alone, a retry after a failure on the bad endpoint fails over:
+// it goes to another endpoint (picks of the bad one are refused before
+// anything is sent) and is not charged to the budget. At least 97% succeed,
+// and the bad backend gets at most 1.10x the requests it gets without retries.
 func TestOneBackendDeadInterceptorsAlone(t *testing.T) {
 	for _, n := range []int{2, 3} {
 		t.Run(fmt.Sprintf("1 of %d", n), func(t *testing.T) {
@@ -316,4 +315,36 @@ func TestFailoverWithNowhereToGoIsPaid(t *testing.T) {
 	ok = workload(t, c, calls, 4)
 	t.Logf("back: %d/%d ok", ok, calls)
 	assert.GreaterOrEqual(t, ok, calls*97/100)
+}
+
+// A target that dies after serving well: its endpoints' window forgets the
+// successes within 4 s, and from then on its callers get no retries, though
+// the breaker (whose window is 10 s) is still closed.
+func TestServedNothingAfterHealthyTraffic(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var down atomic.Bool
+		e := newEnv(t, func(origin.Call) origin.Reply {
+			if down.Load() {
+				return origin.Reply{Code: codes.Unavailable}
+			}
+			return origin.Reply{}
+		}, interceptor.WithBudget(nil))
+		for i := range 20 {
+			_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("ok", i)})
+			require.NoError(t, err)
+		}
+		down.Store(true)
+		// Still served lately: the failed call is retried.
+		_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "early"})
+		require.Error(t, err)
+		assert.Equal(t, 3, e.origin.CountID(put, "early"))
+		time.Sleep(5 * time.Second)
+		for i := range 3 {
+			_, _ = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("down", i)}, interceptor.MaxAttempts(1))
+		}
+		_, err = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "late"})
+		assert.Equal(t, interceptor.ReasonBreaker, interceptor.RefusedBy(err))
+		assert.Equal(t, 1, e.origin.CountID(put, "late"), "served nothing lately: no retry")
+		assert.Equal(t, "closed", e.guard.Targets()[0].Breakers[0].State)
+	})
 }

@@ -3,38 +3,33 @@ package interceptor_test
 import (
 	"context"
 	"fmt"
-	"io"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/stormguard/stormguard/semconv"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/deadline"
 	"github.com/stormguard/stormguard/idempotency"
 	"github.com/stormguard/stormguard/interceptor"
+	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
+	"github.com/stormguard/stormguard/semconv"
 )
 
-var errUnavailable = status.Error(codes.Unavailable, "scripted: unavailable")
-
-func failFirstN(n int) func(int) reply {
-	return func(i int) reply {
-		if i <= n {
-			return reply{err: errUnavailable}
-		}
-		return reply{}
-	}
-}
+// These tests check the attempt engine (engine.go): when a retry is
+// decided, paid for and sent, what stops it, and how long it waits.
 
 // The backoff waits on the Client's timers: the n-th retry starts between
 // d/2 and d after the failure, d = base·2ⁿ⁻¹, on the bubble's clock.
@@ -55,25 +50,6 @@ func TestBackoffWaitsOnTheClientsTimers(t *testing.T) {
 		assert.LessOrEqual(t, second, 200*time.Millisecond)
 		assert.Equal(t, []string{"1"}, calls[1].md.Get(semconv.PreviousAttemptsKey))
 		assert.Equal(t, []string{"2"}, calls[2].md.Get(semconv.PreviousAttemptsKey))
-	})
-}
-
-// A hedge is sent when the hedging delay passes on the Client's timers, the
-// stalled first attempt is cancelled, and its goroutine is gone when the
-// call returns (the bubble, and goleak, check).
-func TestHedgeIsSentAfterTheDelay(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		inv := &invoker{script: func(n int) reply { return reply{block: n == 1} }}
-		ic := interceptor.NewClient(append(noopProviders(),
-			interceptor.WithHedging(10*time.Millisecond, 2), interceptor.WithBudget(nil))...).Unary()
-		cc := dialPassthrough(t)
-		err := ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
-		require.NoError(t, err)
-		calls := inv.attempts()
-		require.Len(t, calls, 2)
-		assert.Equal(t, 10*time.Millisecond, calls[1].at.Sub(calls[0].at), "hedge after exactly the delay")
-		assert.Equal(t, []string{"1"}, calls[1].md.Get(semconv.PreviousAttemptsKey))
-		assert.ErrorIs(t, calls[0].ctx.Err(), context.Canceled, "the loser was cancelled")
 	})
 }
 
@@ -187,25 +163,185 @@ func TestPushbackBeyondTheCapStopsRetries(t *testing.T) {
 	})
 }
 
-// Issue 13 item 12: go-grpc-middleware's tests call interceptors with a nil
-// ClientConn; the suite treats it as an empty target.
-func TestNilClientConn(t *testing.T) {
-	c := interceptor.NewClient(noopProviders()...)
-	inv := &invoker{script: failFirstN(1)}
-	err := c.Unary()(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, nil, inv.invoke)
-	require.NoError(t, err)
-	assert.Len(t, inv.attempts(), 2)
-	s, err := c.Stream()(t.Context(), &grpc.StreamDesc{ServerStreams: true}, nil, list,
-		func(ctx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
-			fs := newFakeStream(ctx)
-			fs.recv <- io.EOF
-			return fs, nil
-		})
-	require.NoError(t, err)
-	assert.ErrorIs(t, s.RecvMsg(&echov1.ListResponse{}), io.EOF)
+// A target that serves nothing gets no retries once three attempts in a
+// row have failed: a dead dependency's first callers are not retried
+// (before the breaker has the twenty failures it opens on), so that the hop
+// next to it refuses and says so to the hops above.
+func TestServedNothingStopsRetries(t *testing.T) {
+	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithBudget(nil))
+	var err error
+	for i := range 3 {
+		_, err = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
+	}
+	assert.Equal(t, 3, e.origin.CountID(put, "0"), "three failures: the third attempt is the evidence")
+	assert.Equal(t, 1, e.origin.CountID(put, "1"))
+	assert.Equal(t, 1, e.origin.CountID(put, "2"))
+	assert.Equal(t, interceptor.ReasonBreaker, interceptor.RefusedBy(err))
 }
 
-// Issue 13 item 13: key.go says a *KeyCallOption works too.
+// A retry predicate narrows what retries and can never widen it to a method
+// that may not be repeated (it is not even asked).
+func TestRetryIfNarrowsNeverWidens(t *testing.T) {
+	var asked []string
+	var mu sync.Mutex
+	retryIf := func(_ context.Context, method string, err error) bool {
+		mu.Lock()
+		asked = append(asked, method)
+		mu.Unlock()
+		return !strings.Contains(status.Convert(err).Message(), "permanent")
+	}
+	e := newEnv(t, func(c origin.Call) origin.Reply {
+		if c.RequestID == "p" {
+			return origin.Reply{Code: codes.Unavailable, Message: "permanent outage"}
+		}
+		return origin.Reply{Code: codes.Unavailable, Message: "blip"}
+	}, interceptor.WithRetryPolicy(interceptor.RetryPolicy{If: retryIf}), interceptor.WithBudget(nil), interceptor.WithBreaker(nil))
+	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "p"})
+	assert.Equal(t, interceptor.ReasonRetryIf, refusedReason(t, e, err))
+	assert.Equal(t, 1, e.origin.CountID(put, "p"), "the predicate refused the retry")
+	_, _ = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "b"})
+	assert.Equal(t, 3, e.origin.CountID(put, "b"), "the predicate allowed it")
+	_, _ = e.echo.Notify(t.Context(), &echov1.NotifyRequest{RequestId: "n"})
+	assert.Equal(t, 1, e.origin.CountID(notify, "n"))
+	_, _ = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "c"}, interceptor.MaxAttempts(1))
+	mu.Lock()
+	defer mu.Unlock()
+	for _, m := range asked {
+		assert.Equal(t, put, m, "never asked about a method that may not be repeated")
+	}
+	assert.Len(t, asked, 3, "asked once for p, twice for b")
+}
+
+// refusedReason returns the reason the last call span recorded for a
+// refusal (retry_if does not annotate the status).
+func refusedReason(t *testing.T, e *env, err error) interceptor.Reason {
+	t.Helper()
+	assert.Equal(t, codes.Unavailable, status.Code(err))
+	spans := e.spans.GetSpans()
+	for i := len(spans) - 1; i >= 0; i-- {
+		for _, ev := range spans[i].Events {
+			if ev.Name == semconv.EventRetryRefused {
+				for _, a := range ev.Attributes {
+					if a.Key == semconv.AttrReason {
+						return interceptor.Reason(a.Value.AsString())
+					}
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// In shadow mode the budget and the breaker decide and record what they would
+// refuse, without refusing. The budget (no burst) would refuse every retry;
+// the first attempts of a, b and c, the ones it would have sent, fail, so the
+// breaker (3 attempts) opens and would refuse d's.
+func TestShadowModeRecordsWithoutRefusing(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithShadowMode(), interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: mp}),
+		interceptor.WithBudget(budget.NewRegistry(budgetNoBurst())), interceptor.WithBreaker(&breaker.Config{MinAttempts: 3}))
+	for _, id := range []string{"a", "b", "c", "d"} {
+		_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: id})
+		assert.Equal(t, codes.Unavailable, status.Code(err))
+		assert.Equal(t, 3, e.origin.CountID(put, id), "nothing refused: every attempt was sent")
+	}
+	would := map[string]int64{}
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == semconv.MetricWouldRefuse {
+				for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
+					r, _ := p.Attributes.Value(semconv.AttrReason)
+					would[r.AsString()] += p.Value
+				}
+			}
+			if m.Name == semconv.MetricRefusals {
+				for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
+					r, _ := p.Attributes.Value(semconv.AttrReason)
+					assert.Equal(t, string(interceptor.ReasonMaxAttempts), r.AsString(), "only the attempt limit refused")
+				}
+			}
+		}
+	}
+	assert.Positive(t, would[string(interceptor.ReasonBudget)], "the budget would have refused retries")
+	assert.Positive(t, would[string(interceptor.ReasonBreaker)], "the breaker opened and would have refused")
+}
+
+// Shadow mode records one would-be refusal for each attempt the same
+// Client would not have sent: against a dead target, what it sends less
+// what the defaults send. (The first call's three attempts are the
+// evidence that the target serves nothing; the breaker opens after 20
+// failed attempts, and from then on the defaults refuse first attempts at
+// their pick.)
+func TestShadowModeCountsWhatTheDefaultsWouldNotSend(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	real := newEnv(t, origin.Always(codes.Unavailable))
+	shadow := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithShadowMode(), interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: mp}))
+	for i := range 30 {
+		_, err := real.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
+		require.Equal(t, codes.Unavailable, status.Code(err))
+		_, err = shadow.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
+		require.Equal(t, codes.Unavailable, status.Code(err))
+	}
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	would := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == semconv.MetricWouldRefuse {
+				for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
+					r, _ := p.Attributes.Value(semconv.AttrReason)
+					would[r.AsString()] += p.Value
+				}
+			}
+		}
+	}
+	assert.Equal(t, 90, shadow.origin.Total(), "shadow mode refuses nothing")
+	assert.Less(t, real.origin.Total(), 30, "the defaults stop retrying, then sending")
+	assert.Equal(t, map[string]int64{string(interceptor.ReasonBreaker): int64(90 - real.origin.Total())}, would)
+}
+
+// grpc-go applies a service config's method timeout to the whole call; through
+// the suite it must not become a timeout per attempt (which stretched a 200 ms
+// bound to 4 attempts and 576 ms).
+func TestServiceConfigTimeoutBoundsTheWholeCall(t *testing.T) {
+	o := origin.New(func(origin.Call) origin.Reply {
+		return origin.Reply{Delay: 150 * time.Millisecond, Code: codes.Unavailable, Message: "slow failure"}
+	})
+	l := origin.Bufconn()
+	srv := origin.Serve(l, o)
+	defer srv.Stop()
+	guard := interceptor.NewClient(append(noopProviders(), fast, interceptor.WithBudget(nil), interceptor.WithRetryPolicy(interceptor.RetryPolicy{MaxAttempts: 5}))...)
+	cc, err := l.Dial(grpc.WithDefaultServiceConfig(`{"methodConfig":[{"name":[{"service":"echo.v1.EchoService"}],"timeout":"0.2s"}]}`),
+		grpc.WithChainUnaryInterceptor(guard.Unary()))
+	require.NoError(t, err)
+	defer cc.Close()
+	_, err = echov1.NewEchoServiceClient(cc).Put(context.Background(), &echov1.PutRequest{RequestId: "t"})
+	// The call ends at its 200 ms: either the retry runs out of time
+	// (DeadlineExceeded), or, on a slow machine, its backoff would end past
+	// the deadline and it is not sent (the first attempt's status).
+	if status.Code(err) != codes.DeadlineExceeded {
+		assert.Equal(t, codes.Unavailable, status.Code(err))
+		assert.Equal(t, interceptor.ReasonDeadline, interceptor.RefusedBy(err))
+	}
+	calls := o.Calls()
+	require.NotEmpty(t, calls)
+	assert.LessOrEqual(t, len(calls), 2, "one failure at 150 ms, then the call's 200 ms are up")
+	for i, c := range calls {
+		require.True(t, c.HasDeadline)
+		// A timeout per attempt would give the retry a deadline 150 ms
+		// later than the first attempt's; the call's own is one deadline.
+		assert.Less(t, c.Deadline.Sub(calls[0].Deadline), 50*time.Millisecond, "attempt %d has the call's deadline", i+1)
+	}
+}
+
+// An idempotency key given as a *KeyCallOption (a pointer) is sent as one
+// given by value is.
 func TestKeyCallOptionByPointer(t *testing.T) {
 	inv := &invoker{script: failFirstN(0)}
 	ic := interceptor.NewClient(noopProviders()...).Unary()
@@ -213,98 +349,4 @@ func TestKeyCallOptionByPointer(t *testing.T) {
 	require.NoError(t, ic(t.Context(), charge, &echov1.ChargeRequest{}, &echov1.ChargeResponse{}, cc, inv.invoke,
 		&idempotency.KeyCallOption{Key: "order-42"}))
 	assert.Equal(t, []string{"order-42"}, inv.attempts()[0].md.Get(idempotency.MetadataKey))
-}
-
-// The deadline header is written by the attempt's call credentials, from
-// the time left when grpc builds the headers; no metadata is added to the
-// context on the success path.
-func TestDeadlineHeaderFromCallCredentials(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		inv := &invoker{script: failFirstN(0)}
-		ic := interceptor.NewClient(noopProviders()...).Unary()
-		cc := dialPassthrough(t)
-		ctx, cancel := context.WithDeadline(t.Context(), time.Now().Add(2*time.Second))
-		defer cancel()
-		require.NoError(t, ic(ctx, put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke))
-		a := inv.attempts()[0]
-		require.True(t, a.hasCreds)
-		ms := deadline.DefaultMargin.Milliseconds()
-		assert.Equal(t, fmt.Sprint(2000-ms), a.header, "2 s less the default margin (no time passes in the bubble)")
-		assert.Empty(t, a.md.Get(deadline.MetadataKey))
-	})
-}
-
-// Issue 13 item 8: a message sent while a stream switches attempts is not
-// lost. The test pauses between the new attempt's replay and its
-// installation, and sends meanwhile: that message must reach the new
-// attempt (it was lost when the two steps were apart: the send went to the
-// dead attempt, got io.EOF, and SendMsg reported success).
-func TestStreamSendDuringReplayIsNotLost(t *testing.T) {
-	s, attempt := retriedChat(t)
-	for seq := range 2 {
-		require.NoError(t, s.SendMsg(&echov1.ChatRequest{Seq: uint32(seq)}))
-	}
-	sent := make(chan error, 1)
-	recvDone := failFirstAttemptDuring(t, s, attempt, func() { sent <- s.SendMsg(&echov1.ChatRequest{Seq: 2}) })
-	require.NoError(t, <-sent)
-	var seqs []uint32
-	for _, m := range attempt(1).messages() {
-		seqs = append(seqs, m.(*echov1.ChatRequest).GetSeq())
-	}
-	assert.Equal(t, []uint32{0, 1, 2}, seqs, "every message reached the attempt that carries on")
-	attempt(1).recv <- io.EOF
-	assert.ErrorIs(t, <-recvDone, io.EOF)
-}
-
-// Issue 13 item 8, CloseSend: a CloseSend made while a retried stream
-// replays reaches the attempt that carries on (it went to the dead one).
-func TestStreamCloseSendDuringReplayIsNotLost(t *testing.T) {
-	s, attempt := retriedChat(t)
-	require.NoError(t, s.SendMsg(&echov1.ChatRequest{Seq: 0}))
-	closed := make(chan error, 1)
-	recvDone := failFirstAttemptDuring(t, s, attempt, func() { closed <- s.CloseSend() })
-	require.NoError(t, <-closed)
-	assert.Len(t, attempt(1).messages(), 1, "the message was replayed")
-	assert.True(t, attempt(1).isClosed(), "the attempt that carries on was closed for sending")
-	attempt(1).recv <- io.EOF
-	assert.ErrorIs(t, <-recvDone, io.EOF)
-}
-
-// retriedChat opens a Chat stream through a Client that retries at once,
-// on a fake streamer; attempt(i) is the stream's i-th attempt.
-func retriedChat(t *testing.T) (grpc.ClientStream, func(i int) *fakeStream) {
-	var mu sync.Mutex
-	var attempts []*fakeStream
-	streamer := func(actx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
-		fs := newFakeStream(actx)
-		mu.Lock()
-		attempts = append(attempts, fs)
-		mu.Unlock()
-		return fs, nil
-	}
-	attempt := func(i int) *fakeStream {
-		mu.Lock()
-		defer mu.Unlock()
-		return attempts[i]
-	}
-	c := interceptor.NewClient(append(noopProviders(), interceptor.WithBudget(nil), interceptor.WithRetryPolicy(interceptor.RetryPolicy{BackoffBase: time.Microsecond, BackoffMax: time.Microsecond}))...)
-	s, err := c.Stream()(t.Context(), &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, dialPassthrough(t), chat, streamer)
-	require.NoError(t, err)
-	return s, attempt
-}
-
-// failFirstAttemptDuring fails s's first attempt before any response and
-// runs during, on its own goroutine, in the gap between the new attempt's
-// replay and its installation (with a pause for it to happen in). It
-// returns what the RecvMsg that retried will return.
-func failFirstAttemptDuring(t *testing.T, s grpc.ClientStream, attempt func(int) *fakeStream, during func()) <-chan error {
-	interceptor.SetReplayedHook(func() {
-		go during()
-		time.Sleep(20 * time.Millisecond)
-	})
-	t.Cleanup(func() { interceptor.SetReplayedHook(nil) })
-	attempt(0).recv <- errUnavailable
-	recvDone := make(chan error, 1)
-	go func() { recvDone <- s.RecvMsg(&echov1.ChatResponse{}) }()
-	return recvDone
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
@@ -174,4 +175,18 @@ func dialPassthrough(t *testing.T, opts ...grpc.DialOption) *grpc.ClientConn {
 	require.NoError(t, err)
 	t.Cleanup(func() { cc.Close() })
 	return cc
+}
+
+// errUnavailable is a scripted attempt's failure.
+var errUnavailable = status.Error(codes.Unavailable, "scripted: unavailable")
+
+// failFirstN is an invoker script whose first n attempts fail with
+// errUnavailable and whose later ones succeed.
+func failFirstN(n int) func(int) reply {
+	return func(i int) reply {
+		if i <= n {
+			return reply{err: errUnavailable}
+		}
+		return reply{}
+	}
 }

@@ -9,9 +9,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/stormguard/stormguard/budget"
-	"github.com/stormguard/stormguard/semconv"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -19,10 +16,31 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
+	"github.com/stormguard/stormguard/semconv"
 )
+
+// A hedge is sent when the hedging delay passes on the Client's timers, the
+// stalled first attempt is cancelled, and its goroutine is gone when the
+// call returns (the bubble, and goleak, check).
+func TestHedgeIsSentAfterTheDelay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		inv := &invoker{script: func(n int) reply { return reply{block: n == 1} }}
+		ic := interceptor.NewClient(append(noopProviders(),
+			interceptor.WithHedging(10*time.Millisecond, 2), interceptor.WithBudget(nil))...).Unary()
+		cc := dialPassthrough(t)
+		err := ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
+		require.NoError(t, err)
+		calls := inv.attempts()
+		require.Len(t, calls, 2)
+		assert.Equal(t, 10*time.Millisecond, calls[1].at.Sub(calls[0].at), "hedge after exactly the delay")
+		assert.Equal(t, []string{"1"}, calls[1].md.Get(semconv.PreviousAttemptsKey))
+		assert.ErrorIs(t, calls[0].ctx.Err(), context.Canceled, "the loser was cancelled")
+	})
+}
 
 // firstAttemptStalls makes the first attempt of every request (the one
 // without grpc-previous-rpc-attempts) hang until its caller gives up, and

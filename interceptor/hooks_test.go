@@ -13,18 +13,18 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/stormguard/stormguard/semconv"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
+	"github.com/stormguard/stormguard/semconv"
 )
 
 // syncBuffer is a bytes.Buffer safe for the concurrent writes of a logger.
@@ -211,4 +211,40 @@ func TestPanickingOnBreakerChangeKeepsTheProbe(t *testing.T) {
 		assert.Zero(t, failed, "calls to the healed target failed")
 		assert.Contains(t, logs.String(), "OnBreakerChange panics")
 	})
+}
+
+// The hooks are called on retry, on refusal (with its reason) and on a
+// breaker's change of state.
+func TestHooks(t *testing.T) {
+	var mu sync.Mutex
+	var retries []interceptor.RetryEvent
+	var refusals []interceptor.RefusalEvent
+	var changes []string
+	hooks := interceptor.Hooks{
+		OnRetry:   func(e interceptor.RetryEvent) { mu.Lock(); retries = append(retries, e); mu.Unlock() },
+		OnRefusal: func(e interceptor.RefusalEvent) { mu.Lock(); refusals = append(refusals, e); mu.Unlock() },
+		OnBreakerChange: func(e interceptor.BreakerEvent) {
+			mu.Lock()
+			changes = append(changes, e.From.String()+"→"+e.To.String())
+			mu.Unlock()
+		},
+	}
+	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithHooks(hooks), interceptor.WithBudget(nil),
+		interceptor.WithBreaker(&breaker.Config{MinAttempts: 3}))
+	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "h"})
+	assert.Equal(t, codes.Unavailable, status.Code(err))
+	_, err = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "i"})
+	assert.Equal(t, codes.Unavailable, status.Code(err))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, retries, 2, "the first call retried twice")
+	assert.Equal(t, put, retries[0].Method)
+	assert.Equal(t, 2, retries[0].Attempt)
+	assert.Equal(t, 3, retries[1].Attempt)
+	assert.Equal(t, codes.Unavailable, status.Code(retries[0].Err))
+	require.Len(t, refusals, 2)
+	assert.Equal(t, interceptor.ReasonMaxAttempts, refusals[0].Reason)
+	assert.Equal(t, interceptor.ReasonBreaker, refusals[1].Reason, "the second call was refused by the open breaker")
+	assert.Equal(t, semconv.EventBreakerRejected, refusals[1].Event)
+	assert.Equal(t, []string{"closed→open"}, changes)
 }
