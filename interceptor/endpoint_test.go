@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
+	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/interceptor"
@@ -78,14 +80,13 @@ func workload(t *testing.T, c echov1.EchoServiceClient, calls, workers int) int 
 	return int(ok.Load())
 }
 
-// Issue 14: one of two (and one of three) backends behind the user's
-// round_robin answers UNAVAILABLE to everything. With no retries, 50%
-// (67%) of calls succeed; the per-target breaker of the old defaults took
-// that to 0.7%. With the interceptors alone, a retry after a failure on the
-// bad endpoint fails over: it goes to another endpoint (picks of the bad
-// one are refused before anything is sent) and is not charged to the
-// budget. At least 97% succeed, and the bad backend gets at most 1.10x the
-// requests it gets without retries.
+// One of two (and one of three) backends behind the user's round_robin answers
+// UNAVAILABLE to everything. With no retries, 50% (67%) of calls succeed; the
+// per-target breaker of the old defaults took that to 0.7%. With the
+// interceptors alone, a retry after a failure on the bad endpoint fails over:
+// it goes to another endpoint (picks of the bad one are refused before
+// anything is sent) and is not charged to the budget. At least 97% succeed,
+// and the bad backend gets at most 1.10x the requests it gets without retries.
 func TestOneBackendDeadInterceptorsAlone(t *testing.T) {
 	for _, n := range []int{2, 3} {
 		t.Run(fmt.Sprintf("1 of %d", n), func(t *testing.T) {
@@ -146,55 +147,90 @@ func TestWithoutFailover(t *testing.T) {
 	assert.Less(t, ok, calls*70/100, "without fail-over the budget bounds the rescue")
 }
 
+// bufconnBackends serves one origin per script over bufconn, so that they
+// can run in a synctest bubble, and returns them, their addresses for a
+// resolver, and the dial option that reaches those addresses. Each
+// backend's connections report their address as the peer's, as TCP
+// connections to different backends would (bufconn's are all "bufconn"):
+// the Client tells endpoints apart by it.
+func bufconnBackends(t *testing.T, scripts []origin.Script) ([]*origin.Origin, []resolver.Address, grpc.DialOption) {
+	t.Helper()
+	var origins []*origin.Origin
+	var addrs []resolver.Address
+	listeners := map[string]*bufconn.Listener{}
+	for i, s := range scripts {
+		o := origin.New(s)
+		l := origin.Bufconn()
+		srv := origin.Serve(l, o)
+		t.Cleanup(srv.Stop)
+		addr := fmt.Sprint("backend-", i)
+		listeners[addr] = l.Listener.(*bufconn.Listener)
+		origins = append(origins, o)
+		addrs = append(addrs, resolver.Address{Addr: addr})
+	}
+	return origins, addrs, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		c, err := listeners[addr].DialContext(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return peerConn{c, backendAddr(addr)}, nil
+	})
+}
+
+// peerConn is a connection whose remote address is peer.
+type peerConn struct {
+	net.Conn
+	peer net.Addr
+}
+
+func (c peerConn) RemoteAddr() net.Addr { return c.peer }
+
+// backendAddr is the address of one of bufconnBackends' backends.
+type backendAddr string
+
+func (a backendAddr) Network() string { return "bufconn" }
+func (a backendAddr) String() string  { return string(a) }
+
 // An open breaker refuses only the calls it would send to an endpoint that
 // served nothing. Here the dead backend is the only one the resolver knows
 // at first (as when its connection is ready before the others'): twenty
-// calls fail and the breaker opens, on a fake clock that stays within its
-// open period. Then the healthy backends appear: the next calls reach them
-// (no retries would have sent them there), while picks of the dead backend
-// are refused before anything is sent.
+// calls fail and the breaker opens; the bubble's clock moves only when
+// every goroutine waits, so the test stays within its open period. Then
+// the healthy backends appear: the next calls reach them (no retries would
+// have sent them there), while picks of the dead backend are refused
+// before anything is sent.
 func TestOpenBreakerRefusesOnlyWhatGoesToADeadEndpoint(t *testing.T) {
-	_, opts := fakeClock() // it never moves: the breaker stays open
-	r := manual.NewBuilderWithScheme("sg")
-	var addrs []resolver.Address
-	var origins []*origin.Origin
-	for _, s := range []origin.Script{origin.Always(codes.Unavailable), origin.Succeed(), origin.Succeed()} {
-		o := origin.New(s)
-		l, err := origin.TCP()
+	synctest.Test(t, func(t *testing.T) {
+		origins, addrs, dialer := bufconnBackends(t, []origin.Script{origin.Always(codes.Unavailable), origin.Succeed(), origin.Succeed()})
+		r := manual.NewBuilderWithScheme("sg")
+		r.InitialState(resolver.State{Addresses: addrs[:1]})
+		guard := interceptor.NewClient(noopProviders()...)
+		cc, err := grpc.NewClient(r.Scheme()+":///backends", append(guard.DialOptions(),
+			grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(r), dialer,
+			grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))...)
 		require.NoError(t, err)
-		srv := origin.Serve(l, o)
-		t.Cleanup(srv.Stop)
-		origins = append(origins, o)
-		addrs = append(addrs, resolver.Address{Addr: l.Target})
-	}
-	r.InitialState(resolver.State{Addresses: addrs[:1]})
-	guard := interceptor.NewClient(append(noopProviders(), opts...)...)
-	cc, err := grpc.NewClient(r.Scheme()+":///backends", append(guard.DialOptions(),
-		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(r),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))...)
-	require.NoError(t, err)
-	defer cc.Close()
-	echo := echov1.NewEchoServiceClient(cc)
-	for i := range 25 {
-		_, _ = echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("a", i)}, interceptor.MaxAttempts(1))
-	}
-	require.Equal(t, "open", guard.Targets()[0].Breakers[0].State)
-	deadBefore := origins[0].Total()
-	_, err = echo.Put(t.Context(), &echov1.PutRequest{RequestId: "refused"})
-	assert.Equal(t, interceptor.ReasonBreaker, interceptor.RefusedBy(err), "only the dead backend: refused")
-	assert.Equal(t, deadBefore, origins[0].Total(), "before anything was sent")
-
-	r.UpdateState(resolver.State{Addresses: addrs})
-	deadline := time.Now().Add(10 * time.Second)
-	ok := 0
-	for i := 0; ok < 50; i++ {
-		require.True(t, time.Now().Before(deadline), "the healthy backends never got a call (%d ok)", ok)
-		if _, err := echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("b", i)}); err == nil {
-			ok++
+		defer cc.Close()
+		echo := echov1.NewEchoServiceClient(cc)
+		for i := range 25 {
+			_, _ = echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("a", i)}, interceptor.MaxAttempts(1))
 		}
-	}
-	assert.Equal(t, deadBefore, origins[0].Total(), "the dead backend got nothing more")
-	assert.Equal(t, "open", guard.Targets()[0].Breakers[0].State, "still within its open period")
+		require.Equal(t, "open", guard.Targets()[0].Breakers[0].State)
+		deadBefore := origins[0].Total()
+		_, err = echo.Put(t.Context(), &echov1.PutRequest{RequestId: "refused"})
+		assert.Equal(t, interceptor.ReasonBreaker, interceptor.RefusedBy(err), "only the dead backend: refused")
+		assert.Equal(t, deadBefore, origins[0].Total(), "before anything was sent")
+
+		r.UpdateState(resolver.State{Addresses: addrs})
+		ok := 0
+		for i := 0; ok < 50; i++ {
+			require.Less(t, i, 10_000, "the healthy backends never got a call (%d ok)", ok)
+			if _, err := echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("b", i)}); err == nil {
+				ok++
+			}
+		}
+		assert.Equal(t, deadBefore, origins[0].Total(), "the dead backend got nothing more")
+		assert.Equal(t, "open", guard.Targets()[0].Breakers[0].State, "still within its open period")
+	})
 }
 
 // A fail-over that can only reach the endpoint that failed is not free.
@@ -279,4 +315,36 @@ func TestFailoverWithNowhereToGoIsPaid(t *testing.T) {
 	ok = workload(t, c, calls, 4)
 	t.Logf("back: %d/%d ok", ok, calls)
 	assert.GreaterOrEqual(t, ok, calls*97/100)
+}
+
+// A target that dies after serving well: its endpoints' window forgets the
+// successes within 4 s, and from then on its callers get no retries, though
+// the breaker (whose window is 10 s) is still closed.
+func TestServedNothingAfterHealthyTraffic(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var down atomic.Bool
+		e := newEnv(t, func(origin.Call) origin.Reply {
+			if down.Load() {
+				return origin.Reply{Code: codes.Unavailable}
+			}
+			return origin.Reply{}
+		}, interceptor.WithBudget(nil))
+		for i := range 20 {
+			_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("ok", i)})
+			require.NoError(t, err)
+		}
+		down.Store(true)
+		// Still served lately: the failed call is retried.
+		_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "early"})
+		require.Error(t, err)
+		assert.Equal(t, 3, e.origin.CountID(put, "early"))
+		time.Sleep(5 * time.Second)
+		for i := range 3 {
+			_, _ = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("down", i)}, interceptor.MaxAttempts(1))
+		}
+		_, err = e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "late"})
+		assert.Equal(t, interceptor.ReasonBreaker, interceptor.RefusedBy(err))
+		assert.Equal(t, 1, e.origin.CountID(put, "late"), "served nothing lately: no retry")
+		assert.Equal(t, "closed", e.guard.Targets()[0].Breakers[0].State)
+	})
 }

@@ -9,30 +9,22 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-
-	"github.com/stormguard/stormguard/interceptor"
-	"github.com/stormguard/stormguard/internal/clock"
 )
 
 // This file is the test machinery for windows a real connection cannot hit
-// on purpose: a scripted invoker and streamer, and a fake clock that moves
-// only when the test advances it.
-
-// fakeClock returns a fake clock and the options that put a Client on it.
-func fakeClock() (*clock.Fake, []interceptor.ClientOption) {
-	f := clock.NewFake(time.Now())
-	return f, []interceptor.ClientOption{
-		clock.ClientOption(f.Now, func(d time.Duration) clock.Timer { return f.NewTimer(d) }).(interceptor.ClientOption),
-	}
-}
+// on purpose: a scripted invoker and streamer. The tests that time them run
+// in a testing/synctest bubble, where time.Now and the Client's timers are
+// the bubble's virtual clock: it moves only when every goroutine of the
+// bubble is blocked.
 
 // invocation is what the scripted invoker saw of one attempt.
 type invocation struct {
-	at       time.Time   // on the fake clock
+	at       time.Time   // time.Now when it was sent (virtual in a bubble)
 	md       metadata.MD // outgoing metadata
 	header   string      // stormguard-deadline-ms from the attempt's call credentials
 	hasCreds bool
@@ -52,7 +44,6 @@ type reply struct {
 // invoker is a scripted grpc.UnaryInvoker: attempt n answers script(n)
 // (from 1).
 type invoker struct {
-	clk    *clock.Fake
 	script func(n int) reply
 	sent   chan int // when not nil, gets each attempt's number once it is recorded
 
@@ -61,10 +52,7 @@ type invoker struct {
 }
 
 func (v *invoker) invoke(ctx context.Context, _ string, _, _ any, _ *grpc.ClientConn, opts ...grpc.CallOption) error {
-	in := invocation{ctx: ctx}
-	if v.clk != nil {
-		in.at = v.clk.Now()
-	}
+	in := invocation{ctx: ctx, at: time.Now()}
 	in.md, _ = metadata.FromOutgoingContext(ctx)
 	var tr *metadata.MD
 	for _, o := range opts {
@@ -109,30 +97,6 @@ func (v *invoker) attempts() []invocation {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return append([]invocation(nil), v.calls...)
-}
-
-// drive runs f on its own goroutine and, until it returns, fires the fake
-// clock's timers one by one as they are armed. It returns f's error.
-func drive(t *testing.T, clk *clock.Fake, f func() error) error {
-	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- f() }()
-	for {
-		select {
-		case err := <-done:
-			return err
-		default:
-		}
-		if d, ok := clk.Next(); ok {
-			clk.Advance(d)
-			continue
-		}
-		select {
-		case err := <-done:
-			return err
-		case <-time.After(time.Millisecond):
-		}
-	}
 }
 
 // fakeStream is a scripted grpc.ClientStream.
@@ -211,4 +175,18 @@ func dialPassthrough(t *testing.T, opts ...grpc.DialOption) *grpc.ClientConn {
 	require.NoError(t, err)
 	t.Cleanup(func() { cc.Close() })
 	return cc
+}
+
+// errUnavailable is a scripted attempt's failure.
+var errUnavailable = status.Error(codes.Unavailable, "scripted: unavailable")
+
+// failFirstN is an invoker script whose first n attempts fail with
+// errUnavailable and whose later ones succeed.
+func failFirstN(n int) func(int) reply {
+	return func(i int) reply {
+		if i <= n {
+			return reply{err: errUnavailable}
+		}
+		return reply{}
+	}
 }

@@ -1,12 +1,17 @@
 package interceptor_test
 
 import (
+	"bytes"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -14,6 +19,7 @@ import (
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
+	"github.com/stormguard/stormguard/semconv"
 )
 
 // grpcRetryConfig is the service config of grpc-go's retry tests
@@ -153,4 +159,45 @@ func TestGRPCRetryTestsByHand(t *testing.T) {
 			t.Logf("%s: %d of %d calls not as grpc-go's retry tests want", in.name, failed, len(retryCases)+4)
 		})
 	}
+}
+
+const retryPolicy = `{"methodConfig":[{"name":[{"service":"echo.v1.EchoService"}],
+  "retryPolicy":{"maxAttempts":3,"initialBackoff":"0.001s","maxBackoff":"0.002s","backoffMultiplier":2,"retryableStatusCodes":["UNAVAILABLE"]}}]}`
+
+// Forgetting grpc.WithDisableRetry with a service config retryPolicy made a
+// dead origin see 6 attempts for one call (9 without the budget). The suite
+// notices the policy, sends one attempt of its own (grpc-go retries it), and
+// says so once in the log and on every call span. DialOptions disables
+// grpc-go's retries, and the suite retries.
+func TestGRPCRetryPolicyIsNotMultiplied(t *testing.T) {
+	var logs bytes.Buffer
+	o := origin.New(origin.Always(codes.Unavailable))
+	l := origin.Bufconn()
+	srv := origin.Serve(l, o)
+	defer srv.Stop()
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	guard := interceptor.NewClient(fast, interceptor.WithBudget(nil), interceptor.WithBreaker(nil), interceptor.WithTelemetry(interceptor.Telemetry{TracerProvider: tp}),
+		interceptor.WithTelemetry(interceptor.Telemetry{Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
+	// grpc-go's retries left on: ConnectOptions does not disable them.
+	cc, err := grpc.NewClient(l.Target, l.ConnectOptions(grpc.WithDefaultServiceConfig(retryPolicy), grpc.WithChainUnaryInterceptor(guard.Unary()))...)
+	require.NoError(t, err)
+	defer cc.Close()
+	for _, id := range []string{"a", "b"} {
+		_, err = echov1.NewEchoServiceClient(cc).Put(t.Context(), &echov1.PutRequest{RequestId: id})
+		assert.Equal(t, codes.Unavailable, status.Code(err))
+		assert.Equal(t, 3, o.CountID(put, id), "grpc-go's 3 attempts, not 3×3")
+	}
+	assert.Equal(t, 1, strings.Count(logs.String(), "retryPolicy"), "reported once: %s", logs.String())
+	last := spans.GetSpans()[len(spans.GetSpans())-1]
+	assert.Contains(t, last.Attributes, semconv.AttrGRPCRetryPolicy.Bool(true))
+
+	// Through DialOptions, grpc-go does not retry, and the suite does.
+	guard = interceptor.NewClient(fast, interceptor.WithBudget(nil), interceptor.WithBreaker(nil), interceptor.WithTelemetry(interceptor.Telemetry{TracerProvider: tp}))
+	cc2, err := grpc.NewClient(l.Target, l.ConnectOptions(append([]grpc.DialOption{grpc.WithDefaultServiceConfig(retryPolicy)}, guard.DialOptions()...)...)...)
+	require.NoError(t, err)
+	defer cc2.Close()
+	_, err = echov1.NewEchoServiceClient(cc2).Put(t.Context(), &echov1.PutRequest{RequestId: "c"})
+	assert.Equal(t, codes.Unavailable, status.Code(err))
+	assert.Equal(t, 3, o.CountID(put, "c"), "the suite's 3 attempts")
 }

@@ -4,11 +4,10 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
-
-	"github.com/stormguard/stormguard/budget"
-	"github.com/stormguard/stormguard/semconv"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -17,11 +16,31 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/interceptor"
-	"github.com/stormguard/stormguard/internal/clock"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
+	"github.com/stormguard/stormguard/semconv"
 )
+
+// A hedge is sent when the hedging delay passes on the Client's timers, the
+// stalled first attempt is cancelled, and its goroutine is gone when the
+// call returns (the bubble, and goleak, check).
+func TestHedgeIsSentAfterTheDelay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		inv := &invoker{script: func(n int) reply { return reply{block: n == 1} }}
+		ic := interceptor.NewClient(append(noopProviders(),
+			interceptor.WithHedging(10*time.Millisecond, 2), interceptor.WithBudget(nil))...).Unary()
+		cc := dialPassthrough(t)
+		err := ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
+		require.NoError(t, err)
+		calls := inv.attempts()
+		require.Len(t, calls, 2)
+		assert.Equal(t, 10*time.Millisecond, calls[1].at.Sub(calls[0].at), "hedge after exactly the delay")
+		assert.Equal(t, []string{"1"}, calls[1].md.Get(semconv.PreviousAttemptsKey))
+		assert.ErrorIs(t, calls[0].ctx.Err(), context.Canceled, "the loser was cancelled")
+	})
+}
 
 // firstAttemptStalls makes the first attempt of every request (the one
 // without grpc-previous-rpc-attempts) hang until its caller gives up, and
@@ -53,83 +72,43 @@ func TestHedgeWinsAndFillsCallOptionsFromTheWinner(t *testing.T) {
 	assert.Contains(t, []int{1, 2}, e.origin.CountID(put, "h"))
 }
 
+// Get has an adaptive hedging policy in the proto: warmed up with fast
+// calls, it hedges a call whose first attempt hangs, and the hedge's reply
+// is the call's.
 func TestHedgeReplyIsTheWinnersMessage(t *testing.T) {
-	// Get has an adaptive hedging policy in the proto; warm it up with fast
-	// calls on the fake clock, then make the first attempt of one call
-	// hang: the hedge's reply is the call's.
-	clk, opts := fakeClock()
-	invoked := make(chan struct{}, 4)
-	invoke := func(ctx context.Context, _ string, req, reply any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
-		md, _ := metadata.FromOutgoingContext(ctx)
-		hedge := len(md.Get(semconv.PreviousAttemptsKey)) > 0
-		d := time.Millisecond
-		if req.(*echov1.GetRequest).GetRequestId() == "slow" && !hedge {
-			d = time.Hour
+	synctest.Test(t, func(t *testing.T) {
+		var attempts atomic.Int64
+		invoke := func(ctx context.Context, _ string, req, reply any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+			attempts.Add(1)
+			md, _ := metadata.FromOutgoingContext(ctx)
+			hedge := len(md.Get(semconv.PreviousAttemptsKey)) > 0
+			d := time.Millisecond
+			if req.(*echov1.GetRequest).GetRequestId() == "slow" && !hedge {
+				d = time.Hour
+			}
+			timer := time.NewTimer(d)
+			defer timer.Stop()
+			select {
+			case <-timer.C:
+				reply.(*echov1.GetResponse).Value = []byte(fmt.Sprintf("hedge=%v", hedge))
+				return nil
+			case <-ctx.Done():
+				return status.FromContextError(ctx.Err()).Err()
+			}
 		}
-		timer := clk.NewTimer(d)
-		defer timer.Stop()
-		invoked <- struct{}{}
-		select {
-		case <-timer.C():
-			reply.(*echov1.GetResponse).Value = []byte(fmt.Sprintf("hedge=%v", hedge))
-			return nil
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
+		ic := interceptor.NewClient(append(noopProviders(), interceptor.WithBudget(nil))...).Unary()
+		cc := dialPassthrough(t)
+		for i := range 40 {
+			resp := &echov1.GetResponse{}
+			require.NoError(t, ic(t.Context(), get, &echov1.GetRequest{RequestId: fmt.Sprint(i)}, resp, cc, invoke))
+			assert.Equal(t, "hedge=false", string(resp.GetValue()), "call %d: a fast call is not hedged", i)
 		}
-	}
-	ic := interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithBudget(nil))...)...).Unary()
-	cc := dialPassthrough(t)
-	for i := range 40 {
+		require.EqualValues(t, 40, attempts.Load(), "no fast call was hedged")
 		resp := &echov1.GetResponse{}
-		stepHedged(t, clk, invoked, i >= 30, func() error {
-			return ic(t.Context(), get, &echov1.GetRequest{RequestId: fmt.Sprint(i)}, resp, cc, invoke)
-		})
-		assert.Equal(t, "hedge=false", string(resp.GetValue()), "call %d: a fast call is not hedged", i)
-	}
-	resp := &echov1.GetResponse{}
-	attempts := stepHedged(t, clk, invoked, true, func() error {
-		return ic(t.Context(), get, &echov1.GetRequest{RequestId: "slow"}, resp, cc, invoke)
+		require.NoError(t, ic(t.Context(), get, &echov1.GetRequest{RequestId: "slow"}, resp, cc, invoke))
+		assert.Equal(t, "hedge=true", string(resp.GetValue()))
+		assert.EqualValues(t, 42, attempts.Load(), "the first attempt and one hedge")
 	})
-	assert.Equal(t, "hedge=true", string(resp.GetValue()))
-	assert.Equal(t, 2, attempts, "the first attempt and one hedge")
-}
-
-// stepHedged runs call on its own goroutine and moves the fake clock for
-// it: it waits for the first attempt's timer (and, once the route's
-// adaptive delay is warm, the hedging timer beside it) before each
-// advance, so that every timer is armed at the time it would be. It
-// returns the attempts invoked; the call must succeed.
-func stepHedged(t *testing.T, clk *clock.Fake, invoked <-chan struct{}, warm bool, call func() error) int {
-	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- call() }()
-	wait := func(what string) {
-		t.Helper()
-		select {
-		case <-invoked:
-		case <-time.After(20 * time.Second):
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-	wait("the first attempt")
-	attempts := 1
-	if warm {
-		require.True(t, clk.WaitPending(2, 20*time.Second), "no hedging timer")
-	}
-	for {
-		d, ok := clk.Next()
-		require.True(t, ok, "nothing to wait for")
-		clk.Advance(d)
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-			return attempts
-		case <-invoked: // a hedge went out; its timer is armed
-			attempts++
-		case <-time.After(20 * time.Second):
-			t.Fatal("stuck")
-		}
-	}
 }
 
 func TestHedgingStopsWhenTheCallerCancels(t *testing.T) {
@@ -157,85 +136,55 @@ func TestHedgeRefusedByBudget(t *testing.T) {
 	assert.Equal(t, 1, e.origin.Total(), "no token, no hedge")
 }
 
-// Seed 004's long tail on the fake clock: 5% of first attempts take 300 ms,
-// the rest 1 ms. Adaptive hedging learns the latency of the route during a
-// warm-up, then sends a hedge after about its 92.5th percentile: every slow
-// call is rescued by its hedge (2 ms instead of 300), no fast call is
-// hedged, and the load is 1.05x. Deterministic: the clock moves only when
-// every timer the call needs is armed.
+// A long tail: 5% of first attempts take 300 ms, the rest 1 ms. Adaptive
+// hedging learns the latency of the route during a warm-up, then sends a
+// hedge after about its 92.5th percentile: every slow call is rescued by
+// its hedge (2 ms instead of 300), no fast call is hedged, and the load is
+// 1.05x. Deterministic: the attempts take their time on the bubble's
+// clock.
 func TestAdaptiveHedgingCutsTheTail(t *testing.T) {
-	const warmup, calls = 40, 400
-	clk, opts := fakeClock()
-	invoked := make(chan struct{}, 4)
-	attempts := 0
-	invoke := func(ctx context.Context, _ string, req, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
-		attempts++
-		id := req.(*echov1.PutRequest).GetRequestId()
-		d := time.Millisecond
-		if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(semconv.PreviousAttemptsKey)) == 0 && strings.HasSuffix(id, "slow") {
-			d = 300 * time.Millisecond
-		}
-		timer := clk.NewTimer(d)
-		defer timer.Stop()
-		invoked <- struct{}{}
-		select {
-		case <-timer.C():
-			return nil
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
-		}
-	}
-	ic := interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithHedging(0, 2), interceptor.WithBudget(nil))...)...).Unary()
-	cc := dialPassthrough(t)
-	wait := func(what string, ch <-chan struct{}) {
-		t.Helper()
-		select {
-		case <-ch:
-		case <-time.After(20 * time.Second):
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-	var slowLatencies []time.Duration
-	slow := 0
-	for i := range warmup + calls {
-		id := fmt.Sprint(i)
-		if i >= warmup && i%20 == 0 {
-			id += "-slow"
-			slow++
-		}
-		done := make(chan struct{})
-		start := clk.Now()
-		go func() {
-			defer close(done)
-			assert.NoError(t, ic(t.Context(), put, &echov1.PutRequest{RequestId: id}, &echov1.PutResponse{}, cc, invoke))
-		}()
-		wait("the first attempt", invoked)
-		if i >= warmup {
-			// Warm: the hedging timer is armed beside the attempt's.
-			require.True(t, clk.WaitPending(2, 20*time.Second), "call %d: no hedging timer", i)
-		}
-		for finished := false; !finished; {
-			d, ok := clk.Next()
-			require.True(t, ok, "call %d: nothing to wait for", i)
-			clk.Advance(d)
+	synctest.Test(t, func(t *testing.T) {
+		const warmup, calls = 40, 400
+		var attempts atomic.Int64
+		invoke := func(ctx context.Context, _ string, req, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+			attempts.Add(1)
+			id := req.(*echov1.PutRequest).GetRequestId()
+			d := time.Millisecond
+			if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(semconv.PreviousAttemptsKey)) == 0 && strings.HasSuffix(id, "slow") {
+				d = 300 * time.Millisecond
+			}
+			timer := time.NewTimer(d)
+			defer timer.Stop()
 			select {
-			case <-done:
-				finished = true
-			case <-invoked: // the hedge went out; its timer is armed
-			case <-time.After(20 * time.Second):
-				t.Fatalf("call %d: stuck", i)
+			case <-timer.C:
+				return nil
+			case <-ctx.Done():
+				return status.FromContextError(ctx.Err()).Err()
 			}
 		}
-		if strings.HasSuffix(id, "slow") {
-			slowLatencies = append(slowLatencies, clk.Now().Sub(start))
+		ic := interceptor.NewClient(append(noopProviders(), interceptor.WithHedging(0, 2), interceptor.WithBudget(nil))...).Unary()
+		cc := dialPassthrough(t)
+		var slowLatencies []time.Duration
+		slow := 0
+		for i := range warmup + calls {
+			id := fmt.Sprint(i)
+			if i >= warmup && i%20 == 0 {
+				id += "-slow"
+				slow++
+			}
+			start := time.Now()
+			require.NoError(t, ic(t.Context(), put, &echov1.PutRequest{RequestId: id}, &echov1.PutResponse{}, cc, invoke))
+			if strings.HasSuffix(id, "slow") {
+				slowLatencies = append(slowLatencies, time.Since(start))
+			}
 		}
-	}
-	require.Len(t, slowLatencies, slow)
-	for _, l := range slowLatencies {
-		assert.Less(t, l, 5*time.Millisecond, "a slow call was rescued by its hedge")
-	}
-	load := float64(attempts) / (warmup + calls)
-	t.Logf("%d slow calls of %d, each done in %v; load %.3fx", slow, calls, slowLatencies[0], load)
-	assert.Equal(t, warmup+calls+slow, attempts, "exactly one hedge per slow call, none for the fast ones")
-	assert.LessOrEqual(t, load, 1.10)
+		require.Len(t, slowLatencies, slow)
+		for _, l := range slowLatencies {
+			assert.Less(t, l, 5*time.Millisecond, "a slow call was rescued by its hedge")
+		}
+		load := float64(attempts.Load()) / (warmup + calls)
+		t.Logf("%d slow calls of %d, each done in %v; load %.3fx", slow, calls, slowLatencies[0], load)
+		assert.EqualValues(t, warmup+calls+slow, attempts.Load(), "exactly one hedge per slow call, none for the fast ones")
+		assert.LessOrEqual(t, load, 1.10)
+	})
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -19,7 +20,6 @@ import (
 	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/idempotency"
 	"github.com/stormguard/stormguard/interceptor"
-	"github.com/stormguard/stormguard/internal/clock"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
@@ -272,23 +272,21 @@ func TestOuterRetryLoopKeepsIdempotencyKey(t *testing.T) {
 // A call comes back only within 5 s of its failure: later, the same
 // context and request make a new call.
 func TestOuterRetryLoopWindow(t *testing.T) {
-	var mu sync.Mutex
-	now := time.Unix(1000, 0)
-	nowFn := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
-	e := newOuterEnvTries(t, 1, origin.Always(codes.Unavailable), clientv3Retry, clock.ClientOption(nowFn, nil).(interceptor.ClientOption), interceptor.WithBreaker(nil))
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	req := &echov1.PutRequest{RequestId: "w"}
-	_, err := e.echo.Put(ctx, req) // one deposit at 10% funds no retry
-	require.Equal(t, codes.Unavailable, status.Code(err))
-	require.Equal(t, 1, e.origin.Total())
-	advance(4 * time.Second)
-	_, err = e.echo.Put(ctx, req)
-	assert.Equal(t, interceptor.ReasonBudget, interceptor.RefusedBy(err), "within 5 s: a retry the budget refuses")
-	assert.Equal(t, 1, e.origin.Total(), "refused before anything was sent")
-	advance(5*time.Second + time.Millisecond)
-	_, err = e.echo.Put(ctx, req)
-	assert.Equal(t, codes.Unavailable, status.Code(err))
-	assert.Equal(t, 2, e.origin.Total(), "5 s after the last try: a new call, sent")
+	synctest.Test(t, func(t *testing.T) {
+		e := newOuterEnvTries(t, 1, origin.Always(codes.Unavailable), clientv3Retry, interceptor.WithBreaker(nil))
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		req := &echov1.PutRequest{RequestId: "w"}
+		_, err := e.echo.Put(ctx, req) // one deposit at 10% funds no retry
+		require.Equal(t, codes.Unavailable, status.Code(err))
+		require.Equal(t, 1, e.origin.Total())
+		time.Sleep(4 * time.Second)
+		_, err = e.echo.Put(ctx, req)
+		assert.Equal(t, interceptor.ReasonBudget, interceptor.RefusedBy(err), "within 5 s: a retry the budget refuses")
+		assert.Equal(t, 1, e.origin.Total(), "refused before anything was sent")
+		time.Sleep(5*time.Second + time.Millisecond)
+		_, err = e.echo.Put(ctx, req)
+		assert.Equal(t, codes.Unavailable, status.Code(err))
+		assert.Equal(t, 2, e.origin.Total(), "5 s after the last try: a new call, sent")
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stormguard/stormguard/semconv"
@@ -19,7 +20,6 @@ import (
 
 	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/interceptor"
-	"github.com/stormguard/stormguard/internal/clock"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
@@ -29,47 +29,48 @@ import (
 // is not cancelled); the first answer wins and the loser is cancelled.
 // The retry's token is withdrawn once.
 func TestPerAttemptTimeoutSendsARetryBesideTheSlowAttempt(t *testing.T) {
-	clk, opts := fakeClock()
-	inv := &invoker{clk: clk, sent: make(chan int, 4), script: func(n int) reply { return reply{block: n == 1} }}
-	budgets := budget.NewRegistry(budget.Config{})
-	ic := interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithBudget(budgets),
-		interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 100 * time.Millisecond}))...)...).Unary()
-	cc := dialPassthrough(t)
-	done := callThenTimeOut(t, clk, inv, func() error {
-		return ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
+	synctest.Test(t, func(t *testing.T) {
+		inv := &invoker{script: func(n int) reply { return reply{block: n == 1} }}
+		budgets := budget.NewRegistry(budget.Config{})
+		ic := interceptor.NewClient(append(noopProviders(), interceptor.WithBudget(budgets),
+			interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 100 * time.Millisecond}))...).Unary()
+		cc := dialPassthrough(t)
+		err := ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
+		require.NoError(t, err)
+		calls := inv.attempts()
+		require.Len(t, calls, 2)
+		assert.Equal(t, 100*time.Millisecond, calls[1].at.Sub(calls[0].at), "sent at the timeout")
+		assert.Equal(t, []string{"1"}, calls[1].md.Get(semconv.PreviousAttemptsKey))
+		assert.ErrorIs(t, calls[0].ctx.Err(), context.Canceled, "the loser is cancelled once the retry has answered")
+		assert.Equal(t, uint64(1), budgets.For("passthrough:///fake").Stats().Granted, "one token, for the one retry")
 	})
-	require.NoError(t, <-done)
-	calls := inv.attempts()
-	require.Len(t, calls, 2)
-	assert.Equal(t, 100*time.Millisecond, calls[1].at.Sub(calls[0].at), "sent at the timeout")
-	assert.Equal(t, []string{"1"}, calls[1].md.Get(semconv.PreviousAttemptsKey))
-	assert.ErrorIs(t, calls[0].ctx.Err(), context.Canceled, "the loser is cancelled once the retry has answered")
-	assert.Equal(t, uint64(1), budgets.For("passthrough:///fake").Stats().Granted, "one token, for the one retry")
 }
 
 // The slow attempt's answer, when it comes first, is the call's: the
 // per-attempt timeout threw nothing away.
 func TestTheSlowAttemptsAnswerWins(t *testing.T) {
-	clk, opts := fakeClock()
-	hold := make(chan struct{})
-	inv := &invoker{clk: clk, sent: make(chan int, 4), script: func(n int) reply {
-		if n == 1 {
-			return reply{hold: hold}
-		}
-		return reply{block: true}
-	}}
-	ic := interceptor.NewClient(append(opts, append(noopProviders(),
-		interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 100 * time.Millisecond}))...)...).Unary()
-	cc := dialPassthrough(t)
-	done := callThenTimeOut(t, clk, inv, func() error {
-		return ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
+	synctest.Test(t, func(t *testing.T) {
+		hold := make(chan struct{})
+		inv := &invoker{sent: make(chan int, 4), script: func(n int) reply {
+			if n == 1 {
+				return reply{hold: hold}
+			}
+			return reply{block: true}
+		}}
+		ic := interceptor.NewClient(append(noopProviders(),
+			interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 100 * time.Millisecond}))...).Unary()
+		cc := dialPassthrough(t)
+		done := goCall(func() error {
+			return ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
+		})
+		<-inv.sent // the first attempt
+		<-inv.sent // the retry, at the per-attempt timeout
+		close(hold)
+		require.NoError(t, <-done)
+		calls := inv.attempts()
+		require.Len(t, calls, 2)
+		assert.ErrorIs(t, calls[1].ctx.Err(), context.Canceled, "the retry lost and was cancelled")
 	})
-	<-inv.sent // the retry
-	close(hold)
-	require.NoError(t, <-done)
-	calls := inv.attempts()
-	require.Len(t, calls, 2)
-	assert.ErrorIs(t, calls[1].ctx.Err(), context.Canceled, "the retry lost and was cancelled")
 }
 
 // A reply that is not a proto message (a custom codec) cannot have two
@@ -80,27 +81,30 @@ func TestTheSlowAttemptsAnswerWins(t *testing.T) {
 // is sent and refuses it once the attempt has been cut; it sees
 // DEADLINE_EXCEEDED both times.
 func TestACutAttemptFailsWithDeadlineExceeded(t *testing.T) {
-	clk, opts := fakeClock()
-	inv := &invoker{clk: clk, script: func(int) reply { return reply{block: true} }}
-	var seen []codes.Code
-	retryIf := func(_ context.Context, _ string, err error) bool {
-		seen = append(seen, status.Code(err))
-		return len(seen) == 1
-	}
-	ic := interceptor.NewClient(append(opts, append(noopProviders(), interceptor.WithBudget(nil),
-		interceptor.WithRetryPolicy(interceptor.RetryPolicy{If: retryIf}), interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 100 * time.Millisecond}))...)...).Unary()
-	cc := dialPassthrough(t)
-	err := drive(t, clk, func() error {
-		return ic(t.Context(), put, &echov1.PutRequest{}, new(nonProtoReply), cc, inv.invoke)
+	synctest.Test(t, func(t *testing.T) {
+		inv := &invoker{script: func(int) reply { return reply{block: true} }}
+		var seen []codes.Code
+		retryIf := func(_ context.Context, _ string, err error) bool {
+			seen = append(seen, status.Code(err))
+			return len(seen) == 1
+		}
+		ic := interceptor.NewClient(append(noopProviders(), interceptor.WithBudget(nil),
+			interceptor.WithRetryPolicy(interceptor.RetryPolicy{If: retryIf}), interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 100 * time.Millisecond}))...).Unary()
+		cc := dialPassthrough(t)
+		err := ic(t.Context(), put, &echov1.PutRequest{}, new(nonProtoReply), cc, inv.invoke)
+		assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+		assert.Len(t, inv.attempts(), 1)
+		assert.Equal(t, []codes.Code{codes.DeadlineExceeded, codes.DeadlineExceeded}, seen)
 	})
-	assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
-	assert.Len(t, inv.attempts(), 1)
-	assert.Equal(t, []codes.Code{codes.DeadlineExceeded, codes.DeadlineExceeded}, seen)
 }
 
 // Do no harm: a per-attempt timeout that no retry can follow does not cut
 // the attempt short. It keeps running, and its reply, when it comes before
-// the call's deadline, is the call's: as with no retries at all.
+// the call's deadline, is the call's: as with no retries at all. A retry
+// refused only once the timeout has passed (an empty budget, a WithRetryIf
+// that refuses timeouts) is recorded then, as EventTimeoutKept; when no
+// retry could follow from the start (the last attempt, a method not
+// marked), nothing happens at the timeout.
 func TestPerAttemptTimeoutKeepsAnAttemptNoRetryCanFollow(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -118,60 +122,66 @@ func TestPerAttemptTimeoutKeepsAnAttemptNoRetryCanFollow(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			clk, opts := fakeClock()
-			hold := make(chan struct{})
-			inv := &invoker{clk: clk, sent: make(chan int, 4), script: func(int) reply { return reply{hold: hold} }}
-			refusals := make(chan interceptor.RefusalEvent, 4)
-			spans := tracetest.NewInMemoryExporter()
-			tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-			opts = append(opts, interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 100 * time.Millisecond}), interceptor.WithTelemetry(interceptor.Telemetry{TracerProvider: tp}),
-				interceptor.WithHooks(interceptor.Hooks{OnRefusal: func(e interceptor.RefusalEvent) { refusals <- e }}))
-			ic := interceptor.NewClient(append(opts, tc.opts...)...).Unary()
-			cc := dialPassthrough(t)
-			ctx, cancel := context.WithDeadline(t.Context(), clk.Now().Add(10*time.Second))
-			defer cancel()
-			done := make(chan error, 1)
-			go func() {
-				done <- ic(ctx, tc.method, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke, tc.call...)
-			}()
-			<-inv.sent
-			if tc.fires == "" {
-				assert.Equal(t, 0, clk.Pending(), "no per-attempt timer when no retry can follow")
-			} else {
-				require.True(t, clk.WaitPending(1, 20*time.Second), "the per-attempt timer is armed")
-				d, ok := clk.Next()
-				require.True(t, ok, "the per-attempt timer is armed")
-				assert.Equal(t, 100*time.Millisecond, d)
-				clk.Advance(d)
-				var e interceptor.RefusalEvent
+			synctest.Test(t, func(t *testing.T) {
+				hold := make(chan struct{})
+				inv := &invoker{sent: make(chan int, 4), script: func(int) reply { return reply{hold: hold} }}
+				refusals := make(chan interceptor.RefusalEvent, 4)
+				spans := tracetest.NewInMemoryExporter()
+				tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+				opts := []interceptor.ClientOption{
+					interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 100 * time.Millisecond}),
+					interceptor.WithTelemetry(interceptor.Telemetry{TracerProvider: tp}),
+					interceptor.WithHooks(interceptor.Hooks{OnRefusal: func(e interceptor.RefusalEvent) { refusals <- e }}),
+				}
+				ic := interceptor.NewClient(append(opts, tc.opts...)...).Unary()
+				cc := dialPassthrough(t)
+				start := time.Now()
+				ctx, cancel := context.WithDeadline(t.Context(), start.Add(10*time.Second))
+				defer cancel()
+				done := goCall(func() error {
+					return ic(ctx, tc.method, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke, tc.call...)
+				})
+				<-inv.sent
+				if tc.fires != "" {
+					var e interceptor.RefusalEvent
+					select {
+					case e = <-refusals: // recorded when the timer fires
+					case err := <-done:
+						t.Fatalf("the call ended (%v) instead of keeping its attempt", err)
+					}
+					assert.Equal(t, 100*time.Millisecond, time.Since(start), "recorded at the per-attempt timeout")
+					assert.Equal(t, tc.fires, e.Reason)
+					assert.Equal(t, semconv.EventTimeoutKept, e.Event)
+					assert.Equal(t, 1, e.Attempts)
+					assert.NoError(t, e.Err)
+				}
+				time.Sleep(5 * time.Second) // long past the per-attempt timeout
+				synctest.Wait()
 				select {
-				case e = <-refusals: // recorded when the timer fires
+				case e := <-refusals:
+					t.Errorf("a refusal not recorded at the per-attempt timeout: %+v", e)
 				case err := <-done:
 					t.Fatalf("the call ended (%v) instead of keeping its attempt", err)
+				default:
 				}
-				assert.Equal(t, tc.fires, e.Reason)
-				assert.Equal(t, semconv.EventTimeoutKept, e.Event)
-				assert.Equal(t, 1, e.Attempts)
-				assert.NoError(t, e.Err)
-			}
-			clk.Advance(5 * time.Second) // long past the per-attempt timeout
-			close(hold)                  // the reply comes
-			require.NoError(t, <-done, "the slow reply is the call's")
-			assert.Len(t, inv.attempts(), 1)
-			require.NoError(t, tp.ForceFlush(t.Context()))
-			var kept []string
-			for _, s := range spans.GetSpans() {
-				for _, ev := range s.Events {
-					if ev.Name == semconv.EventTimeoutKept {
-						kept = append(kept, attrs(ev.Attributes)[semconv.AttrReason].AsString())
+				close(hold) // the reply comes
+				require.NoError(t, <-done, "the slow reply is the call's")
+				assert.Len(t, inv.attempts(), 1)
+				require.NoError(t, tp.ForceFlush(t.Context()))
+				var kept []string
+				for _, s := range spans.GetSpans() {
+					for _, ev := range s.Events {
+						if ev.Name == semconv.EventTimeoutKept {
+							kept = append(kept, attrs(ev.Attributes)[semconv.AttrReason].AsString())
+						}
 					}
 				}
-			}
-			if tc.fires != "" {
-				assert.Equal(t, []string{string(tc.fires)}, kept)
-			} else {
-				assert.Empty(t, kept)
-			}
+				if tc.fires != "" {
+					assert.Equal(t, []string{string(tc.fires)}, kept)
+				} else {
+					assert.Empty(t, kept)
+				}
+			})
 		})
 	}
 }
@@ -224,56 +234,59 @@ func TestADoNotRetryBesideASlowAttemptDoesNotEndTheCall(t *testing.T) {
 		{codes.Unavailable, errUnavailable}, // not retried: the server said so
 	} {
 		t.Run(fmt.Sprint(tc.code, "/", status.Code(tc.slow)), func(t *testing.T) {
-			code := tc.code
-			clk, opts := fakeClock()
-			hold := make(chan struct{})
-			inv := &invoker{clk: clk, sent: make(chan int, 4), script: func(n int) reply {
-				if n == 1 {
-					return reply{hold: hold, err: tc.slow}
+			synctest.Test(t, func(t *testing.T) {
+				code := tc.code
+				hold := make(chan struct{})
+				inv := &invoker{sent: make(chan int, 4), script: func(n int) reply {
+					if n == 1 {
+						return reply{hold: hold, err: tc.slow}
+					}
+					return reply{err: status.Error(code, "shed"), trailer: metadata.Pairs(semconv.PushbackKey, "-1")}
+				}}
+				refusals := make(chan interceptor.RefusalEvent, 4)
+				ic := interceptor.NewClient(append(noopProviders(),
+					interceptor.WithHooks(interceptor.Hooks{OnRefusal: func(e interceptor.RefusalEvent) { refusals <- e }}),
+					interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 100 * time.Millisecond}))...).Unary()
+				cc := dialPassthrough(t)
+				done := goCall(func() error {
+					return ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
+				})
+				<-inv.sent // the first attempt
+				<-inv.sent // the retry, at the per-attempt timeout, refused by the server
+				select {
+				case err := <-done:
+					t.Fatalf("the call ended with the refused retry: %v", err)
+				case e := <-refusals:
+					assert.Equal(t, interceptor.ReasonPushback, e.Reason)
+					assert.Equal(t, semconv.EventRetryRefused, e.Event)
 				}
-				return reply{err: status.Error(code, "shed"), trailer: metadata.Pairs(semconv.PushbackKey, "-1")}
-			}}
-			refusals := make(chan interceptor.RefusalEvent, 4)
-			ic := interceptor.NewClient(append(opts, append(noopProviders(),
-				interceptor.WithHooks(interceptor.Hooks{OnRefusal: func(e interceptor.RefusalEvent) { refusals <- e }}),
-				interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 100 * time.Millisecond}))...)...).Unary()
-			cc := dialPassthrough(t)
-			done := callThenTimeOut(t, clk, inv, func() error {
-				return ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv.invoke)
+				// No more attempts are armed: a minute later the slow
+				// attempt is still the only one, and the call goes on.
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				assert.Len(t, inv.attempts(), 2, "no more attempts are armed")
+				select {
+				case err := <-done:
+					t.Fatalf("the call ended before the slow attempt answered: %v", err)
+				default:
+				}
+				close(hold)
+				var err error
+				select {
+				case err = <-done:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the call goes on after the slow attempt's answer (a retry waiting on a timer?)")
+				}
+				assert.Equal(t, status.Code(tc.slow), status.Code(err), "the slow attempt's answer: %v", err)
+				assert.Len(t, inv.attempts(), 2)
 			})
-			<-inv.sent // the retry, refused by the server
-			select {
-			case err := <-done:
-				t.Fatalf("the call ended with the refused retry: %v", err)
-			case e := <-refusals:
-				assert.Equal(t, interceptor.ReasonPushback, e.Reason)
-				assert.Equal(t, semconv.EventRetryRefused, e.Event)
-			}
-			assert.Equal(t, 0, clk.Pending(), "no more attempts are armed")
-			close(hold)
-			var err error
-			select {
-			case err = <-done:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the call goes on after the slow attempt's answer (a retry waiting on the fake clock?)")
-			}
-			assert.Equal(t, status.Code(tc.slow), status.Code(err), "the slow attempt's answer: %v", err)
-			assert.Len(t, inv.attempts(), 2)
 		})
 	}
 }
 
-// callThenTimeOut runs call on its own goroutine and, once its first
-// attempt is sent and the per-attempt timer armed, fires that timer. It
-// returns what call will return.
-func callThenTimeOut(t *testing.T, clk *clock.Fake, inv *invoker, call func() error) <-chan error {
-	t.Helper()
+// goCall runs call on its own goroutine and returns what it will return.
+func goCall(call func() error) <-chan error {
 	done := make(chan error, 1)
 	go func() { done <- call() }()
-	<-inv.sent
-	require.True(t, clk.WaitPending(1, 20*time.Second), "the per-attempt timer is armed")
-	d, ok := clk.Next()
-	require.True(t, ok, "the per-attempt timer is armed")
-	clk.Advance(d)
 	return done
 }

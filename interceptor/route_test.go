@@ -1,6 +1,7 @@
 package interceptor_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -8,6 +9,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -20,6 +24,7 @@ import (
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
+	"github.com/stormguard/stormguard/semconv"
 )
 
 // perClientConn dials addr the way etcd's clientv3 does: through a resolver
@@ -157,4 +162,74 @@ func TestBrokenMethodDoesNotRefuseAnother(t *testing.T) {
 	assert.Equal(t, "closed", ts[0].Breakers[0].State)
 	assert.Equal(t, put, ts[0].Breakers[1].Method)
 	assert.Equal(t, "open", ts[0].Breakers[1].State)
+}
+
+// Each distinct method name cost about 10 KB for the Client's life, without
+// bound (a proxy forwarding caller-chosen names grew by 100 MiB for 10,000).
+// Routes are now bounded, and a method the registry does not know shares its
+// metric attributes ("_OTHER").
+func TestRoutesAreBounded(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	c := interceptor.NewClient(interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: mp}), interceptor.WithTelemetry(interceptor.Telemetry{TracerProvider: noop.NewTracerProvider()}))
+	ic := c.Unary()
+	cc := dialPassthrough(t)
+	inv := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error { return nil }
+	for i := range interceptor.MaxRoutes + 500 {
+		require.NoError(t, ic(t.Context(), fmt.Sprintf("/proxy.v1.Any/M%d", i), &echov1.PutRequest{}, &echov1.PutResponse{}, cc, inv))
+	}
+	assert.Equal(t, interceptor.MaxRoutes, interceptor.RouteCount(c))
+	ts := c.Targets()
+	require.Len(t, ts, 1)
+	assert.Len(t, ts[0].Breakers, interceptor.MaxRoutes, "a breaker per method, up to MaxRoutes")
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	found := false
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == semconv.MetricBreakerState {
+				g := m.Data.(metricdata.Gauge[int64])
+				require.Equal(t, 1, len(g.DataPoints), "the breakers of unknown methods share one series")
+				v, _ := g.DataPoints[0].Attributes.Value("rpc.method")
+				assert.Equal(t, "_OTHER", v.AsString())
+			}
+			if m.Name != semconv.MetricCalls {
+				continue
+			}
+			found = true
+			sum := m.Data.(metricdata.Sum[int64])
+			require.Equal(t, 1, len(sum.DataPoints), "unknown methods share one series")
+			v, _ := sum.DataPoints[0].Attributes.Value("rpc.method")
+			assert.Equal(t, "_OTHER", v.AsString())
+			assert.Equal(t, int64(interceptor.MaxRoutes+500), sum.DataPoints[0].Value)
+		}
+	}
+	require.True(t, found, "the calls metric was reported")
+}
+
+// Budgets and breakers are keyed on the target in grpc's canonical form, so
+// "host:port" and "dns:///host:port" (the same resolver and endpoints) share
+// one; a target naming another resolver ("passthrough:///host:port") keeps its
+// own.
+func TestTargetsAreKeyedInCanonicalForm(t *testing.T) {
+	l, err := origin.TCP()
+	require.NoError(t, err)
+	srv := origin.Serve(l, origin.New(nil))
+	defer srv.Stop()
+	guard := interceptor.NewClient(noopProviders()...)
+	defer guard.Close()
+	for _, target := range []string{l.Target, "dns:///" + l.Target, "passthrough:///" + l.Target} {
+		cc, err := grpc.NewClient(target, append(guard.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+		require.NoError(t, err)
+		defer cc.Close()
+		_, err = echov1.NewEchoServiceClient(cc).Put(t.Context(), &echov1.PutRequest{})
+		require.NoError(t, err, target)
+	}
+	requests := map[string]uint64{}
+	for _, ts := range guard.Targets() {
+		require.NotNil(t, ts.Budget)
+		requests[ts.Target] = ts.Budget.Requests
+	}
+	assert.Equal(t, map[string]uint64{"dns:///" + l.Target: 2, "passthrough:///" + l.Target: 1}, requests)
 }

@@ -2,10 +2,9 @@ package interceptor_test
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
-
-	"github.com/stormguard/stormguard/budget"
-	"github.com/stormguard/stormguard/semconv"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -15,9 +14,11 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
+	"github.com/stormguard/stormguard/semconv"
 )
 
 // midTier is a service B whose handlers call a dead origin C through the
@@ -148,10 +149,10 @@ func TestServerNoPushbackForOrdinaryFailures(t *testing.T) {
 	assert.Empty(t, tr.Get(semconv.PushbackKey))
 }
 
-// Issue 13 item 13: the server answers don't-retry for the reasons the
-// refusal table says propagate (budget, breaker, pushback, max_attempts),
-// and not for a deadline refusal: a caller above, with the same deadline,
-// has no time to retry either, and its own rules say so.
+// The server answers don't-retry for the reasons the refusal table says
+// propagate (budget, breaker, pushback, max_attempts), and not for a deadline
+// refusal: a caller above, with the same deadline, has no time to retry
+// either, and its own rules say so.
 func TestServerPushbackFollowsTheRefusalTable(t *testing.T) {
 	for _, tt := range []struct {
 		reason interceptor.Reason
@@ -182,6 +183,69 @@ func TestServerPushbackFollowsTheRefusalTable(t *testing.T) {
 			assert.Equal(t, tt.reason, interceptor.RefusedBy(err))
 			assert.Equal(t, tt.want, tr.Get(semconv.PushbackKey))
 			assert.Equal(t, tt.want != nil, tt.reason.Propagates())
+		})
+	}
+}
+
+// startChain serves o behind a chain of hops services, each a server with the
+// suite's server interceptors (serverOpts) whose handlers forward to the next
+// through the suite's client (clientOpts). It returns a client of the top one,
+// through the suite's client too, and a count of the requests the hops
+// handled.
+func startChain(t *testing.T, o *origin.Origin, hops int, clientOpts []interceptor.ClientOption, serverOpts []interceptor.ServerOption) (echov1.EchoServiceClient, func() int) {
+	t.Helper()
+	l := origin.Bufconn()
+	srv := origin.Serve(l, o)
+	t.Cleanup(srv.Stop)
+	target := l
+	var handled atomic.Int64
+	for range hops {
+		guard := interceptor.NewClient(append([]interceptor.ClientOption{fast}, clientOpts...)...)
+		cc, err := target.Dial(grpc.WithChainUnaryInterceptor(guard.Unary()))
+		require.NoError(t, err)
+		t.Cleanup(func() { cc.Close() })
+		next := interceptor.NewServer(serverOpts...)
+		hl := origin.Bufconn()
+		hs := origin.Serve(hl, &origin.Hop{Next: echov1.NewEchoServiceClient(cc)},
+			grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+				handled.Add(1)
+				return h(ctx, req)
+			}, next.Unary()))
+		t.Cleanup(hs.Stop)
+		target = hl
+	}
+	guard := interceptor.NewClient(append([]interceptor.ClientOption{fast}, clientOpts...)...)
+	cc, err := target.Dial(grpc.WithChainUnaryInterceptor(guard.Unary()))
+	require.NoError(t, err)
+	t.Cleanup(func() { cc.Close() })
+	return echov1.NewEchoServiceClient(cc), func() int { return int(handled.Load()) }
+}
+
+// A dead origin three services deep (client → A → B → C → origin): with the
+// defaults only the hop next to the origin retries, and the hops above are
+// told not to (at most 1.2 requests per call reach the origin); with a naive
+// three attempts per hop and no pushback, 3⁴ = 81.
+func TestDeadOriginBelowAChainOfThree(t *testing.T) {
+	for _, tt := range []struct {
+		name       string
+		clientOpts []interceptor.ClientOption
+		serverOpts []interceptor.ServerOption
+		max, min   int
+	}{
+		{"defaults", nil, nil, 12, 10},
+		{"naive 3 attempts per hop", naive, []interceptor.ServerOption{interceptor.WithoutPushback(), interceptor.WithServerBudget(nil)}, 810, 810},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			o := origin.New(origin.Always(codes.Unavailable))
+			top, _ := startChain(t, o, 3, tt.clientOpts, tt.serverOpts)
+			ok, _ := concurrently(10, func(i int) error {
+				_, err := top.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
+				return err
+			})
+			assert.Equal(t, 0, ok)
+			t.Logf("%s: origin saw %d requests for 10 calls", tt.name, o.Total())
+			assert.LessOrEqual(t, o.Total(), tt.max)
+			assert.GreaterOrEqual(t, o.Total(), tt.min)
 		})
 	}
 }

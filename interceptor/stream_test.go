@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stormguard/stormguard/semconv"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -24,12 +22,7 @@ import (
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
-)
-
-const (
-	list   = echov1.EchoService_List_FullMethodName
-	upload = echov1.EchoService_Upload_FullMethodName
-	chat   = echov1.EchoService_Chat_FullMethodName
+	"github.com/stormguard/stormguard/semconv"
 )
 
 // failFirstAttempt fails the first attempt of every request after `after`
@@ -432,4 +425,79 @@ func TestAStreamsEndpointIsCountedWithOrWithoutADeadline(t *testing.T) {
 		}
 		assert.Equal(t, int64(1), ok, "deadline %v: the stream's endpoint served one", withDeadline)
 	}
+}
+
+// A message sent while a stream switches attempts is not lost. The test pauses
+// between the new attempt's replay and its installation, and sends meanwhile:
+// that message must reach the new attempt (it was lost when the two steps were
+// apart: the send went to the dead attempt, got io.EOF, and SendMsg reported
+// success).
+func TestStreamSendDuringReplayIsNotLost(t *testing.T) {
+	s, attempt := retriedChat(t)
+	for seq := range 2 {
+		require.NoError(t, s.SendMsg(&echov1.ChatRequest{Seq: uint32(seq)}))
+	}
+	sent := make(chan error, 1)
+	recvDone := failFirstAttemptDuring(t, s, attempt, func() { sent <- s.SendMsg(&echov1.ChatRequest{Seq: 2}) })
+	require.NoError(t, <-sent)
+	var seqs []uint32
+	for _, m := range attempt(1).messages() {
+		seqs = append(seqs, m.(*echov1.ChatRequest).GetSeq())
+	}
+	assert.Equal(t, []uint32{0, 1, 2}, seqs, "every message reached the attempt that carries on")
+	attempt(1).recv <- io.EOF
+	assert.ErrorIs(t, <-recvDone, io.EOF)
+}
+
+// The same for CloseSend: a CloseSend made while a retried stream replays
+// reaches the attempt that carries on (it went to the dead one).
+func TestStreamCloseSendDuringReplayIsNotLost(t *testing.T) {
+	s, attempt := retriedChat(t)
+	require.NoError(t, s.SendMsg(&echov1.ChatRequest{Seq: 0}))
+	closed := make(chan error, 1)
+	recvDone := failFirstAttemptDuring(t, s, attempt, func() { closed <- s.CloseSend() })
+	require.NoError(t, <-closed)
+	assert.Len(t, attempt(1).messages(), 1, "the message was replayed")
+	assert.True(t, attempt(1).isClosed(), "the attempt that carries on was closed for sending")
+	attempt(1).recv <- io.EOF
+	assert.ErrorIs(t, <-recvDone, io.EOF)
+}
+
+// retriedChat opens a Chat stream through a Client that retries at once,
+// on a fake streamer; attempt(i) is the stream's i-th attempt.
+func retriedChat(t *testing.T) (grpc.ClientStream, func(i int) *fakeStream) {
+	var mu sync.Mutex
+	var attempts []*fakeStream
+	streamer := func(actx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
+		fs := newFakeStream(actx)
+		mu.Lock()
+		attempts = append(attempts, fs)
+		mu.Unlock()
+		return fs, nil
+	}
+	attempt := func(i int) *fakeStream {
+		mu.Lock()
+		defer mu.Unlock()
+		return attempts[i]
+	}
+	c := interceptor.NewClient(append(noopProviders(), interceptor.WithBudget(nil), interceptor.WithRetryPolicy(interceptor.RetryPolicy{BackoffBase: time.Microsecond, BackoffMax: time.Microsecond}))...)
+	s, err := c.Stream()(t.Context(), &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, dialPassthrough(t), chat, streamer)
+	require.NoError(t, err)
+	return s, attempt
+}
+
+// failFirstAttemptDuring fails s's first attempt before any response and
+// runs during, on its own goroutine, in the gap between the new attempt's
+// replay and its installation (with a pause for it to happen in). It
+// returns what the RecvMsg that retried will return.
+func failFirstAttemptDuring(t *testing.T, s grpc.ClientStream, attempt func(int) *fakeStream, during func()) <-chan error {
+	interceptor.SetReplayedHook(func() {
+		go during()
+		time.Sleep(20 * time.Millisecond)
+	})
+	t.Cleanup(func() { interceptor.SetReplayedHook(nil) })
+	attempt(0).recv <- errUnavailable
+	recvDone := make(chan error, 1)
+	go func() { recvDone <- s.RecvMsg(&echov1.ChatResponse{}) }()
+	return recvDone
 }

@@ -2,25 +2,29 @@ package interceptor_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
-	"github.com/stormguard/stormguard/budget"
-	"github.com/stormguard/stormguard/semconv"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
+	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
+	"github.com/stormguard/stormguard/semconv"
 )
 
 func attrs(kvs []attribute.KeyValue) map[attribute.Key]attribute.Value {
@@ -196,5 +200,132 @@ func TestPropagatorsInjectIntoEveryAttempt(t *testing.T) {
 		if s.Name == "Attempt.echo.v1.EchoService/Put" {
 			assert.Contains(t, parents, "00-"+s.SpanContext.TraceID().String()+"-"+s.SpanContext.SpanID().String()+"-01")
 		}
+	}
+}
+
+// Two Clients on one MeterProvider both report their targets' breaker state
+// and budget balance.
+func TestGaugesOfTwoClientsOnOneMeterProvider(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	var targets []string
+	var guards []*interceptor.Client
+	for range 2 {
+		l, err := origin.TCP()
+		require.NoError(t, err)
+		srv := origin.Serve(l, origin.New(nil))
+		defer srv.Stop()
+		guard := interceptor.NewClient(interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: mp}), interceptor.WithTelemetry(interceptor.Telemetry{TracerProvider: noop.NewTracerProvider()}))
+		defer guard.Close()
+		cc, err := l.Dial(guard.DialOptions()...)
+		require.NoError(t, err)
+		defer cc.Close()
+		_, err = echov1.NewEchoServiceClient(cc).Put(t.Context(), &echov1.PutRequest{})
+		require.NoError(t, err)
+		targets = append(targets, l.Target)
+		guards = append(guards, guard)
+	}
+	seen := gaugeTargets(t, reader)
+	for _, name := range []string{semconv.MetricBreakerState, semconv.MetricBudgetBalance} {
+		assert.ElementsMatch(t, targets, seen[name], name)
+	}
+	// Close unregisters a Client's gauges; the other's stay.
+	require.NoError(t, guards[0].Close())
+	seen = gaugeTargets(t, reader)
+	for _, name := range []string{semconv.MetricBreakerState, semconv.MetricBudgetBalance} {
+		assert.ElementsMatch(t, targets[1:], seen[name], name+", after the first Client's Close")
+	}
+}
+
+// gaugeTargets collects reader and returns, per gauge, the endpoints it
+// reports.
+func gaugeTargets(t *testing.T, reader *sdkmetric.ManualReader) map[string][]string {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	seen := map[string][]string{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Gauge[int64]:
+				for _, p := range d.DataPoints {
+					seen[m.Name] = append(seen[m.Name], endpoint(p.Attributes))
+				}
+			case metricdata.Gauge[float64]:
+				for _, p := range d.DataPoints {
+					seen[m.Name] = append(seen[m.Name], endpoint(p.Attributes))
+				}
+			}
+		}
+	}
+	return seen
+}
+
+func endpoint(s attribute.Set) string {
+	h, _ := s.Value("server.address")
+	p, _ := s.Value("server.port")
+	return fmt.Sprintf("%s:%d", h.AsString(), p.AsInt64())
+}
+
+// Beside otelgrpc's stats handler, on one MeterProvider, no metric name is
+// reported by both, and with WithInstrumentedAttempts a call has exactly one
+// CLIENT span per attempt: otelgrpc's, each below the suite's Attempt span,
+// all below one INTERNAL Sent span.
+func TestBesideOtelgrpc(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	defer tp.Shutdown(context.Background())
+
+	o := origin.New(origin.FailFirst(1, codes.Unavailable))
+	l := origin.Bufconn()
+	srv := origin.Serve(l, o)
+	defer srv.Stop()
+	guard := interceptor.NewClient(fast, interceptor.WithTelemetry(interceptor.Telemetry{TracerProvider: tp}), interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: mp}), interceptor.WithTelemetry(interceptor.Telemetry{InstrumentedAttempts: true}))
+	cc, err := l.Dial(append(guard.DialOptions(), grpc.WithStatsHandler(otelgrpc.NewClientHandler(
+		otelgrpc.WithTracerProvider(tp), otelgrpc.WithMeterProvider(mp))))...)
+	require.NoError(t, err)
+	defer cc.Close()
+	_, err = echov1.NewEchoServiceClient(cc).Put(t.Context(), &echov1.PutRequest{RequestId: "x"})
+	require.NoError(t, err)
+
+	byID := map[trace.SpanID]tracetest.SpanStub{}
+	var clients []tracetest.SpanStub
+	var sent *tracetest.SpanStub
+	for _, s := range spans.GetSpans() {
+		byID[s.SpanContext.SpanID()] = s
+		if s.SpanKind == trace.SpanKindClient {
+			clients = append(clients, s)
+		}
+		if s.Name == "Sent.echo.v1.EchoService/Put" {
+			s := s
+			sent = &s
+		}
+	}
+	require.NotNil(t, sent)
+	assert.Equal(t, trace.SpanKindInternal, sent.SpanKind)
+	require.Len(t, clients, 2, "one CLIENT span per attempt")
+	for _, c := range clients {
+		assert.Equal(t, "echo.v1.EchoService/Put", c.Name)
+		parent := byID[c.Parent.SpanID()]
+		assert.Equal(t, "Attempt.echo.v1.EchoService/Put", parent.Name)
+		assert.Equal(t, sent.SpanContext.SpanID(), parent.Parent.SpanID())
+	}
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	names := map[string][]string{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			names[m.Name] = append(names[m.Name], sm.Scope.Name)
+		}
+	}
+	require.NotEmpty(t, names["rpc.client.call.duration"], "otelgrpc reports per attempt")
+	require.NotEmpty(t, names[semconv.MetricCallDuration], "the suite reports per call")
+	for name, scopes := range names {
+		assert.Len(t, scopes, 1, "%s is reported by %v", name, scopes)
 	}
 }

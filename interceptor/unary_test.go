@@ -3,11 +3,10 @@ package interceptor_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"strconv"
 	"testing"
 	"time"
-
-	"github.com/stormguard/stormguard/semconv"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -24,14 +23,7 @@ import (
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
-)
-
-const (
-	get      = echov1.EchoService_Get_FullMethodName
-	put      = echov1.EchoService_Put_FullMethodName
-	charge   = echov1.EchoService_Charge_FullMethodName
-	notify   = echov1.EchoService_Notify_FullMethodName
-	transfer = echov1.EchoService_Transfer_FullMethodName
+	"github.com/stormguard/stormguard/semconv"
 )
 
 func TestIdempotentMethodRetriedUntilSuccess(t *testing.T) {
@@ -319,4 +311,22 @@ func TestBudgetsAreSharedPerTargetAcrossConns(t *testing.T) {
 		cc.Close()
 	}
 	assert.Equal(t, uint64(10), reg.For(l.Target).Stats().Requests)
+}
+
+// go-grpc-middleware's tests call interceptors with a nil ClientConn; the
+// suite treats it as an empty target.
+func TestNilClientConn(t *testing.T) {
+	c := interceptor.NewClient(noopProviders()...)
+	inv := &invoker{script: failFirstN(1)}
+	err := c.Unary()(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, nil, inv.invoke)
+	require.NoError(t, err)
+	assert.Len(t, inv.attempts(), 2)
+	s, err := c.Stream()(t.Context(), &grpc.StreamDesc{ServerStreams: true}, nil, list,
+		func(ctx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
+			fs := newFakeStream(ctx)
+			fs.recv <- io.EOF
+			return fs, nil
+		})
+	require.NoError(t, err)
+	assert.ErrorIs(t, s.RecvMsg(&echov1.ListResponse{}), io.EOF)
 }

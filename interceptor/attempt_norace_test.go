@@ -17,11 +17,11 @@ import (
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
-// Issue 13 item 11, measured on real loopback TCP: the header is relative,
-// so each hop's deadline landed later than its caller's by the time in
-// transit (1.5 ms over three hops). With the default margin no handler at
-// any depth has a deadline later than the original caller's. This test
-// judges real transit, so it does not run under the race detector (which
+// Measured on real loopback TCP: the header is relative, so each hop's
+// deadline would land later than its caller's by the time in transit (1.5 ms
+// over three hops, before the default margin). With the default margin no
+// handler at any depth has a deadline later than the original caller's. This
+// test judges real transit, so it does not run under the race detector (which
 // stretched a hop to 2.5 ms on a loaded machine, and to 9 ms beside two
 // CPU-burning processes); CI runs it without -race.
 func TestNoDeadlineLaterThanTheCallersAtAnyDepth(t *testing.T) {
