@@ -1,7 +1,6 @@
 package interceptor
 
 import (
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -9,7 +8,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/resolver"
 
 	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/budget"
@@ -251,20 +249,6 @@ func (c *Client) DialOptions() []grpc.DialOption {
 		grpc.WithChainUnaryInterceptor(c.unaryInterceptor(w)),
 		grpc.WithChainStreamInterceptor(c.streamInterceptor(w)),
 	)
-}
-
-// resolverSchemes are the schemes whose resolvers DialOptions wraps: grpc's
-// own, xDS's, the default, and those tests add for their manual resolvers.
-// testSchemes are resolver schemes DialOptions wraps for tests (their
-// manual resolvers); set in export_test.go.
-var testSchemes []string
-
-func resolverSchemes() []string {
-	schemes := append([]string{"dns", "passthrough", "unix", "unix-abstract", "xds", "google-c2p"}, testSchemes...)
-	if d := resolver.GetDefaultScheme(); !slices.Contains(schemes, d) {
-		schemes = append(schemes, d)
-	}
-	return schemes
 }
 
 // Close unregisters the Client's gauge callbacks from its MeterProvider,

@@ -323,38 +323,6 @@ func (c *call) setMaxAttempts() {
 	}
 }
 
-// Values of semconv.AttrServiceConfig: the service config's policy for the
-// method drove the call, or was not applied because the proto says the
-// method is sent once, or may be repeated only with an idempotency key.
-const (
-	scApplied      = "applied"
-	scIgnoredOnce  = "ignored:send_once"
-	scIgnoredNoKey = "ignored:no_key"
-)
-
-// applyServiceConfig lets the service config's retryPolicy or
-// hedgingPolicy for the method (mc.rule), if any, drive the call: the
-// operator's policy says the method may be repeated, and how. It applies
-// only through DialOptions, where grpc-go's own retries are off (installed
-// by hand, a retryPolicy is grpc-go's to carry out: see applyGRPCRetry).
-// The proto has the last word on safety: a send_once method is sent once,
-// and a retry_with_key method without a key is not repeated, whatever the
-// service config says.
-func (c *call) applyServiceConfig(mc *methodConfig) {
-	if mc.rule == nil || !c.grpc.off || c.rule == mc.rule {
-		return
-	}
-	switch pol := c.route.policy; {
-	case pol.SendOnce:
-		c.scIgnored = scIgnoredOnce
-	case pol.Level == idempotency.RetryWithKey && !c.hasKey:
-		c.scIgnored = scIgnoredNoKey
-	default:
-		c.rule, c.scIgnored = mc.rule, ""
-		c.plan.repeatable = true
-	}
-}
-
 // applyGRPCRetry notes whether grpc-go retries the method itself: its
 // service config has a retryPolicy and grpc-go's retries are not known to
 // be off (DialOptions turns them off; installed by hand, the Client

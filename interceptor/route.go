@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -156,35 +155,6 @@ func (c *Client) newRoute(k routeKey) *route {
 	return r
 }
 
-// ruleFrom returns the rule the service config's policy mp gives the
-// route's method: a retryPolicy's attempts (capped at the suite's limit,
-// not grpc-go's 5), backoff and retryable codes, and no hedging; or a
-// hedgingPolicy's attempts, delay (0: every attempt at once, as gRFC A6
-// says) and non-fatal codes, after which a failed attempt is retried.
-// What the policy does not say (the per-attempt timeout) stays the
-// route's.
-func (r *route) ruleFrom(mp *svcconfig.Method) *retryRule {
-	rl := r.rule
-	rl.fromServiceConfig = true
-	switch {
-	case mp.Retry != nil:
-		rp := mp.Retry
-		rl.maxAttempts = clampAttempts(rp.MaxAttempts)
-		rl.retryable = idempotency.Codes(rp.RetryableStatusCodes...)
-		rl.backoffBase, rl.backoffMax = rp.InitialBackoff, max(rp.MaxBackoff, rp.InitialBackoff)
-		rl.backoffMult = rp.BackoffMultiplier
-		rl.hedge, rl.hedgeDelay, rl.maxHedges = false, 0, 0
-	case mp.Hedging != nil:
-		hp := mp.Hedging
-		rl.maxAttempts = clampAttempts(hp.MaxAttempts)
-		rl.retryable = idempotency.Codes(hp.NonFatalStatusCodes...)
-		rl.hedge, rl.hedgeDelay, rl.maxHedges = true, max(hp.HedgingDelay, time.Nanosecond), rl.maxAttempts-1
-	default:
-		return nil
-	}
-	return &rl
-}
-
 // dependency returns what a ClientConn's target is called (in telemetry,
 // errors and hooks) and the key of its budget, breaker and endpoint table:
 // the name WithTargetName gives it, for both; by default the target itself
@@ -318,15 +288,4 @@ func (r *route) readMethodConfig(cc *grpc.ClientConn, now time.Time, w *svcconfi
 	}
 	r.mc.Store(next)
 	return next
-}
-
-// codeList lists the codes of s.
-func codeList(s idempotency.CodeSet) []codes.Code {
-	var out []codes.Code
-	for c := codes.Code(1); c < 32; c++ {
-		if s.Has(c) {
-			out = append(out, c)
-		}
-	}
-	return out
 }
