@@ -22,10 +22,11 @@ import (
 // per such call, leaving the retries to grpc-go, until a failure that
 // grpc-go would have retried comes back after a single attempt of
 // grpc-go's: its retries are off (grpc.WithDisableRetry), and from that
-// call on the suite retries such methods within its budget, as through
-// DialOptions. With grpc-go's retries on, the suite keeps sending one
-// attempt per call, so that the two never multiply. The README's table
-// "grpc-go's own retries" lists the four combinations.
+// call on the suite retries such methods within its budget, as its own
+// options say. With grpc-go's retries on, the suite keeps sending one
+// attempt per call, so that the two never multiply. Installed by hand, the
+// suite does not carry out the service config's policies as DialOptions
+// does. docs/grpc-retries.md lists the combinations.
 func (c *Client) Unary() grpc.UnaryClientInterceptor { return c.unaryInterceptor(nil) }
 
 func (c *Client) unaryInterceptor(w *svcconfig.Watch) grpc.UnaryClientInterceptor {
