@@ -339,12 +339,12 @@ func (c *call) applyGRPCRetry(mc *methodConfig) {
 		// grpc's yet: the attempt is watched all the same, in case its
 		// failure shows a retryPolicy (see noteGRPCRetries).
 		if mc.provisional && c.grpc.watched == nil {
-			c.grpc.watched = c.client.grpcRetriesOf(c.cc)
+			c.grpc.watched = c.watchedOf(mc)
 		}
 		return
 	}
 	if c.grpc.watched == nil {
-		c.grpc.watched = c.client.grpcRetriesOf(c.cc)
+		c.grpc.watched = c.watchedOf(mc)
 	}
 	switch {
 	case c.grpc.watched != nil && c.grpc.watched.off.Load():
@@ -353,6 +353,19 @@ func (c *call) applyGRPCRetry(mc *methodConfig) {
 		c.plan.grpcRetry = true
 		c.client.warnGRPCRetry(c.route)
 	}
+}
+
+// watchedOf returns what the Client has seen of grpc-go's retries on the
+// call's ClientConn, looked up once per method config read.
+func (c *call) watchedOf(mc *methodConfig) *grpcRetries {
+	if w := mc.watched.Load(); w != nil {
+		return w
+	}
+	w := c.client.grpcRetriesOf(c.cc)
+	if w != nil && mc.cc == c.cc {
+		mc.watched.Store(w)
+	}
+	return w
 }
 
 // recheckMethodConfig reads the method's service config again after a

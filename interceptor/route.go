@@ -78,9 +78,12 @@ type methodConfig struct {
 	grpcAttempts int
 	// provisional: no retryPolicy, read before the ClientConn was ready,
 	// maybe before it had its service config: the calls that use it are
-	// watched as if it had one (see applyGRPCRetry), and the first call
-	// that finds the ClientConn ready reads it again.
+	// watched as if it had one (see applyGRPCRetry), and it is read again
+	// after provisionalTTL.
 	provisional bool
+	// watched is what the Client has seen of grpc-go's retries on cc,
+	// looked up by the first call that needs it (see call.watchedOf).
+	watched atomic.Pointer[grpcRetries]
 
 	// For a ClientConn dialed with DialOptions: the service config it was
 	// read from (its generation), the policy it gives the method (nil:
@@ -235,12 +238,23 @@ func (r *route) methodConfig(cc *grpc.ClientConn, now time.Time, w *svcconfig.Wa
 			if mc.gen == w.Generation() {
 				return mc
 			}
-		} else if now.Sub(mc.read) < methodConfigTTL && !now.Before(mc.read) &&
-			(!mc.provisional || cc.GetState() != connectivity.Ready) {
+		} else if ttl := mc.ttl(); now.Sub(mc.read) < ttl && !now.Before(mc.read) {
 			return mc
 		}
 	}
 	return r.readMethodConfig(cc, now, w)
+}
+
+// provisionalTTL is how long a provisional method config is trusted: until
+// the ClientConn is ready, grpc may not have its service config yet.
+const provisionalTTL = 10 * time.Millisecond
+
+// ttl is how long mc is trusted, when no Watch follows its ClientConn.
+func (mc *methodConfig) ttl() time.Duration {
+	if mc.provisional {
+		return provisionalTTL
+	}
+	return methodConfigTTL
 }
 
 // readMethodConfig reads the method's service config from cc now, and

@@ -131,3 +131,14 @@ func BenchmarkUnaryBufconn(b *testing.B) {
 		run(b, grpc.WithChainUnaryInterceptor(interceptor.NewClient(recordingTracer(b), interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: metricnoop.NewMeterProvider()})).Unary()))
 	})
 }
+
+// nowSink keeps BenchmarkTimeNow's readings alive.
+var nowSink time.Time
+
+// BenchmarkTimeNow is BenchmarkUnaryFakeInvoker's yardstick: one reading
+// of the clock, on the same machine in the same run.
+func BenchmarkTimeNow(b *testing.B) {
+	for b.Loop() {
+		nowSink = time.Now()
+	}
+}
