@@ -20,6 +20,18 @@ func Add[T ~int64](a, b T) T {
 	return s
 }
 
+// Sub returns a−b, or the limit of int64 it passes.
+func Sub[T ~int64](a, b T) T {
+	d := a - b
+	switch {
+	case a >= 0 && b < 0 && d < 0:
+		return math.MaxInt64
+	case a < 0 && b > 0 && d >= 0:
+		return math.MinInt64
+	}
+	return d
+}
+
 // Mul returns a×b, or the limit of int64 it passes.
 func Mul[T ~int64](a, b T) T {
 	neg := (a < 0) != (b < 0)

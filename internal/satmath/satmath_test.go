@@ -25,7 +25,7 @@ func clamp(v *big.Int) int64 {
 	return v.Int64()
 }
 
-// TestAgainstBigInt: Add and Mul are the exact result, clamped to int64,
+// TestAgainstBigInt: Add, Sub and Mul are the exact result, clamped to int64,
 // for any operands, extremes included.
 func TestAgainstBigInt(t *testing.T) {
 	edge := rapid.SampledFrom([]int64{0, 1, -1, 2, -2, math.MaxInt64, math.MinInt64, math.MaxInt64 - 1, math.MinInt64 + 1, 1 << 32, -1 << 32, 3037000499, -3037000500})
@@ -35,6 +35,9 @@ func TestAgainstBigInt(t *testing.T) {
 		ba, bb := big.NewInt(a), big.NewInt(b)
 		if got, want := satmath.Add(a, b), clamp(new(big.Int).Add(ba, bb)); got != want {
 			t.Fatalf("Add(%d, %d) = %d, want %d", a, b, got, want)
+		}
+		if got, want := satmath.Sub(a, b), clamp(new(big.Int).Sub(ba, bb)); got != want {
+			t.Fatalf("Sub(%d, %d) = %d, want %d", a, b, got, want)
 		}
 		if got, want := satmath.Mul(a, b), clamp(new(big.Int).Mul(ba, bb)); got != want {
 			t.Fatalf("Mul(%d, %d) = %d, want %d", a, b, got, want)

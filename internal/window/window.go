@@ -188,3 +188,39 @@ func (c *Counter) Reset() {
 		c.counts[i].Store(0)
 	}
 }
+
+// Origin is the zero of a time line that starts at the first time it is
+// given, so that a Counter's slots start then, whatever clock drives it: a
+// simulation run twice from different instants sees the same slots.
+//
+// The zero Origin is ready to use; it is safe for concurrent use and must
+// not be copied after first use.
+type Origin struct {
+	v atomic.Int64 // the first time, its sign bit flipped; 0: none yet
+}
+
+// Since returns t − the first time given to Since (saturating): 0 for the
+// first call.
+func (o *Origin) Since(t int64) int64 {
+	v := o.v.Load()
+	if v == 0 {
+		o.v.CompareAndSwap(0, encode(t))
+		v = o.v.Load()
+	}
+	return satmath.Sub(t, v^math.MinInt64)
+}
+
+// First returns the first time given to Since, and false if none was.
+func (o *Origin) First() (int64, bool) {
+	v := o.v.Load()
+	return v ^ math.MinInt64, v != 0
+}
+
+// encode flips t's sign bit; the one time that would encode to 0 (none
+// yet), math.MinInt64, is taken 1 ns later.
+func encode(t int64) int64 {
+	if t == math.MinInt64 {
+		t++
+	}
+	return t ^ math.MinInt64
+}

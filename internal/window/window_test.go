@@ -323,3 +323,37 @@ func floorDiv(a, b int64) int64 {
 	}
 	return q
 }
+
+func TestOriginIsTheFirstTime(t *testing.T) {
+	var o window.Origin
+	if _, ok := o.First(); ok {
+		t.Fatal("a zero Origin has a first time")
+	}
+	if got := o.Since(base); got != 0 {
+		t.Fatalf("Since(first) = %d, want 0", got)
+	}
+	if got := o.Since(base + 5); got != 5 {
+		t.Fatalf("Since(first+5) = %d, want 5", got)
+	}
+	if got := o.Since(base - 7); got != -7 {
+		t.Fatalf("Since(first-7) = %d, want -7", got)
+	}
+	if f, ok := o.First(); !ok || f != base {
+		t.Fatalf("First = %d, %v", f, ok)
+	}
+	// Even times and extremes are exact (no bit of the first time is lost).
+	for _, first := range []int64{0, -1, 2, math.MaxInt64, math.MinInt64 + 1} {
+		var o window.Origin
+		if o.Since(first) != 0 || o.Since(first) != 0 {
+			t.Errorf("first %d: not 0", first)
+		}
+		if f, _ := o.First(); f != first {
+			t.Errorf("First = %d, want %d", f, first)
+		}
+	}
+	var o2 window.Origin
+	o2.Since(math.MaxInt64)
+	if got := o2.Since(math.MinInt64); got != math.MinInt64 {
+		t.Errorf("far before a far first time: %d, want saturated", got)
+	}
+}
