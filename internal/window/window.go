@@ -141,16 +141,14 @@ func (c *Counter) claim(i uint64, s int64) bool {
 }
 
 // Sum adds to into[k] the counts of kind k (for k < len(into) and < kinds)
-// in the newest last slots of the window ending at now (or at the newest
-// slot counted in, if that is later): slots now−last+1 to now. A last ≤ 0,
-// or beyond Slots, means the whole window.
-func (c *Counter) Sum(now int64, last int, into []int64) {
-	if last <= 0 || int64(last) > c.slots {
-		last = int(c.slots)
-	}
+// of the slots from to to−1 slots before the newest slot of the window
+// ending at now (or at the newest slot counted in, if that is later): Sum
+// (now, 0, 1, into) reads the newest slot, Sum(now, 0, c.Slots(), into)
+// the whole window. to is capped at Slots.
+func (c *Counter) Sum(now int64, from, to int, into []int64) {
 	into = into[:min(len(into), c.kinds)]
 	end := max(c.Slot(now), c.head.Load())
-	for a := range int64(last) {
+	for a := int64(max(from, 0)); a < min(int64(to), c.slots); a++ {
 		s := end - a
 		i := uint64(s) & c.mask
 		if c.nums[i].Load() != s {
@@ -167,7 +165,7 @@ func (c *Counter) Sum(now int64, last int, into []int64) {
 // does not have) over the whole window ending at now, as Sum does.
 func (c *Counter) Counts(now int64) (a, b int64) {
 	var s [2]int64
-	c.Sum(now, 0, s[:])
+	c.Sum(now, 0, int(c.slots), s[:])
 	return s[0], s[1]
 }
 

@@ -103,37 +103,34 @@ func TestALateCountWithinTheWindowCounts(t *testing.T) {
 	}
 }
 
-// TestSumOfTheNewestSlots: Sum reads the newest k slots, for each kind of
-// a histogram-like Counter.
+// TestSumOfTheNewestSlots: Sum reads the slots of a range of ages, for
+// each kind of a histogram-like Counter.
 func TestSumOfTheNewestSlots(t *testing.T) {
 	c := window.New(8, 3, time.Second)
 	for s := range 8 {
 		c.Add(at(time.Duration(s)*time.Second), s%3, int64(s+1))
 	}
 	now := at(7 * time.Second)
-	for _, last := range []int{1, 2, 3, 0, 100} {
+	for _, r := range [][2]int{{0, 1}, {0, 2}, {0, 3}, {1, 3}, {2, 8}, {0, 8}, {0, 100}, {5, 100}, {3, 3}, {-2, 1}, {8, 9}} {
 		var got [3]int64
-		c.Sum(now, last, got[:])
-		// Slot s has s+1 events of kind s%3.
+		c.Sum(now, r[0], r[1], got[:])
+		// Slot s (age 7−s) has s+1 events of kind s%3.
 		var want [3]int64
-		n := last
-		if n <= 0 || n > 8 {
-			n = 8
-		}
-		for s := 7; s > 7-n; s-- {
+		for age := max(r[0], 0); age < min(r[1], 8); age++ {
+			s := 7 - age
 			want[s%3] += int64(s + 1)
 		}
 		if got != want {
-			t.Errorf("Sum(last %d) = %v, want %v", last, got, want)
+			t.Errorf("Sum(ages %d to %d) = %v, want %v", r[0], r[1], got, want)
 		}
 	}
 	var two [2]int64
-	c.Sum(now, 0, two[:]) // fewer kinds asked for than counted
+	c.Sum(now, 0, 8, two[:]) // fewer kinds asked for than counted
 	if two != [2]int64{12, 15} {
 		t.Errorf("Sum into 2 = %v", two)
 	}
 	var four [4]int64
-	c.Sum(now, 0, four[:]) // more kinds asked for than counted
+	c.Sum(now, 0, 8, four[:]) // more kinds asked for than counted
 	if four != [4]int64{12, 15, 9, 0} {
 		t.Errorf("Sum into 4 = %v", four)
 	}
@@ -250,7 +247,7 @@ func TestConcurrentAddsAcrossSlots(t *testing.T) {
 	}
 	wg.Wait()
 	var s [1]int64
-	c.Sum(199*int64(time.Millisecond), 1, s[:])
+	c.Sum(199*int64(time.Millisecond), 0, 1, s[:])
 	if s[0] > 40 || s[0] < 1 {
 		t.Fatalf("newest slot: %d, want at most 40 (4 writers × 10)", s[0])
 	}
@@ -262,7 +259,7 @@ func TestAddDoesNotAllocate(t *testing.T) {
 		t.Fatalf("Add: %v allocations", n)
 	}
 	var s [2]int64
-	if n := testing.AllocsPerRun(100, func() { c.Sum(base, 0, s[:]) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { c.Sum(base, 0, 4, s[:]) }); n != 0 {
 		t.Fatalf("Sum: %v allocations", n)
 	}
 }
@@ -293,23 +290,20 @@ func TestAgainstAModel(t *testing.T) {
 				}
 				continue
 			}
-			last := rapid.IntRange(0, slots+1).Draw(t, "last")
+			from := rapid.IntRange(-1, slots).Draw(t, "from")
+			to := rapid.IntRange(0, slots+2).Draw(t, "to")
 			got := make([]int64, kinds)
-			c.Sum(now, last, got)
+			c.Sum(now, from, to, got)
 			end := max(s, head)
-			l := int64(last)
-			if l <= 0 || l > int64(slots) {
-				l = int64(slots)
-			}
 			want := make([]int64, kinds)
 			for _, k := range kept {
-				if k.slot > end-l && k.slot <= end {
+				if age := end - k.slot; age >= int64(max(from, 0)) && age < int64(min(to, slots)) {
 					want[k.kind] += k.n
 				}
 			}
 			for k := range want {
 				if got[k] != want[k] {
-					t.Fatalf("at %d (slot %d, newest %d), last %d: kind %d = %d, want %d", now, s, head, last, k, got[k], want[k])
+					t.Fatalf("at %d (slot %d, newest %d), ages %d to %d: kind %d = %d, want %d", now, s, head, from, to, k, got[k], want[k])
 				}
 			}
 		}
