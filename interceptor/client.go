@@ -69,11 +69,6 @@ type Client struct {
 	// grpcRetry is what the Client has seen of grpc-go's retries, per
 	// ClientConn installed by hand (see grpcRetries).
 	grpcRetry cowmap.Map[weak.Pointer[grpc.ClientConn], *grpcRetries]
-	// breakerAt is true when the breakers run on this Client's clock, so
-	// that the times it reads anyway can be passed to them instead of
-	// their reading the clock again. Budgets always take the Client's
-	// times.
-	breakerAt bool
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -121,9 +116,6 @@ func NewClient(opts ...ClientOption) *Client {
 			c.breakers = o.breakers
 		} else {
 			cfg := o.breakerCfg
-			if cfg.Now == nil { // the breaker runs on the Client's clock
-				cfg.Now, c.breakerAt = o.now, true
-			}
 			// The callback runs wherever the breaker's state changes,
 			// also on the Client's own goroutines: a panic in it is
 			// recovered (see Hooks). Each breaker adds the hook (see
@@ -134,11 +126,7 @@ func NewClient(opts ...ClientOption) *Client {
 			c.breakerCfg = cfg
 		}
 	}
-	dcfg := o.deadlineCfg
-	if dcfg.Now == nil {
-		dcfg.Now = o.now
-	}
-	c.dl = deadline.NewClient(dcfg)
+	c.dl = deadline.NewClient(o.deadlineCfg)
 	c.retryable = resolveCodes(o.retryable, idempotency.Codes(codes.Unavailable))
 	c.failures = resolveCodes(o.failures, idempotency.Codes(codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Internal))
 	c.tel = newTelemetry(&c.o, c)
