@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -169,43 +170,42 @@ func endpoint(s attribute.Set) string {
 // Issue 13 item 11: the header is relative, so each hop's deadline landed
 // later than its caller's by the time in transit. With the default margin,
 // each hop's deadline is its caller's less the margin (rounded down to the
-// millisecond): here on one fake clock shared by every client and server
-// of a three-hop chain, so that transit takes no time and only the
-// arithmetic shows (depth_norace_test.go measures real transit on
-// loopback).
+// millisecond): here in a synctest bubble, whose clock every client and
+// server of a three-hop chain reads and which stands still while the call
+// goes through, so that transit takes no time and only the arithmetic
+// shows (depth_norace_test.go measures real transit on loopback).
 func TestEachHopsDeadlineIsItsCallersLessTheMargin(t *testing.T) {
-	clk, opts := fakeClock()
-	o := origin.New(nil)
-	srvOpts := func() []grpc.ServerOption {
-		s := interceptor.NewServer(interceptor.WithoutDedupe(), interceptor.WithServerDeadline(deadline.ServerConfig{Now: clk.Now}))
-		return []grpc.ServerOption{grpc.ChainUnaryInterceptor(s.Unary())}
-	}
-	l := origin.Bufconn()
-	defer origin.Serve(l, o, srvOpts()...).Stop()
-	for range 3 {
-		guard := interceptor.NewClient(append(noopProviders(), opts...)...)
+	synctest.Test(t, func(t *testing.T) {
+		o := origin.New(nil)
+		srvOpts := func() []grpc.ServerOption {
+			s := interceptor.NewServer(interceptor.WithoutDedupe(), interceptor.WithServerDeadline(deadline.ServerConfig{}))
+			return []grpc.ServerOption{grpc.ChainUnaryInterceptor(s.Unary())}
+		}
+		l := origin.Bufconn()
+		defer origin.Serve(l, o, srvOpts()...).Stop()
+		for range 3 {
+			guard := interceptor.NewClient(noopProviders()...)
+			cc, err := l.Dial(guard.DialOptions()...)
+			require.NoError(t, err)
+			defer cc.Close()
+			next := origin.Bufconn()
+			defer origin.Serve(next, &origin.Hop{Next: echov1.NewEchoServiceClient(cc)}, srvOpts()...).Stop()
+			l = next
+		}
+		guard := interceptor.NewClient(noopProviders()...)
 		cc, err := l.Dial(guard.DialOptions()...)
 		require.NoError(t, err)
 		defer cc.Close()
-		next := origin.Bufconn()
-		defer origin.Serve(next, &origin.Hop{Next: echov1.NewEchoServiceClient(cc)}, srvOpts()...).Stop()
-		l = next
-	}
-	guard := interceptor.NewClient(append(noopProviders(), opts...)...)
-	cc, err := l.Dial(guard.DialOptions()...)
-	require.NoError(t, err)
-	defer cc.Close()
-	// The caller's deadline, in the fake clock's time: far earlier than any
-	// real-time grpc-timeout, so the header decides at every hop.
-	dl := clk.Now().Add(2 * time.Second)
-	ctx, cancel := context.WithDeadline(t.Context(), dl)
-	defer cancel()
-	_, err = echov1.NewEchoServiceClient(cc).Put(ctx, &echov1.PutRequest{RequestId: "depth"})
-	require.NoError(t, err)
-	calls := o.Calls()
-	require.Len(t, calls, 1)
-	want := dl.Add(-4 * deadline.DefaultMargin) // the caller's client and three hops
-	assert.Equal(t, want, calls[0].Deadline, "four margins below the caller's deadline")
+		dl := time.Now().Add(2 * time.Second)
+		ctx, cancel := context.WithDeadline(t.Context(), dl)
+		defer cancel()
+		_, err = echov1.NewEchoServiceClient(cc).Put(ctx, &echov1.PutRequest{RequestId: "depth"})
+		require.NoError(t, err)
+		calls := o.Calls()
+		require.Len(t, calls, 1)
+		want := dl.Add(-4 * deadline.DefaultMargin) // the caller's client and three hops
+		assert.Equal(t, want, calls[0].Deadline, "four margins below the caller's deadline")
+	})
 }
 
 // Issue 13, "decide and document": budgets and breakers are keyed on the
