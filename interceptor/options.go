@@ -296,8 +296,11 @@ func WithPropagators(p propagation.TextMapPropagator) ClientOption {
 	})
 }
 
-// WithClock sets the clock used for budgets, breakers, deadlines and latency
-// (default time.Now); for tests, together with WithTimer. nil is ignored.
+// WithClock sets the clock used for budgets, breakers (the Client passes
+// its times to their At forms, also to WithBreakers' breakers), deadlines
+// and latency (default time.Now); for tests, together with WithTimer. A
+// deadline.ClientConfig's DefaultTimeout is measured on the real clock, as
+// context deadlines are. nil is ignored.
 func WithClock(now func() time.Time) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
 		if now != nil {
