@@ -51,7 +51,7 @@ type summary struct {
 // numSlots-1 before it.
 func summarize(h *window.Counter, now int64, q float64, born int64) summary {
 	var counts [numBuckets]int64
-	h.Sum(now, 0, counts[:])
+	h.Sum(now, 0, numSlots, counts[:])
 	var sum summary
 	for _, c := range counts {
 		sum.n += int(c)
