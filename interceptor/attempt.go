@@ -133,7 +133,7 @@ func (c *call) admit(ctx context.Context, a *attempt, now time.Time) (Reason, er
 	kind := a.kind
 	var would Reason
 	if b := c.route.breaker; b != nil {
-		t, err := b.Admit()
+		t, err := b.AdmitAt(now)
 		switch {
 		case err == nil:
 			a.ticket = t
@@ -145,7 +145,7 @@ func (c *call) admit(ctx context.Context, a *attempt, now time.Time) (Reason, er
 		case c.client.o.shadow:
 			would = ReasonBreaker
 		default:
-			return ReasonBreaker, circuitOpenError(c.route, b)
+			return ReasonBreaker, circuitOpenError(c.route, b, now)
 		}
 		if would == "" && kind != kindFirst && c.servedNothing(b, now) {
 			if !c.client.o.shadow {
@@ -213,7 +213,7 @@ func (c *call) refusedAtPick(ctx context.Context, a *attempt) error {
 	if a.cancel != nil {
 		a.cancel()
 	}
-	err := circuitOpenError(c.route, a.guarded)
+	err := circuitOpenError(c.route, a.guarded, c.client.now())
 	if a.span != nil {
 		a.span.SetAttributes(AttrSent.Bool(false))
 		endSpan(a.span, codes.Unavailable, status.Convert(err).Message())
@@ -302,7 +302,7 @@ func servedNothing(r *route, b *breaker.Breaker, now time.Time) bool {
 	if ok, fail, known := r.endpoints.totals(now); known {
 		return ok == 0 && fail >= minServedNothing
 	}
-	st := b.Stats()
+	st := b.StatsAt(now)
 	return st.State == breaker.StateClosed && st.Attempts >= minServedNothing && st.Failures == st.Attempts
 }
 
@@ -393,11 +393,7 @@ func (c *call) end(callCtx context.Context, a *attempt, err error, abandoned boo
 		a.ticket.Ignore()
 	default:
 		failed := code != codes.OK && c.client.failures.Has(code)
-		if c.client.breakerAt {
-			a.ticket.DoneAt(failed, now)
-		} else {
-			a.ticket.Done(failed)
-		}
+		a.ticket.DoneAt(failed, now)
 		c.route.endpoints.record(a.peer(), failed, now)
 		if c.route.lat != nil && (code == codes.OK || !c.route.retryable.Has(code)) {
 			c.route.lat.observe(now.Sub(a.start))

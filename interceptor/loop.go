@@ -107,7 +107,7 @@ func (c *call) fundable(now time.Time) Reason {
 	switch {
 	case c.client.o.shadow:
 		return ""
-	case c.route.breaker != nil && (c.route.breaker.RetryAfter() > 0 || c.deadForSure(now)):
+	case c.route.breaker != nil && (c.route.breaker.RetryAfterAt(now) > 0 || c.deadForSure(now)):
 		return ReasonBreaker
 	case c.route.budget != nil && !c.failover && !c.prepaid && !c.route.budget.PeekAt(now):
 		return ReasonBudget

@@ -109,9 +109,8 @@ func TestBudgetRefusalKeepsOriginalStatus(t *testing.T) {
 }
 
 func TestBreakerOpenFailsFastAndIsNeverRetried(t *testing.T) {
-	now := time.Unix(1000, 0)
 	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithoutBudget(),
-		interceptor.WithBreaker(breaker.Config{ConsecutiveFailures: 3, OpenTimeout: time.Minute, Now: func() time.Time { return now }}))
+		interceptor.WithBreaker(breaker.Config{ConsecutiveFailures: 3, OpenTimeout: time.Minute}))
 	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "a"})
 	assert.Equal(t, codes.Unavailable, status.Code(err))
 	assert.Equal(t, 3, e.origin.Total())
@@ -270,8 +269,7 @@ func TestRetryableCodesOption(t *testing.T) {
 }
 
 func TestCallerCancelIsNotABreakerFailure(t *testing.T) {
-	now := time.Unix(1000, 0)
-	reg := breaker.NewRegistry(breaker.Config{ConsecutiveFailures: 1, Now: func() time.Time { return now }})
+	reg := breaker.NewRegistry(breaker.Config{ConsecutiveFailures: 1})
 	e := newEnv(t, origin.Sleep(time.Hour), interceptor.WithBreakers(reg))
 	for i := range 3 {
 		ctx, cancel := context.WithCancel(t.Context())
