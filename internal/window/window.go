@@ -2,8 +2,10 @@
 // slots, each counting what happened in one slot-width of time, lock-free.
 // It is the one counter the suite judges "lately" with: the retry budget's
 // deposits and withdrawals, the breaker's attempts and failures, the
-// overload guard's latency history, the outlier policy's and the
-// interceptor's per-endpoint outcomes, the server's per-method outcomes.
+// overload guard's latency history, the outlier policy's per-endpoint
+// outcomes, the server's per-method outcomes (and it fits the interceptor's
+// per-endpoint outcomes: a lock-free count that does not allocate, a
+// Latest for forgetting idle endpoints).
 package window
 
 import (
@@ -129,9 +131,9 @@ func (c *Counter) claim(i uint64, s int64) bool {
 			return false
 		}
 		if c.nums[i].CompareAndSwap(old, s) {
-			clear := c.counts[int(i)*c.kinds : (int(i)+1)*c.kinds]
-			for k := range clear {
-				clear[k].Store(0)
+			cs := c.counts[int(i)*c.kinds : (int(i)+1)*c.kinds]
+			for k := range cs {
+				cs[k].Store(0)
 			}
 			for h := c.head.Load(); s > h && !c.head.CompareAndSwap(h, s); h = c.head.Load() {
 			}
@@ -142,8 +144,8 @@ func (c *Counter) claim(i uint64, s int64) bool {
 
 // Sum adds to into[k] the counts of kind k (for k < len(into) and < kinds)
 // of the slots from to to−1 slots before the newest slot of the window
-// ending at now (or at the newest slot counted in, if that is later): Sum
-// (now, 0, 1, into) reads the newest slot, Sum(now, 0, c.Slots(), into)
+// ending at now (or at the newest slot counted in, if that is later).
+// Sum(now, 0, 1, into) reads the newest slot; Sum(now, 0, c.Slots(), into)
 // the whole window. to is capped at Slots.
 func (c *Counter) Sum(now int64, from, to int, into []int64) {
 	into = into[:min(len(into), c.kinds)]
@@ -179,8 +181,8 @@ func (c *Counter) Latest() (int64, bool) {
 	return satmath.Mul(h, c.width), true
 }
 
-// Reset forgets every count. The window stays where it is: counts older
-// than its newest slot are still dropped.
+// Reset forgets every count. The window stays where it is: a count older
+// than the window ending at its newest slot is still dropped.
 func (c *Counter) Reset() {
 	for i := range c.counts {
 		c.counts[i].Store(0)
