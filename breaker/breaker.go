@@ -5,6 +5,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/stormguard/stormguard/internal/satmath"
+	"github.com/stormguard/stormguard/internal/window"
 )
 
 // ErrOpen is returned by Allow and Admit when the breaker refuses an attempt:
@@ -18,6 +21,11 @@ var ErrOpen = errors.New("breaker: circuit open")
 // with the default Config (and no name, no callback). A Breaker must not be
 // copied after first use. All methods are safe for concurrent use; none
 // starts a goroutine.
+//
+// The methods without a time read the monotonic clock; the At forms take
+// the time from the caller (a simulator, or a caller that has just read the
+// clock). Times a Breaker is given should come from one clock: its time
+// line starts at the first time it sees.
 type Breaker struct {
 	// word is gen<<2 | state. It is written only under mu and read without
 	// a lock by the closed-state fast paths.
@@ -25,24 +33,26 @@ type Breaker struct {
 	// consec is the run of failures while closed: written under mu, reset
 	// by lock-free successes.
 	consec atomic.Int64
-	// openUntil is when the open period ends, since epoch: written under mu
-	// before the state word, read without a lock to refuse quickly.
+	// openUntil is when the open period ends, on the breaker's time line:
+	// written under mu before the state word, read without a lock to refuse
+	// quickly.
 	openUntil atomic.Int64
 	// rejected counts attempts refused with ErrOpen.
 	rejected atomic.Uint64
+	// origin is instant 0 of the breaker's time line: the first time it
+	// sees, as an offset from procEpoch; its window's buckets start then.
+	origin window.Origin
+	// win counts the attempts and failures of the closed state, in
+	// windowBuckets buckets: set by New, or under mu on first use of a zero
+	// Breaker; a success is counted without mu.
+	win atomic.Pointer[window.Counter]
 
 	// Set by New before the Breaker is shared; never written afterwards.
-	now    func() time.Time // nil: the monotonic clock
-	epoch  time.Time        // instant 0 of the breaker's own time line
-	width  time.Duration    // window bucket width; 0: the default's
 	target string
 
 	mu     sync.Mutex
 	inited bool
 	s      settings
-
-	// closed; a success in the newest bucket is counted without mu
-	win window
 
 	// open
 	rounds int // consecutive failed probe rounds: the open period's growth
@@ -64,24 +74,27 @@ type transition struct{ from, to State }
 
 const stateMask = 3
 
+// The kinds of outcome the window counts.
+const (
+	kindAttempt = iota
+	kindFailure
+)
+
 // New returns a closed Breaker configured by c (see Config for defaults).
 func New(c Config) *Breaker {
-	b := &Breaker{now: c.Now, epoch: procEpoch, target: c.Target}
-	if c.Now != nil {
-		b.epoch = c.Now()
-	}
+	b := &Breaker{target: c.Target}
 	b.init(c)
-	b.width = b.s.width
 	return b
 }
 
-// procEpoch is the time line of breakers on the real clock: reading
+// procEpoch is the origin of the offsets times are converted to: reading
 // time.Since of a monotonic instant costs one clock read, time.Now two.
 var procEpoch = time.Now()
 
 // init applies c. Called by New, or under mu on first use of a zero Breaker.
 func (b *Breaker) init(c Config) {
 	b.s = c.settings()
+	b.win.Store(window.New(windowBuckets, 2, b.s.width))
 	b.inited = true
 }
 
@@ -93,28 +106,22 @@ func (b *Breaker) lock() {
 	}
 }
 
-// clock returns the current instant on b's time line (since b.epoch).
-func (b *Breaker) clock() time.Duration {
-	if b.now != nil {
-		return b.now().Sub(b.epoch)
-	}
-	return time.Since(procEpoch)
-}
+// clock returns the current instant on b's time line, from the monotonic
+// clock.
+func (b *Breaker) clock() time.Duration { return b.line(time.Since(procEpoch)) }
 
-// since converts a Time from b's clock to an instant on b's time line.
-func (b *Breaker) since(t time.Time) time.Duration {
-	if b.now == nil {
-		return t.Sub(procEpoch)
-	}
-	return t.Sub(b.epoch)
+// at converts a Time to an instant on b's time line.
+func (b *Breaker) at(t time.Time) time.Duration { return b.line(t.Sub(procEpoch)) }
+
+// line converts an offset from procEpoch to an instant on b's time line.
+func (b *Breaker) line(off time.Duration) time.Duration {
+	return time.Duration(b.origin.Since(int64(off)))
 }
 
 // toTime converts an instant on b's time line to a Time.
 func (b *Breaker) toTime(d time.Duration) time.Time {
-	if b.now == nil {
-		return procEpoch.Add(d)
-	}
-	return b.epoch.Add(d)
+	first, _ := b.origin.First()
+	return procEpoch.Add(satmath.Add(time.Duration(first), d))
 }
 
 // Target returns the name given in Config.Target or to Registry.For.
@@ -137,13 +144,21 @@ type Ticket struct {
 // caller makes the attempt and reports its outcome on the Ticket.
 //
 // Admit and Ticket.Done never allocate. On a closed breaker, Admit and the
-// report of a success take no lock (a failure does). Admit is the fast path
-// under Allow.
+// report of a success take no lock (a failure does), and Admit does not
+// read the clock. Admit is the fast path under Allow.
 func (b *Breaker) Admit() (Ticket, error) {
 	if w := b.word.Load(); w&stateMask == uint64(StateClosed) {
 		return Ticket{b: b, gen: w >> 2}, nil
 	}
-	return b.admitSlow()
+	return b.admitSlow(b.clock())
+}
+
+// AdmitAt is Admit at time now.
+func (b *Breaker) AdmitAt(now time.Time) (Ticket, error) {
+	if w := b.word.Load(); w&stateMask == uint64(StateClosed) {
+		return Ticket{b: b, gen: w >> 2}, nil
+	}
+	return b.admitSlow(b.at(now))
 }
 
 // Done reports the attempt's outcome: failed says whether it counts
@@ -155,12 +170,11 @@ func (t *Ticket) Done(failed bool) {
 	}
 }
 
-// DoneAt is Done at time now, for callers that have just read the clock
-// themselves: now must come from the same clock as Config.Now (time.Now
-// when Config.Now is nil). It saves a clock read on the hot path.
+// DoneAt is Done at time now, for a simulator or a caller that has just
+// read the clock (it saves a clock read on the hot path).
 func (t *Ticket) DoneAt(failed bool, now time.Time) {
 	if t.b != nil && atomic.CompareAndSwapUint32(&t.reported, 0, 1) {
-		t.b.report(t.gen, failed, false, t.b.since(now))
+		t.b.report(t.gen, failed, false, t.b.at(now))
 	}
 }
 
@@ -194,16 +208,15 @@ func (b *Breaker) Allow() (done func(failed bool), err error) {
 
 func noop(bool) {}
 
-// admitSlow is Admit when the breaker is not (or was not, a moment ago)
-// closed.
-func (b *Breaker) admitSlow() (t Ticket, err error) {
-	if b.word.Load()&stateMask == uint64(StateOpen) && b.clock() < b.openUntilD() {
+// admitSlow is Admit at now when the breaker is not (or was not, a moment
+// ago) closed.
+func (b *Breaker) admitSlow(now time.Duration) (t Ticket, err error) {
+	if b.word.Load()&stateMask == uint64(StateOpen) && now < b.openUntilD() {
 		// Open and not due to change: refuse without the lock.
 		b.rejected.Add(1)
 		return Ticket{}, ErrOpen
 	}
 	b.lock()
-	now := b.clock()
 	b.advance(now)
 	w := b.word.Load()
 	err = ErrOpen
@@ -237,7 +250,8 @@ func (b *Breaker) admitSlow() (t Ticket, err error) {
 	return t, err
 }
 
-// report records an outcome for an attempt admitted in generation gen.
+// report records an outcome for an attempt admitted in generation gen, at
+// now (unused for an ignored one).
 func (b *Breaker) report(gen uint64, failed, ignored bool, now time.Duration) {
 	w := b.word.Load()
 	if w>>2 != gen {
@@ -247,15 +261,13 @@ func (b *Breaker) report(gen uint64, failed, ignored bool, now time.Duration) {
 	if closed && ignored {
 		return
 	}
-	if ignored {
-		now = b.clock() // outside the lock: the clock may be slow
-	}
-	if closed && !failed && b.win.addSuccess(b.bucket(now)) {
+	if win := b.win.Load(); closed && !failed && win != nil {
 		// The common case takes no lock. (Were the breaker to go
 		// through a whole open/half-open/closed cycle between the check
 		// of gen above and this count, the stale success would land in
 		// the new window: a benign race that can only delay opening by
 		// one success.)
+		win.Add(int64(now), kindAttempt, 1)
 		if b.consec.Load() != 0 {
 			b.consec.Store(0)
 		}
@@ -269,13 +281,15 @@ func (b *Breaker) report(gen uint64, failed, ignored bool, now time.Duration) {
 	}
 	switch State(w & stateMask) {
 	case StateClosed:
-		b.win.add(b.bucket(now), failed)
+		win := b.win.Load()
+		win.Add(int64(now), kindAttempt, 1)
 		if !failed {
 			b.consec.Store(0)
 			break
 		}
+		win.Add(int64(now), kindFailure, 1)
 		b.consec.Add(1)
-		if b.tripped() {
+		if b.tripped(now) {
 			b.toOpen(now, false)
 		}
 	case StateHalfOpen:
@@ -342,22 +356,13 @@ func (b *Breaker) deliver() {
 	}
 }
 
-// bucket returns the window bucket number of instant now. It takes no lock:
-// width is fixed by New (or is the default's, for a zero Breaker).
-func (b *Breaker) bucket(now time.Duration) int64 {
-	w := b.width
-	if w == 0 {
-		w = DefaultWindow / windowBuckets
-	}
-	return int64(now / w)
-}
-
-// tripped reports whether the closed-state evidence calls for opening.
-func (b *Breaker) tripped() bool {
+// tripped reports whether the closed-state evidence at now calls for
+// opening. b.mu is held.
+func (b *Breaker) tripped(now time.Duration) bool {
 	if b.s.consecutive > 0 && b.consec.Load() >= b.s.consecutive {
 		return true
 	}
-	a, f := b.win.totals()
+	a, f := b.win.Load().Counts(int64(now))
 	return a >= b.s.minAttempts && float64(f)/float64(a) >= b.s.ratio
 }
 
@@ -390,14 +395,14 @@ func (b *Breaker) toOpen(now time.Duration, probeFailed bool) {
 	} else {
 		b.rounds = 0
 	}
-	b.openUntil.Store(int64(satAdd(now, b.s.jittered(b.s.openPeriod(b.rounds)))))
+	b.openUntil.Store(int64(satmath.Add(now, b.s.jittered(b.s.openPeriod(b.rounds)))))
 	b.opened++
 	b.setState(StateOpen)
 }
 
 // toClosed closes the breaker with fresh counts.
 func (b *Breaker) toClosed() {
-	b.win.clear()
+	b.win.Load().Reset()
 	b.consec.Store(0)
 	b.rounds = 0
 	b.setState(StateClosed)
@@ -419,8 +424,20 @@ func (b *Breaker) State() State {
 	if w := b.word.Load(); w&stateMask == uint64(StateClosed) {
 		return StateClosed
 	}
+	return b.state(b.clock())
+}
+
+// StateAt is State at time now.
+func (b *Breaker) StateAt(now time.Time) State {
+	if w := b.word.Load(); w&stateMask == uint64(StateClosed) {
+		return StateClosed
+	}
+	return b.state(b.at(now))
+}
+
+func (b *Breaker) state(now time.Duration) State {
 	b.lock()
-	b.advance(b.clock())
+	b.advance(now)
 	s := State(b.word.Load() & stateMask)
 	b.unlock()
 	return s
@@ -434,8 +451,19 @@ func (b *Breaker) RetryAfter() time.Duration {
 	if b.word.Load()&stateMask == uint64(StateClosed) {
 		return 0 // a closed breaker opens only on a report, never with time
 	}
+	return b.retryAfter(b.clock())
+}
+
+// RetryAfterAt is RetryAfter at time now.
+func (b *Breaker) RetryAfterAt(now time.Time) time.Duration {
+	if b.word.Load()&stateMask == uint64(StateClosed) {
+		return 0
+	}
+	return b.retryAfter(b.at(now))
+}
+
+func (b *Breaker) retryAfter(now time.Duration) time.Duration {
 	b.lock()
-	now := b.clock()
 	b.advance(now)
 	var d time.Duration
 	if State(b.word.Load()&stateMask) == StateOpen {
@@ -447,9 +475,14 @@ func (b *Breaker) RetryAfter() time.Duration {
 
 // OpenUntil returns when the open period ends (the breaker becomes
 // half-open at that instant), or the zero Time if it is not open.
-func (b *Breaker) OpenUntil() time.Time {
+func (b *Breaker) OpenUntil() time.Time { return b.openUntilAt(b.clock()) }
+
+// OpenUntilAt is OpenUntil at time now.
+func (b *Breaker) OpenUntilAt(now time.Time) time.Time { return b.openUntilAt(b.at(now)) }
+
+func (b *Breaker) openUntilAt(now time.Duration) time.Time {
 	b.lock()
-	b.advance(b.clock())
+	b.advance(now)
 	var t time.Time
 	if State(b.word.Load()&stateMask) == StateOpen {
 		t = b.toTime(b.openUntilD())
@@ -481,9 +514,13 @@ type Stats struct {
 // Stats returns a snapshot of b, after applying any transition that is due
 // by the clock. Successes being reported at the same moment may or may not
 // be included.
-func (b *Breaker) Stats() Stats {
+func (b *Breaker) Stats() Stats { return b.stats(b.clock()) }
+
+// StatsAt is Stats at time now.
+func (b *Breaker) StatsAt(now time.Time) Stats { return b.stats(b.at(now)) }
+
+func (b *Breaker) stats(now time.Duration) Stats {
 	b.lock()
-	now := b.clock()
 	b.advance(now)
 	st := State(b.word.Load() & stateMask)
 	s := Stats{
@@ -494,8 +531,7 @@ func (b *Breaker) Stats() Stats {
 	}
 	switch st {
 	case StateClosed:
-		b.win.advance(b.bucket(now))
-		s.Attempts, s.Failures = b.win.totals()
+		s.Attempts, s.Failures = b.win.Load().Counts(int64(now))
 		s.ConsecutiveFailures = b.consec.Load()
 	case StateOpen:
 		s.OpenUntil = b.toTime(b.openUntilD())

@@ -15,7 +15,8 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// fakeClock is an injected clock that moves only when told to.
+// fakeClock is the time a test drives a Breaker at, through its At forms:
+// it moves only when told to.
 type fakeClock struct {
 	mu  sync.Mutex
 	now time.Time
@@ -50,7 +51,6 @@ type harness struct {
 
 func newHarness(t *testing.T, c Config) *harness {
 	h := &harness{t: t, clk: newClock()}
-	c.Now = h.clk.Now
 	c.Target = "t"
 	c.OnStateChange = func(target string, from, to State) {
 		if target != "t" {
@@ -71,7 +71,7 @@ func (h *harness) fatalf(format string, args ...any) {
 
 type step func(h *harness)
 
-// ok and fail make n attempts through Allow and report them.
+// ok and fail make n attempts through AdmitAt and report them.
 func ok(n int) step   { return outcomes(n, false) }
 func fail(n int) step { return outcomes(n, true) }
 
@@ -79,11 +79,11 @@ func outcomes(n int, failed bool) step {
 	return func(h *harness) {
 		h.t.Helper()
 		for i := range n {
-			done, err := h.b.Allow()
+			tk, err := h.b.AdmitAt(h.clk.Now())
 			if err != nil {
-				h.fatalf("attempt %d of %d refused: %v (state %v)", i+1, n, err, h.b.State())
+				h.fatalf("attempt %d of %d refused: %v (state %v)", i+1, n, err, h.b.StateAt(h.clk.Now()))
 			}
-			done(failed)
+			tk.DoneAt(failed, h.clk.Now())
 		}
 	}
 }
@@ -93,8 +93,8 @@ func tick(d time.Duration) step { return func(h *harness) { h.clk.Advance(d) } }
 func want(s State) step {
 	return func(h *harness) {
 		h.t.Helper()
-		if got := h.b.State(); got != s {
-			h.fatalf("State() = %v, want %v (stats %+v)", got, s, h.b.Stats())
+		if got := h.b.StateAt(h.clk.Now()); got != s {
+			h.fatalf("State() = %v, want %v (stats %+v)", got, s, h.b.StatsAt(h.clk.Now()))
 		}
 	}
 }
@@ -103,22 +103,22 @@ func want(s State) step {
 func refused() step {
 	return func(h *harness) {
 		h.t.Helper()
-		done, err := h.b.Allow()
+		tk, err := h.b.AdmitAt(h.clk.Now())
 		if !errors.Is(err, ErrOpen) {
-			h.fatalf("Allow() err = %v, want ErrOpen (state %v)", err, h.b.State())
+			h.fatalf("Admit() err = %v, want ErrOpen (state %v)", err, h.b.StateAt(h.clk.Now()))
 		}
-		done(true) // a no-op
+		tk.DoneAt(true, h.clk.Now()) // a no-op
 	}
 }
 
-// hold admits n attempts through Admit and keeps their tickets.
+// hold admits n attempts through AdmitAt and keeps their tickets.
 func hold(n int) step {
 	return func(h *harness) {
 		h.t.Helper()
 		for i := range n {
 			t := new(Ticket)
 			var err error
-			if *t, err = h.b.Admit(); err != nil {
+			if *t, err = h.b.AdmitAt(h.clk.Now()); err != nil {
 				h.fatalf("hold %d of %d refused: %v", i+1, n, err)
 			}
 			h.held = append(h.held, t)
@@ -139,9 +139,9 @@ func release(i int, o outcome) step {
 	return func(h *harness) {
 		switch o {
 		case success:
-			h.held[i].Done(false)
+			h.held[i].DoneAt(false, h.clk.Now())
 		case failure:
-			h.held[i].Done(true)
+			h.held[i].DoneAt(true, h.clk.Now())
 		case ignore:
 			h.held[i].Ignore()
 		}
@@ -151,7 +151,7 @@ func release(i int, o outcome) step {
 func retryAfter(d time.Duration) step {
 	return func(h *harness) {
 		h.t.Helper()
-		if got := h.b.RetryAfter(); got != d {
+		if got := h.b.RetryAfterAt(h.clk.Now()); got != d {
 			h.fatalf("RetryAfter() = %v, want %v", got, d)
 		}
 	}
@@ -161,7 +161,7 @@ func retryAfter(d time.Duration) step {
 func stats(check func(Stats) bool, what string) step {
 	return func(h *harness) {
 		h.t.Helper()
-		if s := h.b.Stats(); !check(s) {
+		if s := h.b.StatsAt(h.clk.Now()); !check(s) {
 			h.fatalf("Stats() = %+v, want %s", s, what)
 		}
 	}
@@ -314,20 +314,20 @@ func TestTransitions(t *testing.T) {
 			ok(1), want(StateClosed),
 			func(h *harness) {
 				for _, t := range h.held[:20] {
-					t.Done(true)
+					t.DoneAt(true, h.clk.Now())
 				}
 			},
 			want(StateClosed), counted(0, 0),
 		}), "closed>open open>half-open half-open>closed"},
 		{"done called twice counts once", base, []step{
 			func(h *harness) {
-				done, err := h.b.Allow()
+				tk, err := h.b.AdmitAt(h.clk.Now())
 				if err != nil {
-					h.fatalf("Allow: %v", err)
+					h.fatalf("Admit: %v", err)
 				}
-				done(true)
-				done(true)
-				done(false)
+				tk.DoneAt(true, h.clk.Now())
+				tk.DoneAt(true, h.clk.Now())
+				tk.DoneAt(false, h.clk.Now())
 			},
 			counted(1, 1),
 			hold(1), release(0, failure), release(0, failure), release(0, ignore), counted(2, 2),
@@ -361,15 +361,21 @@ func TestTransitions(t *testing.T) {
 	}
 }
 
+// TestAllowRefusedReturnsNoopDone, on the monotonic clock (the open period
+// is an hour: the test does not race it).
 func TestAllowRefusedReturnsNoopDone(t *testing.T) {
-	h := newHarness(t, Config{MinAttempts: 1, Jitter: -1})
-	fail(1)(h)
-	done, err := h.b.Allow()
+	b := New(Config{MinAttempts: 1, OpenTimeout: time.Hour, Jitter: -1})
+	done, err := b.Allow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done(true)
+	done, err = b.Allow()
 	if err != ErrOpen || done == nil {
 		t.Fatalf("Allow() = %v, %v; want a non-nil done and ErrOpen", done != nil, err)
 	}
 	done(false)
-	tk, err := h.b.Admit()
+	tk, err := b.Admit()
 	if !errors.Is(err, ErrOpen) || tk.b != nil {
 		t.Fatalf("Admit() = %+v, %v; want a zero Ticket and ErrOpen", tk, err)
 	}
@@ -377,8 +383,65 @@ func TestAllowRefusedReturnsNoopDone(t *testing.T) {
 	tk.Ignore()
 	var zero Ticket
 	zero.Done(true)
-	if s := h.b.Stats(); s.State != StateOpen || s.Rejected != 2 {
+	zero.DoneAt(true, time.Now())
+	if s := b.Stats(); s.State != StateOpen || s.Rejected != 2 {
 		t.Fatalf("Stats = %+v", s)
+	}
+}
+
+// TestAllowDoneTwiceCountsOnce: the done func Allow returns counts one
+// outcome however often it is called (on the monotonic clock; the window
+// is 10 s, which the test does not race).
+func TestAllowDoneTwiceCountsOnce(t *testing.T) {
+	b := New(Config{})
+	done, err := b.Allow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done(true)
+	done(true)
+	done(false)
+	if s := b.Stats(); s.Attempts != 1 || s.Failures != 1 {
+		t.Fatalf("Stats = %+v, want 1 attempt, 1 failure", s)
+	}
+}
+
+// TestTheMonotonicFormsAgreeWithTheAtForms: the methods without a time
+// read the monotonic clock, on the same time line as the At forms given
+// time.Now: a breaker opened by one is seen open, for the same period, by
+// the other.
+func TestTheMonotonicFormsAgreeWithTheAtForms(t *testing.T) {
+	b := New(Config{MinAttempts: 1, OpenTimeout: time.Hour, Jitter: -1})
+	tk, err := b.AdmitAt(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now()
+	tk.DoneAt(true, before)
+	if s := b.State(); s != StateOpen {
+		t.Fatalf("State = %v", s)
+	}
+	if d := b.RetryAfter(); d > time.Hour || d < time.Hour-time.Since(before) {
+		t.Fatalf("RetryAfter = %v, want just under an hour", d)
+	}
+	if u := b.OpenUntil(); !u.Equal(before.Add(time.Hour)) {
+		t.Fatalf("OpenUntil = %v, want %v", u, before.Add(time.Hour))
+	}
+	if _, err := b.Admit(); err != ErrOpen {
+		t.Fatalf("Admit = %v", err)
+	}
+	// And the other way: opened on the monotonic clock, seen by the At
+	// forms at time.Now.
+	b = New(Config{MinAttempts: 1, OpenTimeout: time.Hour, Jitter: -1})
+	done, _ := b.Allow()
+	before = time.Now()
+	done(true)
+	after := time.Now()
+	if u := b.OpenUntilAt(time.Now()); u.Before(before.Add(time.Hour)) || u.After(after.Add(time.Hour)) {
+		t.Fatalf("OpenUntilAt = %v, want within [%v, %v]", u, before.Add(time.Hour), after.Add(time.Hour))
+	}
+	if s := b.StateAt(after.Add(time.Hour)); s != StateHalfOpen {
+		t.Fatalf("StateAt an hour on = %v, want half-open", s)
 	}
 }
 
@@ -418,22 +481,22 @@ func TestZeroValueBreaker(t *testing.T) {
 func TestOpenUntilAndTarget(t *testing.T) {
 	clk := newClock()
 	start := clk.Now()
-	b := New(Config{Now: clk.Now, Target: "db:5432", MinAttempts: 1, OpenTimeout: 5 * time.Second, Jitter: -1})
-	if !b.OpenUntil().IsZero() || b.RetryAfter() != 0 {
+	b := New(Config{Target: "db:5432", MinAttempts: 1, OpenTimeout: 5 * time.Second, Jitter: -1})
+	if !b.OpenUntilAt(clk.Now()).IsZero() || b.RetryAfterAt(clk.Now()) != 0 {
 		t.Fatal("closed breaker reports an open period")
 	}
 	clk.Advance(3 * time.Second)
-	done, _ := b.Allow()
-	done(true)
+	tk, _ := b.AdmitAt(clk.Now())
+	tk.DoneAt(true, clk.Now())
 	want := start.Add(8 * time.Second)
-	if got := b.OpenUntil(); !got.Equal(want) {
+	if got := b.OpenUntilAt(clk.Now()); !got.Equal(want) {
 		t.Fatalf("OpenUntil = %v, want %v", got, want)
 	}
-	if got := b.Stats().OpenUntil; !got.Equal(want) {
+	if got := b.StatsAt(clk.Now()).OpenUntil; !got.Equal(want) {
 		t.Fatalf("Stats().OpenUntil = %v, want %v", got, want)
 	}
 	clk.Advance(5 * time.Second)
-	if !b.OpenUntil().IsZero() {
+	if !b.OpenUntilAt(clk.Now()).IsZero() {
 		t.Fatal("half-open breaker reports an open period")
 	}
 	if b.Target() != "db:5432" {
@@ -449,27 +512,27 @@ func TestCallbackReentrancy(t *testing.T) {
 	var b *Breaker
 	var got []string
 	b = New(Config{
-		Now: clk.Now, MinAttempts: 1, OpenTimeout: 5 * time.Second, Jitter: -1,
+		MinAttempts: 1, OpenTimeout: 5 * time.Second, Jitter: -1,
 		OnStateChange: func(_ string, from, to State) {
 			tr := from.String() + ">" + to.String()
 			got = append(got, "enter "+tr)
 			defer func() { got = append(got, "exit "+tr) }()
 			// Every method, from inside the callback.
-			_ = b.State()
-			_ = b.Stats()
-			_ = b.RetryAfter()
-			_ = b.OpenUntil()
+			_ = b.StateAt(clk.Now())
+			_ = b.StatsAt(clk.Now())
+			_ = b.RetryAfterAt(clk.Now())
+			_ = b.OpenUntilAt(clk.Now())
 			if to == StateOpen && len(got) == 1 { // the first callback
 				// Cause open → half-open → closed from inside the
 				// callback for closed → open.
 				clk.Advance(5 * time.Second)
-				done, err := b.Allow()
+				tk, err := b.AdmitAt(clk.Now())
 				if err != nil {
 					t.Errorf("probe refused inside callback: %v", err)
 					return
 				}
-				done(false)
-				if s := b.State(); s != StateClosed {
+				tk.DoneAt(false, clk.Now())
+				if s := b.StateAt(clk.Now()); s != StateClosed {
 					t.Errorf("State inside callback = %v, want closed", s)
 				}
 			}
@@ -478,8 +541,8 @@ func TestCallbackReentrancy(t *testing.T) {
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
-		done, _ := b.Allow()
-		done(true)
+		tk, _ := b.AdmitAt(clk.Now())
+		tk.DoneAt(true, clk.Now())
 	}()
 	select {
 	case <-finished:
@@ -502,7 +565,7 @@ func TestCallbackPanicDoesNotWedgeDelivery(t *testing.T) {
 	clk := newClock()
 	var calls []string
 	b := New(Config{
-		Now: clk.Now, MinAttempts: 1, OpenTimeout: 5 * time.Second, Jitter: -1,
+		MinAttempts: 1, OpenTimeout: 5 * time.Second, Jitter: -1,
 		OnStateChange: func(_ string, from, to State) {
 			calls = append(calls, from.String()+">"+to.String())
 			if len(calls) == 1 {
@@ -516,11 +579,11 @@ func TestCallbackPanicDoesNotWedgeDelivery(t *testing.T) {
 				t.Fatalf("recovered %v, want boom", r)
 			}
 		}()
-		done, _ := b.Allow()
-		done(true)
+		tk, _ := b.AdmitAt(clk.Now())
+		tk.DoneAt(true, clk.Now())
 	}()
 	clk.Advance(5 * time.Second)
-	if s := b.State(); s != StateHalfOpen {
+	if s := b.StateAt(clk.Now()); s != StateHalfOpen {
 		t.Fatalf("State = %v", s)
 	}
 	if got := strings.Join(calls, " "); got != "closed>open open>half-open" {
@@ -537,18 +600,18 @@ func TestCallbackPanicDoesNotWedgeDelivery(t *testing.T) {
 func TestCallbackPanicKeepsTheProbe(t *testing.T) {
 	clk := newClock()
 	b := New(Config{
-		Now: clk.Now, MinAttempts: 1, OpenTimeout: time.Second, Jitter: -1,
+		MinAttempts: 1, OpenTimeout: time.Second, Jitter: -1,
 		OnStateChange: func(_ string, _, to State) {
 			if to == StateHalfOpen {
 				panic("boom")
 			}
 		},
 	})
-	tk, err := b.Admit()
+	tk, err := b.AdmitAt(clk.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	tk.Done(true)
+	tk.DoneAt(true, clk.Now())
 	clk.Advance(time.Second)
 	func() {
 		defer func() {
@@ -556,14 +619,14 @@ func TestCallbackPanicKeepsTheProbe(t *testing.T) {
 				t.Fatalf("recovered %v, want boom", r)
 			}
 		}()
-		_, _ = b.Admit()
+		_, _ = b.AdmitAt(clk.Now())
 	}()
-	probe, err := b.Admit()
+	probe, err := b.AdmitAt(clk.Now())
 	if err != nil {
-		t.Fatalf("after the panic the probe's slot is lost: Admit = %v (%+v)", err, b.Stats())
+		t.Fatalf("after the panic the probe's slot is lost: Admit = %v (%+v)", err, b.StatsAt(clk.Now()))
 	}
-	probe.Done(false)
-	if s := b.State(); s != StateClosed {
+	probe.DoneAt(false, clk.Now())
+	if s := b.StateAt(clk.Now()); s != StateClosed {
 		t.Fatalf("State after a good probe = %v", s)
 	}
 }
@@ -578,7 +641,7 @@ func TestConcurrentUse(t *testing.T) {
 	var mu sync.Mutex
 	var chain []transition
 	b := New(Config{
-		Now: clk.Now, FailureRatio: 0.5, MinAttempts: 10, Window: time.Second,
+		FailureRatio: 0.5, MinAttempts: 10, Window: time.Second,
 		OpenTimeout: 10 * time.Millisecond, MaxOpenTimeout: 80 * time.Millisecond,
 		HalfOpenProbes: probes, ConsecutiveFailures: 5,
 		OnStateChange: func(_ string, from, to State) {
@@ -598,7 +661,7 @@ func TestConcurrentUse(t *testing.T) {
 				if i%50 == 0 {
 					clk.Advance(time.Millisecond)
 				}
-				tk, err := b.Admit()
+				tk, err := b.AdmitAt(clk.Now())
 				if err != nil {
 					continue
 				}
@@ -609,18 +672,18 @@ func TestConcurrentUse(t *testing.T) {
 				b.mu.Unlock()
 				switch (i + g) % 7 {
 				case 0, 1, 2:
-					tk.Done(true)
+					tk.DoneAt(true, clk.Now())
 				case 3:
 					tk.Ignore()
 				default:
-					tk.Done(false)
+					tk.DoneAt(false, clk.Now())
 				}
-				tk.Done(true) // no effect
+				tk.DoneAt(true, clk.Now()) // no effect
 			}
 		})
 	}
 	wg.Wait()
-	_ = b.State() // flush any queued notifications
+	_ = b.StateAt(clk.Now()) // flush any queued notifications
 	if overlaps.Load() != 0 {
 		t.Fatalf("%d callbacks overlapped", overlaps.Load())
 	}
@@ -636,7 +699,7 @@ func TestConcurrentUse(t *testing.T) {
 		}
 		prev = tr.to
 	}
-	if s := b.State(); s != prev {
+	if s := b.StateAt(clk.Now()); s != prev {
 		t.Fatalf("last notified state %v, State() = %v", prev, s)
 	}
 }
@@ -647,9 +710,9 @@ func TestHalfOpenConcurrentAdmissions(t *testing.T) {
 	const probes = 3
 	for round := range 20 {
 		clk := newClock()
-		b := New(Config{Now: clk.Now, MinAttempts: 1, OpenTimeout: 5 * time.Second, HalfOpenProbes: probes, Jitter: -1})
-		done, _ := b.Allow()
-		done(true)
+		b := New(Config{MinAttempts: 1, OpenTimeout: 5 * time.Second, HalfOpenProbes: probes, Jitter: -1})
+		tk, _ := b.AdmitAt(clk.Now())
+		tk.DoneAt(true, clk.Now())
 		clk.Advance(5 * time.Second)
 		var admitted, refused atomic.Int32
 		start := make(chan struct{})
@@ -657,7 +720,7 @@ func TestHalfOpenConcurrentAdmissions(t *testing.T) {
 		for range 50 {
 			wg.Go(func() {
 				<-start
-				if _, err := b.Admit(); err == nil {
+				if _, err := b.AdmitAt(clk.Now()); err == nil {
 					admitted.Add(1)
 				} else if errors.Is(err, ErrOpen) {
 					refused.Add(1)
@@ -677,9 +740,9 @@ func TestHalfOpenConcurrentAdmissions(t *testing.T) {
 // time, and only once.
 func TestDoneAt(t *testing.T) {
 	clk := newClock()
-	b := New(Config{FailureRatio: 0.5, MinAttempts: 4, Window: 10 * time.Second, Jitter: -1, Now: clk.Now})
+	b := New(Config{FailureRatio: 0.5, MinAttempts: 4, Window: 10 * time.Second, Jitter: -1})
 	report := func(failed bool, at time.Time) {
-		tk, err := b.Admit()
+		tk, err := b.AdmitAt(at)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -694,11 +757,11 @@ func TestDoneAt(t *testing.T) {
 	report(true, clk.Now())
 	report(false, clk.Now())
 	report(false, clk.Now())
-	if s := b.Stats(); s.Attempts != 3 || s.Failures != 1 || b.State() != StateClosed {
+	if s := b.StatsAt(clk.Now()); s.Attempts != 3 || s.Failures != 1 || b.StateAt(clk.Now()) != StateClosed {
 		t.Fatalf("after old failures expired: %+v", s)
 	}
 	report(true, clk.Now())
-	if s := b.Stats(); s.State != StateOpen || s.Opened != 1 {
+	if s := b.StatsAt(clk.Now()); s.State != StateOpen || s.Opened != 1 {
 		t.Fatalf("2 of 4 failed within the window, want open: %+v", s)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"time"
+
+	"github.com/stormguard/stormguard/internal/satmath"
 )
 
 // State is the state of a Breaker. The zero value is StateClosed.
@@ -76,10 +78,6 @@ type Config struct {
 	// HalfOpenProbes is how many trial attempts may be in flight at once
 	// while half-open, and how many must succeed to close. ≤ 0 → 1.
 	HalfOpenProbes int
-	// Now is the clock; it must be safe for concurrent use. nil → time.Now
-	// (read through its monotonic reading, so wall-clock jumps do not
-	// matter).
-	Now func() time.Time
 	// OnStateChange, if not nil, is called after each state change, outside
 	// any lock, one call at a time per breaker, in the order of the
 	// transitions. It may call back into the breaker. It may run on the
@@ -164,7 +162,7 @@ func (c Config) settings() settings {
 	}
 	switch {
 	case s.maxOpen <= 0:
-		s.maxOpen = satMul(s.openTimeout, DefaultMaxOpenFactor)
+		s.maxOpen = satmath.Mul(s.openTimeout, DefaultMaxOpenFactor)
 	case s.maxOpen < s.openTimeout:
 		s.maxOpen = s.openTimeout
 	}
@@ -185,28 +183,12 @@ func (c Config) settings() settings {
 	return s
 }
 
-// satMul returns d*n, saturating at the largest Duration. d, n ≥ 0.
-func satMul(d time.Duration, n int64) time.Duration {
-	if n != 0 && d > math.MaxInt64/time.Duration(n) {
-		return math.MaxInt64
-	}
-	return d * time.Duration(n)
-}
-
-// satAdd returns a+d, saturating at the largest Duration. d ≥ 0.
-func satAdd(a, d time.Duration) time.Duration {
-	if a > 0 && d > math.MaxInt64-a {
-		return math.MaxInt64
-	}
-	return a + d
-}
-
 // openPeriod returns the open period after rounds consecutive failed probe
 // rounds, before jitter: OpenTimeout doubled per round, capped at maxOpen.
 func (s *settings) openPeriod(rounds int) time.Duration {
 	d := s.openTimeout
 	for i := 0; i < rounds && d < s.maxOpen; i++ {
-		d = satMul(d, 2)
+		d = satmath.Mul(d, 2)
 	}
 	return min(d, s.maxOpen)
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stormguard/stormguard/internal/satmath"
 )
 
 // The defaults: a default breaker opens only when every attempt in its
@@ -43,7 +45,7 @@ func TestDefaultBreakerStaysClosedAtPartialFailure(t *testing.T) {
 					want(StateClosed)(h)
 				}
 			}
-			if s := h.b.Stats(); s.Opened != 0 || s.Attempts < DefaultMinAttempts {
+			if s := h.b.StatsAt(h.clk.Now()); s.Opened != 0 || s.Attempts < DefaultMinAttempts {
 				t.Fatalf("after %d attempts, %d failed: %+v", tc.attempts, failures, s)
 			}
 			if len(h.changes) != 0 {
@@ -121,7 +123,7 @@ func TestDefaultBreakerOpenPeriod(t *testing.T) {
 			h := newHarness(t, Config{})
 			fail(DefaultMinAttempts)(h)
 			for _, base := range []time.Duration{1, 2, 4, 4} {
-				d := h.b.RetryAfter()
+				d := h.b.RetryAfterAt(h.clk.Now())
 				if d < base*time.Second || d >= base*time.Second*12/10 {
 					t.Fatalf("open period %v, want [%v, %v)", d, base*time.Second, base*time.Second*12/10)
 				}
@@ -216,8 +218,8 @@ func TestOpenPeriodSaturates(t *testing.T) {
 			t.Fatalf("jittered(%v) = %v, overflowed", d, j)
 		}
 	}
-	if got := satAdd(math.MaxInt64-1, 5); got != math.MaxInt64 {
-		t.Fatalf("satAdd = %v", got)
+	if got := satmath.Add(time.Duration(math.MaxInt64-1), 5); got != math.MaxInt64 {
+		t.Fatalf("satmath.Add = %v", got)
 	}
 }
 
@@ -240,20 +242,19 @@ func TestInvalidConfigNeverPanics(t *testing.T) {
 	} {
 		clk := newClock()
 		c := tc.c
-		c.Now = clk.Now
 		reached := map[State]bool{}
 		c.OnStateChange = func(_ string, _, to State) { reached[to] = true }
 		b := New(c)
 		for j := range 200 {
-			if done, err := b.Allow(); err == nil {
+			if tk, err := b.AdmitAt(clk.Now()); err == nil {
 				// The first 40 fail, so that the default FailureRatio
 				// (every attempt failed) opens; then two in three.
-				done(j < 40 || j%3 != 0)
+				tk.DoneAt(j < 40 || j%3 != 0, clk.Now())
 			}
 			clk.Advance(time.Duration(j) * time.Millisecond)
-			_ = b.Stats()
-			_ = b.OpenUntil()
-			if d := b.RetryAfter(); d < 0 {
+			_ = b.StatsAt(clk.Now())
+			_ = b.OpenUntilAt(clk.Now())
+			if d := b.RetryAfterAt(clk.Now()); d < 0 {
 				t.Fatalf("config %d: RetryAfter = %v", i, d)
 			}
 		}

@@ -3,8 +3,8 @@
 // A retry budget bounds retries while a dependency partly works; a breaker
 // stops the traffic once the dependency has proven it is down, and finds out
 // quickly and gently when it is back. The package knows nothing of gRPC: a
-// Breaker is a plain concurrent data structure with an injectable clock, and
-// the caller decides which attempt outcomes count as failures.
+// Breaker is a plain concurrent data structure, and the caller decides which
+// attempt outcomes count as failures.
 //
 // # Defaults
 //
@@ -48,8 +48,13 @@
 // # Concurrency and time
 //
 // All methods are safe for concurrent use. A Breaker starts no goroutines:
-// the window and the state advance lazily from the injected clock
-// (Config.Now) whenever the Breaker is used or inspected. OnStateChange
-// runs outside any lock, one call at a time and in the order of the
-// transitions, so a callback may call back into its Breaker.
+// the window and the state advance lazily, whenever the Breaker is used or
+// inspected. The methods without a time (Admit, Ticket.Done, State, ...)
+// read the monotonic clock; each has an At form (AdmitAt, Ticket.DoneAt,
+// StateAt, ...) that takes the time from the caller, so that a test or a
+// simulator drives a Breaker on its own clock, as x/time/rate's AllowN
+// does. A Breaker's time line, and its window's buckets, start at the first
+// time it is given. OnStateChange runs outside any lock, one call at a time
+// and in the order of the transitions, so a callback may call back into its
+// Breaker.
 package breaker

@@ -8,19 +8,15 @@ import (
 	"github.com/stormguard/stormguard/breaker"
 )
 
-// clock is a manual clock for the examples.
-type clock struct{ t time.Time }
-
-func (c *clock) Now() time.Time          { return c.t }
-func (c *clock) Advance(d time.Duration) { c.t = c.t.Add(d) }
-
+// Example drives a breaker at explicit times (the At forms), as a test or
+// a simulator does; a client calls the forms without a time, which read
+// the monotonic clock.
 func Example() {
-	clk := &clock{t: time.Unix(0, 0)}
+	now := time.Unix(0, 0)
 	b := breaker.New(breaker.Config{
 		FailureRatio: 0.5, // open once half the attempts in the window failed (default: all)
 		MinAttempts:  4,   // and there were at least 4
 		Jitter:       -1,  // (no jitter, so the output is exact)
-		Now:          clk.Now,
 		Target:       "payments:443",
 		OnStateChange: func(target string, from, to breaker.State) {
 			fmt.Printf("%s: %v -> %v\n", target, from, to)
@@ -28,12 +24,12 @@ func Example() {
 	})
 
 	call := func(fail bool) {
-		done, err := b.Allow()
+		t, err := b.AdmitAt(now)
 		if errors.Is(err, breaker.ErrOpen) {
-			fmt.Printf("refused, retry after %v\n", b.RetryAfter())
+			fmt.Printf("refused, retry after %v\n", b.RetryAfterAt(now))
 			return
 		}
-		done(fail)
+		t.DoneAt(fail, now)
 	}
 	call(false)
 	call(true)
@@ -41,9 +37,9 @@ func Example() {
 	call(true) // 2 of 4 failed: opens
 	call(false)
 
-	clk.Advance(time.Second) // OpenTimeout (default 1s): one probe may pass
-	call(false)              // it succeeds: closes
-	fmt.Println(b.State())
+	now = now.Add(time.Second) // OpenTimeout (default 1s): one probe may pass
+	call(false)                // it succeeds: closes
+	fmt.Println(b.StateAt(now))
 	// Output:
 	// payments:443: closed -> open
 	// refused, retry after 1s

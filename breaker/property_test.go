@@ -2,10 +2,13 @@ package breaker
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
 	"pgregory.net/rapid"
+
+	"github.com/stormguard/stormguard/internal/satmath"
 )
 
 // snap is the breaker's internal state, read under its lock without
@@ -27,8 +30,10 @@ func snapshot(b *Breaker) snap {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	w := b.word.Load()
-	a, f := b.win.totals()
-	return snap{w >> 2, State(w & stateMask), b.win.head.Load(), a, f, b.consec.Load(), b.inflight, b.probeOK, b.rounds, b.openUntilD()}
+	win := b.win.Load()
+	a, f := win.Counts(math.MinInt64) // the window ending at its newest bucket
+	head, _ := win.Latest()
+	return snap{w >> 2, State(w & stateMask), head, a, f, b.consec.Load(), b.inflight, b.probeOK, b.rounds, b.openUntilD()}
 }
 
 type propTicket struct {
@@ -76,7 +81,6 @@ func TestPropertyStateMachine(t *testing.T) {
 
 		clk := newClock()
 		var changes []transition
-		cfg.Now = clk.Now
 		cfg.OnStateChange = func(_ string, from, to State) { changes = append(changes, transition{from, to}) }
 		b := New(cfg)
 		start := clk.Now()
@@ -90,7 +94,22 @@ func TestPropertyStateMachine(t *testing.T) {
 			probeOK   int           // model: successful probes this round
 		)
 		now := func() time.Duration { return clk.Now().Sub(start) }
-		bucket := func() int64 { return int64(now() / s.width) }
+		// The buckets start at the first time the breaker was given
+		// (the model reads it once, and checks that it never moves).
+		var first int64
+		var based bool
+		bucket := func() int64 {
+			f, ok := b.origin.First()
+			if !ok {
+				rt.Fatal("an outcome was counted before the breaker saw a time")
+			}
+			if !based {
+				first, based = f, true
+			} else if f != first {
+				rt.Fatalf("the breaker's time line moved from %d to %d", first, f)
+			}
+			return int64((clk.Now().Sub(procEpoch) - time.Duration(first)) / s.width)
+		}
 		outstanding := func(gen uint64) int {
 			n := 0
 			for _, tk := range tickets {
@@ -134,7 +153,7 @@ func TestPropertyStateMachine(t *testing.T) {
 				d = min(2*d, s.maxOpen)
 			}
 			d += time.Duration(float64(d) * s.jitter * u)
-			if got := b.RetryAfter(); got != d {
+			if got := b.RetryAfterAt(clk.Now()); got != d {
 				rt.Fatalf("open period %v, want %v (rounds %d)", got, d, rounds)
 			}
 			openUntil = now() + d
@@ -198,7 +217,7 @@ func TestPropertyStateMachine(t *testing.T) {
 			outBefore := outstanding(before.gen)
 			tk := new(Ticket)
 			var err error
-			*tk, err = b.Admit()
+			*tk, err = b.AdmitAt(clk.Now())
 			var pt *propTicket
 			if err == nil {
 				pt = &propTicket{t: tk, gen: tk.gen}
@@ -231,9 +250,9 @@ func TestPropertyStateMachine(t *testing.T) {
 			accepted := !tk.reported && tk.gen == before.gen
 			switch o {
 			case success:
-				tk.t.Done(false)
+				tk.t.DoneAt(false, clk.Now())
 			case failure:
-				tk.t.Done(true)
+				tk.t.DoneAt(true, clk.Now())
 			case ignore:
 				tk.t.Ignore()
 			}
@@ -314,7 +333,7 @@ func TestPropertyStateMachine(t *testing.T) {
 			case "state":
 				before := snapshot(b)
 				outBefore := outstanding(before.gen)
-				st := b.State()
+				st := b.StateAt(clk.Now())
 				got := after(before, transition{StateOpen, StateHalfOpen}, transition{StateHalfOpen, StateOpen})
 				timeDue(before, outBefore, got)
 				if a := snapshot(b); st != a.state {
@@ -328,15 +347,15 @@ func TestPropertyStateMachine(t *testing.T) {
 		for _, tk := range tickets {
 			tk.t.Ignore()
 		}
-		clk.Advance(satAdd(s.maxOpen, s.maxOpen)) // past any jittered open period
+		clk.Advance(satmath.Add(s.maxOpen, s.maxOpen)) // past any jittered open period
 		for i := range s.probes {
-			done, err := b.Allow()
+			tk, err := b.AdmitAt(clk.Now())
 			if err != nil {
-				rt.Fatalf("recovery probe %d refused in state %v", i, b.State())
+				rt.Fatalf("recovery probe %d refused in state %v", i, b.StateAt(clk.Now()))
 			}
-			done(false)
+			tk.DoneAt(false, clk.Now())
 		}
-		if st := b.State(); st != StateClosed {
+		if st := b.StateAt(clk.Now()); st != StateClosed {
 			rt.Fatalf("after %d successful probes the breaker is %v", s.probes, st)
 		}
 	})

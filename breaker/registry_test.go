@@ -13,7 +13,7 @@ func TestRegistryForIsPerTarget(t *testing.T) {
 	var mu sync.Mutex
 	var changes []string
 	r := NewRegistry(Config{
-		Now: clk.Now, MinAttempts: 2, OpenTimeout: 5 * time.Second, Jitter: -1, Target: "ignored",
+		MinAttempts: 2, OpenTimeout: 5 * time.Second, Jitter: -1, Target: "ignored",
 		OnStateChange: func(target string, from, to State) {
 			mu.Lock()
 			changes = append(changes, target+":"+from.String()+">"+to.String())
@@ -28,17 +28,17 @@ func TestRegistryForIsPerTarget(t *testing.T) {
 		t.Fatalf("targets %q, %q", a.Target(), b.Target())
 	}
 	for range 2 {
-		done, _ := a.Allow()
-		done(true)
+		tk, _ := a.AdmitAt(clk.Now())
+		tk.DoneAt(true, clk.Now())
 	}
-	if a.State() != StateOpen || b.State() != StateClosed {
-		t.Fatalf("a %v, b %v: breakers share state", a.State(), b.State())
+	if a.StateAt(clk.Now()) != StateOpen || b.StateAt(clk.Now()) != StateClosed {
+		t.Fatalf("a %v, b %v: breakers share state", a.StateAt(clk.Now()), b.StateAt(clk.Now()))
 	}
 	if got := strings.Join(changes, " "); got != "a:443:closed>open" {
 		t.Fatalf("changes %q", got)
 	}
-	if a.RetryAfter() != 5*time.Second {
-		t.Fatalf("RetryAfter = %v; registry config not applied", a.RetryAfter())
+	if a.RetryAfterAt(clk.Now()) != 5*time.Second {
+		t.Fatalf("RetryAfter = %v; registry config not applied", a.RetryAfterAt(clk.Now()))
 	}
 }
 

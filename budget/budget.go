@@ -6,6 +6,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/stormguard/stormguard/internal/satmath"
+	"github.com/stormguard/stormguard/internal/window"
 )
 
 // Defaults applied to zero (or NaN/±Inf) Config fields.
@@ -51,11 +54,17 @@ const (
 	unit       = 1_000_000 // micro-retries per retry: the fixed-point unit
 	shortSlots = 10        // slots in ShortWindow
 	judgeSlots = 20        // slots in JudgeWindow
-	// bias keeps offsets positive for any time within about 126 years of
-	// a Budget's first; it is a whole number of seconds, so that slots
+	// bias keeps a Budget's times positive for any time within about 126
+	// years of its first; it is a whole number of seconds, so that slots
 	// start at the first time a Budget sees, whichever clock it is driven
 	// by (a simulation's runs are then the same).
 	bias = int64(4e18)
+)
+
+// The kinds the judge window counts.
+const (
+	kindDeposit = iota
+	kindAsk
 )
 
 // Config configures a Budget. The zero Config is valid and means the
@@ -128,8 +137,8 @@ type Budget struct {
 	// credit and the current slots before the slots move.
 	edge    atomic.Int64
 	pending atomic.Uint64
-	origin  atomic.Int64 // the first offset the Budget saw (0: none yet)
-	_       [48]byte     // keep the fast path's line apart from the locked state
+	origin  window.Origin // the first offset the Budget saw
+	_       [40]byte      // keep the fast path's line apart from the locked state
 
 	// Everything below is guarded by mu.
 	mu     sync.Mutex
@@ -146,19 +155,16 @@ type Budget struct {
 
 	requests, granted, lent, refused uint64
 
-	sw, jw window
-	short  [shortSlots]slot
-	judge  [judgeSlots]slot
-}
-
-// slot counts the deposits and the withdrawals asked for in one slot.
-type slot struct{ dep, ask uint64 }
-
-// window is a ring of n slots of width ns each, ending at slot cur (an
-// absolute index: offset/width); dep and ask are the sums over the ring.
-type window struct {
-	width, n, cur, idx int64
-	dep, ask           uint64
+	// short counts the deposits of the last ShortWindow; judge the
+	// deposits and the withdrawals asked for of the last JudgeWindow. Both
+	// are made by setup. The deposits and asks of the current slot (that
+	// of last) are counted in dep and ask, and added to the windows when
+	// the next slot starts; shortDep, judgeDep and judgeAsk are the
+	// windows' sums as the current slot started. So a window's sum now is
+	// its sum then plus dep (and ask), without reading its slots.
+	short, judge                 *window.Counter
+	shortDep, judgeDep, judgeAsk int64
+	dep, ask                     int64
 }
 
 // processEpoch is the origin of offsets. Times are read through
@@ -183,12 +189,7 @@ func clock() int64 { return int64(time.Since(processEpoch)) }
 // rel converts offset t to the Budget's time: nanoseconds since the first
 // time it saw, plus bias.
 func (b *Budget) rel(t int64) int64 {
-	o := b.origin.Load()
-	if o == 0 {
-		b.origin.CompareAndSwap(0, t|1) // never 0 once set
-		o = b.origin.Load()
-	}
-	return max(0, satAdd(satAdd(t, -o), bias))
+	return max(0, satmath.Add(b.origin.Since(t), bias))
 }
 
 // setup applies c; b.mu must be held (or b not yet shared).
@@ -209,9 +210,9 @@ func (b *Budget) setup(c Config) {
 	}
 	b.burst = int64(min(max(burst, 0), MaxBurst)) * unit
 
-	b.sw = window{width: int64(ShortWindow) / shortSlots, n: shortSlots}
-	b.jw = window{width: int64(JudgeWindow) / judgeSlots, n: judgeSlots}
-	b.edge.Store(0) // the first call takes the lock and places the windows
+	b.short = window.New(shortSlots, 1, ShortWindow/shortSlots)
+	b.judge = window.New(judgeSlots, 2, JudgeWindow/judgeSlots)
+	b.edge.Store(0) // the first call takes the lock and places the edge
 }
 
 // Deposit records one logical call; call it once per call, before the first
@@ -273,7 +274,7 @@ func (b *Budget) withdraw(t int64) bool {
 	b.mu.Lock()
 	t = b.advance(t)
 	ok := b.grantable(t)
-	b.ask()
+	b.ask++ // asked for in the current slot
 	if ok {
 		if b.credit < unit {
 			b.lent++
@@ -337,26 +338,17 @@ func (b *Budget) lendingAt(t int64) (lending, started bool, began int64) {
 
 // judgedUnder reports whether the withdrawals asked for in the last
 // JudgeWindow are at most Ratio × its deposits: ask × unit ≤ dep × per, in
-// 128 bits.
+// 128 bits. b.mu must be held.
 func (b *Budget) judgedUnder() bool {
-	ah, al := bits.Mul64(b.jw.ask, unit)
-	dh, dl := bits.Mul64(b.jw.dep, uint64(b.per))
+	ah, al := bits.Mul64(uint64(b.judgeAsk+b.ask), unit)
+	dh, dl := bits.Mul64(uint64(b.judgeDep+b.dep), uint64(b.per))
 	return ah < dh || (ah == dh && al <= dl)
 }
 
-// ask counts one withdrawal asked for in the current slots; b.mu must be
-// held.
-func (b *Budget) ask() {
-	b.short[b.sw.idx].ask++
-	b.sw.ask++
-	b.judge[b.jw.idx].ask++
-	b.jw.ask++
-}
-
 // limit is the most the Budget may be owed: Burst, or Ratio × the deposits
-// of the last ShortWindow if that is more.
+// of the last ShortWindow if that is more. b.mu must be held.
 func (b *Budget) limit() int64 {
-	hi, lo := bits.Mul64(b.sw.dep, uint64(b.per))
+	hi, lo := bits.Mul64(uint64(b.shortDep+b.dep), uint64(b.per))
 	if hi != 0 || lo > math.MaxInt64/2 {
 		return math.MaxInt64 / 2
 	}
@@ -379,7 +371,7 @@ func (b *Budget) PeekAt(now time.Time) bool {
 	if b.grantable(t) {
 		return true
 	}
-	b.ask()
+	b.ask++ // asked for in the current slot
 	b.refused++
 	return false
 }
@@ -430,13 +422,10 @@ func (b *Budget) advance(t int64) int64 {
 		b.setup(Config{})
 	}
 	if p := b.pending.Swap(0); p != 0 {
-		// Fold the pending deposits into the slots they were made in
-		// (the current ones: a deposit at or after the edge takes the
-		// lock) and into the credit, which holds at most MaxCredit.
-		b.short[b.sw.idx].dep += p
-		b.sw.dep += p
-		b.judge[b.jw.idx].dep += p
-		b.jw.dep += p
+		// Fold the pending deposits into the slot they were made in (that
+		// of the latest time seen: a deposit at or after the edge takes
+		// the lock) and into the credit, which holds at most MaxCredit.
+		b.dep = satmath.Add(b.dep, int64(min(p, math.MaxInt64)))
 		b.requests += p
 		hi, lo := bits.Mul64(p, uint64(b.per))
 		if hi != 0 || lo > math.MaxInt64/2 {
@@ -448,51 +437,22 @@ func (b *Budget) advance(t int64) int64 {
 	if t <= b.last {
 		return b.last
 	}
-	b.last = t
 	if t >= b.edge.Load() {
-		b.sw.moveTo(t/b.sw.width, b.short[:])
-		b.jw.moveTo(t/b.jw.width, b.judge[:])
-		b.edge.Store(min(satAdd(satMul(b.sw.cur, b.sw.width), b.sw.width),
-			satAdd(satMul(b.jw.cur, b.jw.width), b.jw.width)))
+		// A new slot: the current slot's counts go to the windows, whose
+		// sums are read once for the slot that starts.
+		b.short.Add(b.last, kindDeposit, b.dep)
+		b.judge.Add(b.last, kindDeposit, b.dep)
+		b.judge.Add(b.last, kindAsk, b.ask)
+		b.dep, b.ask = 0, 0
+		b.shortDep, _ = b.short.Counts(t)
+		b.judgeDep, b.judgeAsk = b.judge.Counts(t)
+		// The next slot boundary: the judge window's slots are whole
+		// numbers of the short window's, both from time 0 (the first
+		// time plus bias), so the short window's next boundary is the
+		// nearer.
+		w := int64(b.short.Width())
+		b.edge.Store(satmath.Mul(satmath.Add(b.short.Slot(t), 1), w))
 	}
+	b.last = t
 	return t
-}
-
-// moveTo makes slot s (>= w.cur) the current slot, emptying the slots that
-// leave the window.
-func (w *window) moveTo(s int64, slots []slot) {
-	if s == w.cur {
-		return
-	}
-	if s-w.cur >= w.n {
-		clear(slots[:w.n])
-		w.dep, w.ask = 0, 0
-	} else {
-		for c := w.cur + 1; c <= s; c++ {
-			i := c % w.n
-			w.dep -= slots[i].dep
-			w.ask -= slots[i].ask
-			slots[i] = slot{}
-		}
-	}
-	w.cur, w.idx = s, s%w.n
-}
-
-func satAdd(a, b int64) int64 {
-	s := a + b
-	switch {
-	case a > 0 && b > 0 && s < 0:
-		return math.MaxInt64
-	case a < 0 && b < 0 && s >= 0:
-		return math.MinInt64
-	}
-	return s
-}
-
-func satMul(a, b int64) int64 {
-	hi, lo := bits.Mul64(uint64(a), uint64(b))
-	if hi != 0 || lo > math.MaxInt64 {
-		return math.MaxInt64
-	}
-	return int64(lo)
 }

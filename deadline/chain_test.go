@@ -187,8 +187,9 @@ func clientOpts(c *deadline.Client) []grpc.DialOption {
 }
 
 // clock is time.Now that remembers the last instant it returned: given to
-// a Client or Server as Now, it tells the test exactly when that Client
-// wrote its header, or that Server applied one.
+// a Client or Server as its clock (SetClientClock, SetServerClock), it
+// tells the test exactly when that Client wrote its header, or that Server
+// applied one.
 type clock struct {
 	mu   sync.Mutex
 	last time.Time
@@ -229,17 +230,24 @@ func newChain(t *testing.T, net network, need time.Duration, cOpts []grpc.UnaryS
 	for i := range 3 {
 		ch.sent[i], ch.arrived[i] = &clock{}, &clock{}
 	}
-	ch.a = deadline.NewServer(deadline.ServerConfig{Now: ch.arrived[0].now})
-	ch.b = deadline.NewServer(deadline.ServerConfig{Now: ch.arrived[1].now})
-	ch.c = deadline.NewServer(deadline.ServerConfig{Now: ch.arrived[2].now})
-	first := deadline.ClientConfig{Margin: hopMargin, MarginFraction: ch.frac, Now: ch.sent[0].now}
-	aToB := deadline.ClientConfig{Margin: hopMargin, Now: ch.sent[1].now}
-	bToC.Now = ch.sent[2].now
+	ch.a = deadline.NewServer(deadline.ServerConfig{})
+	ch.b = deadline.NewServer(deadline.ServerConfig{})
+	ch.c = deadline.NewServer(deadline.ServerConfig{})
+	for i, s := range []*deadline.Server{ch.a, ch.b, ch.c} {
+		deadline.SetServerClock(s, ch.arrived[i].now)
+	}
+	first := deadline.ClientConfig{Margin: hopMargin, MarginFraction: ch.frac}
+	aToB := deadline.ClientConfig{Margin: hopMargin}
 	ch.margins = first.Margin + aToB.Margin + bToC.Margin
+	client := func(i int, c deadline.ClientConfig) *deadline.Client {
+		dc := deadline.NewClient(c)
+		deadline.SetClientClock(dc, ch.sent[i].now)
+		return dc
+	}
 	lc := serveOn(t, net(t), ch.sink, serverOpts(ch.c, cOpts...)...)
-	lb := serveOn(t, net(t), &origin.Hop{Next: dial(t, lc, clientOpts(deadline.NewClient(bToC))...)}, serverOpts(ch.b)...)
-	la := serveOn(t, net(t), &origin.Hop{Next: dial(t, lb, clientOpts(deadline.NewClient(aToB))...)}, serverOpts(ch.a)...)
-	ch.client = dial(t, la, clientOpts(deadline.NewClient(first))...)
+	lb := serveOn(t, net(t), &origin.Hop{Next: dial(t, lc, clientOpts(client(2, bToC))...)}, serverOpts(ch.b)...)
+	la := serveOn(t, net(t), &origin.Hop{Next: dial(t, lb, clientOpts(client(1, aToB))...)}, serverOpts(ch.a)...)
+	ch.client = dial(t, la, clientOpts(client(0, first))...)
 	return ch
 }
 
@@ -444,12 +452,15 @@ func TestProxyWithFreshDeadlineHeaderWins(t *testing.T) {
 	)
 	unstarved(t, func() (visit, bool) {
 		sent, arrived = &clock{}, &clock{}
-		cs = deadline.NewServer(deadline.ServerConfig{Now: arrived.now})
+		cs = deadline.NewServer(deadline.ServerConfig{})
+		deadline.SetServerClock(cs, arrived.now)
 		sk := newSink(200 * time.Millisecond)
 		lc := serve(t, sk, serverOpts(cs)...)
 		// The proxy knows nothing of stormguard: plain server, plain client.
 		lp := serve(t, &origin.Hop{Next: dial(t, lc), Fresh: copyIncoming})
-		client := dial(t, lp, clientOpts(deadline.NewClient(deadline.ClientConfig{Now: sent.now}))...)
+		dc := deadline.NewClient(deadline.ClientConfig{})
+		deadline.SetClientClock(dc, sent.now)
+		client := dial(t, lp, clientOpts(dc)...)
 
 		start = time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)

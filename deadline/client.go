@@ -56,8 +56,6 @@ type ClientConfig struct {
 	// MarginFraction together take at most MaxMarginFraction of the time
 	// left.
 	MarginFraction float64
-	// Now is the clock; nil means time.Now.
-	Now func() time.Time
 }
 
 // Client is the client side of deadline propagation: it fails attempts
@@ -70,13 +68,17 @@ type ClientConfig struct {
 // package documentation), and a server that does not read the header is
 // bound by grpc-timeout alone.
 //
+// The interceptors and CallContext read the real clock (time.Now), as the
+// context deadlines they work with do; AttemptContext takes the time from
+// its caller.
+//
 // Create a Client with [NewClient]; the zero Client behaves as
 // NewClient(ClientConfig{}). A Client is immutable and safe for concurrent
 // use, also by concurrent attempts (hedges) of one call.
 type Client struct {
 	min, def, margin time.Duration
 	frac             float64
-	now              func() time.Time
+	now              func() time.Time // nil: time.Now; set by tests only
 }
 
 // NewClient returns a Client configured by c.
@@ -92,7 +94,7 @@ func NewClient(c ClientConfig) *Client {
 	if margin == 0 {
 		margin = DefaultMargin
 	}
-	return &Client{min: max(c.MinRemaining, 0), def: max(c.DefaultTimeout, 0), margin: max(margin, 0), frac: f, now: c.Now}
+	return &Client{min: max(c.MinRemaining, 0), def: max(c.DefaultTimeout, 0), margin: max(margin, 0), frac: f}
 }
 
 func (c *Client) clock() time.Time {
@@ -116,7 +118,7 @@ var (
 func (c *Client) DefaultTimeout() time.Duration { return c.def }
 
 // CallContext is the once-per-logical-call step: it returns ctx with the
-// configured DefaultTimeout applied (measured from the Client's clock) when
+// configured DefaultTimeout applied (measured from now) when
 // ctx has no deadline, and ctx itself (with a no-op cancel) otherwise. The
 // caller must call cancel when the call is over.
 func (c *Client) CallContext(ctx context.Context) (context.Context, context.CancelFunc) {

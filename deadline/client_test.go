@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -26,7 +27,7 @@ func (c at) Deadline() (time.Time, bool) { return c.dl, true }
 
 func withDeadline(dl time.Time) context.Context { return at{context.Background(), dl} }
 
-// base is an arbitrary fixed instant for clock-injected tests.
+// base is an arbitrary fixed instant for tests that give the time.
 var base = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 
 func sent(t *testing.T, ctx context.Context) []string {
@@ -140,28 +141,32 @@ func TestClientEachAttemptSendsWhatIsLeft(t *testing.T) {
 	assert.Equal(t, []string{"195"}, sent(t, second))
 }
 
+// TestClientCallContext, in a synctest bubble: the default timeout is
+// measured from the real clock, which stands still in the bubble.
 func TestClientCallContext(t *testing.T) {
-	now := time.Now()
-	c := deadline.NewClient(deadline.ClientConfig{DefaultTimeout: time.Minute, Now: func() time.Time { return now }})
-	ctx, cancel := c.CallContext(context.Background())
-	dl, ok := ctx.Deadline()
-	assert.True(t, ok)
-	assert.Equal(t, now.Add(time.Minute), dl)
-	cancel()
-	assert.ErrorIs(t, ctx.Err(), context.Canceled)
+	synctest.Test(t, func(t *testing.T) {
+		now := time.Now()
+		c := deadline.NewClient(deadline.ClientConfig{DefaultTimeout: time.Minute})
+		ctx, cancel := c.CallContext(context.Background())
+		dl, ok := ctx.Deadline()
+		assert.True(t, ok)
+		assert.Equal(t, now.Add(time.Minute), dl)
+		cancel()
+		assert.ErrorIs(t, ctx.Err(), context.Canceled)
 
-	// An existing deadline is kept, even a longer one.
-	parent, pcancel := context.WithTimeout(context.Background(), time.Hour)
-	defer pcancel()
-	ctx, cancel = c.CallContext(parent)
-	defer cancel()
-	assert.Equal(t, parent, ctx)
+		// An existing deadline is kept, even a longer one.
+		parent, pcancel := context.WithTimeout(context.Background(), time.Hour)
+		defer pcancel()
+		ctx, cancel = c.CallContext(parent)
+		defer cancel()
+		assert.Equal(t, parent, ctx)
 
-	// No DefaultTimeout: no deadline.
-	ctx, cancel = deadline.NewClient(deadline.ClientConfig{}).CallContext(context.Background())
-	defer cancel()
-	_, ok = ctx.Deadline()
-	assert.False(t, ok)
+		// No DefaultTimeout: no deadline.
+		ctx, cancel = deadline.NewClient(deadline.ClientConfig{}).CallContext(context.Background())
+		defer cancel()
+		_, ok = ctx.Deadline()
+		assert.False(t, ok)
+	})
 }
 
 func TestClientDownstream(t *testing.T) {

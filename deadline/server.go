@@ -27,8 +27,6 @@ type ServerConfig struct {
 	// arrival; 0: only when the deadline has already passed. Negative
 	// counts as zero.
 	MinRemaining time.Duration
-	// Now is the clock; nil means time.Now.
-	Now func() time.Time
 }
 
 // ServerStats counts what a [Server] did. The zero value is no activity.
@@ -59,19 +57,22 @@ type ServerStats struct {
 // grpc-timeout deadline still applies) and counted; a value above
 // [MaxHeader] is clamped to it.
 //
+// A Server reads the real clock (time.Now), as the context deadlines it
+// works with do.
+//
 // Create a Server with [NewServer]; the zero Server behaves as
 // NewServer(ServerConfig{}). A Server is safe for concurrent use, and its
 // counters are updated atomically. A Server must not be copied after first
 // use.
 type Server struct {
 	min                           time.Duration
-	now                           func() time.Time
+	now                           func() time.Time // nil: time.Now; set by tests only
 	refused, malformed, tightened atomic.Uint64
 }
 
 // NewServer returns a Server configured by c.
 func NewServer(c ServerConfig) *Server {
-	return &Server{min: max(c.MinRemaining, 0), now: c.Now}
+	return &Server{min: max(c.MinRemaining, 0)}
 }
 
 // Stats returns a snapshot of the counters. Each counter is read

@@ -3,6 +3,7 @@ package deadline_test
 import (
 	"context"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -13,8 +14,6 @@ import (
 
 	"github.com/stormguard/stormguard/deadline"
 )
-
-func fixed(t time.Time) func() time.Time { return func() time.Time { return t } }
 
 // incoming returns a server-side context: deadline dl (none when zero) and
 // the header values vals.
@@ -68,33 +67,38 @@ func TestServerApply(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			s := deadline.NewServer(deadline.ServerConfig{MinRemaining: tc.min, Now: fixed(base)})
-			var dl time.Time
-			if tc.ctxDL != 0 {
-				dl = base.Add(tc.ctxDL)
-			}
-			in := incoming(dl, tc.vals...)
-			ctx, cancel, err := s.Apply(in)
-			require.NotNil(t, cancel)
-			defer cancel()
-			assert.Equal(t, tc.code, status.Code(err))
-			assert.Equal(t, tc.want, s.Stats())
-			if err != nil {
-				assert.Equal(t, in, ctx)
-				return
-			}
-			got, ok := ctx.Deadline()
-			if tc.wantDL == 0 {
-				assert.False(t, ok, "no deadline expected, got %v", got)
-			} else {
-				assert.True(t, ok)
-				assert.Equal(t, base.Add(tc.wantDL), got)
-			}
-			if s.Stats().Tightened == 0 {
-				assert.Equal(t, in, ctx, "the context is passed through untouched")
-			}
-			// Metadata stays visible to the handler.
-			assert.Equal(t, []string{"1"}, metadata.ValueFromIncomingContext(ctx, "x-other"))
+			// In a synctest bubble: Apply reads the real clock, which
+			// stands still while the bubble's goroutine runs.
+			synctest.Test(t, func(t *testing.T) {
+				base := time.Now() // the real clock, standing still in the bubble
+				s := deadline.NewServer(deadline.ServerConfig{MinRemaining: tc.min})
+				var dl time.Time
+				if tc.ctxDL != 0 {
+					dl = base.Add(tc.ctxDL)
+				}
+				in := incoming(dl, tc.vals...)
+				ctx, cancel, err := s.Apply(in)
+				require.NotNil(t, cancel)
+				defer cancel()
+				assert.Equal(t, tc.code, status.Code(err))
+				assert.Equal(t, tc.want, s.Stats())
+				if err != nil {
+					assert.Equal(t, in, ctx)
+					return
+				}
+				got, ok := ctx.Deadline()
+				if tc.wantDL == 0 {
+					assert.False(t, ok, "no deadline expected, got %v", got)
+				} else {
+					assert.True(t, ok)
+					assert.Equal(t, base.Add(tc.wantDL), got)
+				}
+				if s.Stats().Tightened == 0 {
+					assert.Equal(t, in, ctx, "the context is passed through untouched")
+				}
+				// Metadata stays visible to the handler.
+				assert.Equal(t, []string{"1"}, metadata.ValueFromIncomingContext(ctx, "x-other"))
+			})
 		})
 	}
 }
@@ -134,7 +138,7 @@ func TestZeroValues(t *testing.T) {
 }
 
 func TestServerStatsAccumulate(t *testing.T) {
-	s := deadline.NewServer(deadline.ServerConfig{Now: fixed(base)})
+	s := deadline.NewServer(deadline.ServerConfig{}) // on the real clock: nothing here depends on it
 	for _, v := range []string{"1", "x", "0", "2", "+3"} {
 		_, cancel, _ := s.Apply(incoming(time.Time{}, v))
 		cancel()

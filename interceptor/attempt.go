@@ -85,11 +85,7 @@ func (c *call) end(a *attempt, err error, abandoned bool) {
 		a.ticket.Ignore()
 	default:
 		failed := code != codes.OK && c.client.failures.Has(code)
-		if c.client.breakerAt {
-			a.ticket.DoneAt(failed, now)
-		} else {
-			a.ticket.Done(failed)
-		}
+		a.ticket.DoneAt(failed, now)
 		c.route.endpoints.record(a.peer(), failed, now)
 		if code == codes.OK {
 			c.throttle.Success() // a nil throttle counts nothing

@@ -52,11 +52,6 @@ type Client struct {
 	// grpcRetry is what the Client has seen of grpc-go's retries, per
 	// ClientConn installed by hand (see grpcRetries).
 	grpcRetry cowmap.Map[weak.Pointer[grpc.ClientConn], *grpcRetries]
-	// breakerAt is true when the breakers run on this Client's clock, so
-	// that the times it reads anyway can be passed to them instead of
-	// their reading the clock again. Budgets always take the Client's
-	// times.
-	breakerAt bool
 	closeOnce sync.Once
 	closeErr  error
 	// defaultSC is WithDefaultServiceConfig's config, parsed (nil: none,
@@ -114,9 +109,9 @@ func NewClient(opts ...ClientOption) *Client {
 		if o.breaker != nil {
 			c.breakerCfg = *o.breaker
 		}
-		// The breakers run on the Client's clock; their callback also
-		// calls the hook (see newBreaker), and a panic in it is recovered.
-		c.breakerCfg.Now, c.breakerAt = o.now, true
+		// The breakers are given the Client's times (their At forms);
+		// their callback also calls the hook (see newBreaker), and a panic
+		// in it is recovered.
 		if user := c.breakerCfg.OnStateChange; user != nil {
 			c.breakerCfg.OnStateChange = func(target string, from, to breaker.State) {
 				defer func() {
@@ -128,11 +123,7 @@ func NewClient(opts ...ClientOption) *Client {
 			}
 		}
 	}
-	dcfg := o.deadlineCfg
-	if dcfg.Now == nil {
-		dcfg.Now = o.now
-	}
-	c.dl = deadline.NewClient(dcfg)
+	c.dl = deadline.NewClient(o.deadlineCfg)
 	c.retryable = resolveCodes(o.retryable, idempotency.Codes(codes.Unavailable))
 	c.failures = resolveCodes(o.failures, idempotency.Codes(codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Internal))
 	c.tel = newTelemetry(&c.o, c)

@@ -523,7 +523,7 @@ func (c *call) gate(a *attempt, now time.Time) (Reason, error) {
 		}
 	}
 	if b := c.route.breaker; b != nil {
-		t, err := b.Admit()
+		t, err := b.AdmitAt(now)
 		switch {
 		case err == nil:
 			a.ticket = t
@@ -532,7 +532,7 @@ func (c *call) gate(a *attempt, now time.Time) (Reason, error) {
 			// served nothing (see guardPick).
 			a.guarded = b
 		default:
-			return ReasonBreaker, circuitOpenError(c.route, b)
+			return ReasonBreaker, circuitOpenError(c.route, b, now)
 		}
 		if a.kind != kindFirst && servedNothing(c.route, b, now) {
 			return ReasonBreaker, nil
@@ -630,7 +630,7 @@ func (c *call) atPick(a *attempt) (Reason, error) {
 	var err error
 	msg := "stormguard: no other endpoint to fail over to, and no budget"
 	if guarded != nil {
-		err = circuitOpenError(c.route, guarded)
+		err = circuitOpenError(c.route, guarded, c.client.now())
 		msg = status.Convert(err).Message()
 	}
 	a.unsent(msg)
@@ -654,7 +654,7 @@ func servedNothing(r *route, b *breaker.Breaker, now time.Time) bool {
 	if ok, fail, known := r.endpoints.totals(now); known {
 		return ok == 0 && fail >= minServedNothing
 	}
-	st := b.Stats()
+	st := b.StatsAt(now)
 	return st.State == breaker.StateClosed && st.Attempts >= minServedNothing && st.Failures == st.Attempts
 }
 
@@ -789,7 +789,7 @@ func (c *call) fundable(now time.Time) Reason {
 	switch {
 	case c.throttle.Throttled():
 		return ReasonThrottle // the service config's retryThrottling: no shadow mode
-	case c.route.breaker != nil && (c.route.breaker.RetryAfter() > 0 || c.deadForSure(now)):
+	case c.route.breaker != nil && (c.route.breaker.RetryAfterAt(now) > 0 || c.deadForSure(now)):
 		r = ReasonBreaker
 	case c.route.budget != nil && c.pay == payBudget && !c.client.o.shadow && !c.route.budget.PeekAt(now):
 		r = ReasonBudget

@@ -122,7 +122,7 @@ func (p *perTry) refusal(now time.Time) Reason {
 	}
 	shadow := p.client.o.shadow
 	if b := p.route.breaker; b != nil && !shadow {
-		if b.RetryAfter() > 0 || servedNothing(p.route, b, now) {
+		if b.RetryAfterAt(now) > 0 || servedNothing(p.route, b, now) {
 			return ReasonBreaker
 		}
 	}

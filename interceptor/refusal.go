@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"strings"
+	"time"
 
 	"github.com/stormguard/stormguard/semconv"
 
@@ -136,14 +137,14 @@ func reasonInMessage(msg string) Reason {
 	return ""
 }
 
-// circuitOpenError is the status of a call on route r refused by its open
-// breaker b.
-func circuitOpenError(r *route, b *breaker.Breaker) error {
+// circuitOpenError is the status of a call on route r refused at now by
+// its open breaker b.
+func circuitOpenError(r *route, b *breaker.Breaker, now time.Time) error {
 	target := r.key
 	st := status.New(codes.Unavailable, circuitOpenPrefix+r.method+" on "+target)
 	withInfo, err := st.WithDetails(
 		&errdetails.ErrorInfo{Reason: semconv.ErrorReasonCircuitOpen, Domain: semconv.ErrorDomain, Metadata: map[string]string{"target": target, "method": r.method}},
-		&errdetails.RetryInfo{RetryDelay: durationpb.New(b.RetryAfter())},
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(b.RetryAfterAt(now))},
 	)
 	if err != nil {
 		return st.Err()

@@ -67,7 +67,7 @@ func newServerBudgets(reg *budget.Registry, ratio float64) *serverBudgets {
 }
 
 func (s *serverBudgets) newMethod(method string) *methodBudget {
-	return &methodBudget{b: s.reg.For(method), outcomes: window.New(sbSlots, sbSlot), ratio: s.ratio}
+	return &methodBudget{b: s.reg.For(method), outcomes: window.New(sbSlots, 2, sbSlot), ratio: s.ratio}
 }
 
 // forMethod returns method's budget (nil when the Server has none).
@@ -115,7 +115,7 @@ func isBudgeted(ctx context.Context) bool {
 // failing reports whether the method failed more than the ratio of its
 // recent calls (with at least sbMinSeen of them).
 func (mb *methodBudget) failing(now time.Time) bool {
-	ok, failed := mb.outcomes.Counts(now)
+	ok, failed := mb.outcomes.Counts(now.UnixNano())
 	return ok+failed >= sbMinSeen && float64(failed) > mb.ratio*float64(ok+failed)
 }
 
@@ -125,9 +125,9 @@ func (mb *methodBudget) done(now time.Time, err error) {
 		return
 	}
 	if serverFailure(err) {
-		mb.outcomes.Add(now, 0, 1)
+		mb.outcomes.Add(now.UnixNano(), 1, 1)
 	} else {
-		mb.outcomes.Add(now, 1, 0)
+		mb.outcomes.Add(now.UnixNano(), 0, 1)
 	}
 }
 

@@ -148,18 +148,17 @@ func TestServerShedsRetriesBeforeFirstAttempts(t *testing.T) {
 	}
 }
 
-// trainedGuard returns a Guard whose clock stands still at now, with the
-// history of /echo.v1.EchoService/Put showing a standing queue: 100 in
+// trainedGuard returns a Guard trained, at explicit times up to now, with
+// the history of /echo.v1.EchoService/Put showing a standing queue: 100 in
 // flight, one ending every 50ms, so that a request needs about 5s.
 func trainedGuard(t *testing.T, now time.Time) *overload.Guard {
 	t.Helper()
-	var mu sync.Mutex
 	clock := now.Add(-7 * time.Second) // 5s to fill the queue, 2s of standing queue
-	g := overload.New(overload.Config{NoShedding: true, MinSamples: 5, Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }})
+	g := overload.New(overload.Config{NoShedding: true, MinSamples: 5})
 	m := g.Method(echov1.EchoService_Put_FullMethodName)
 	var open []overload.Ticket
 	admit := func() {
-		tk, d := m.Admit(clock.Add(time.Hour), true, false)
+		tk, d := m.AdmitAt(clock, clock.Add(time.Hour), true, false)
 		require.Equal(t, overload.Admitted, d.Reason)
 		open = append(open, tk)
 	}
@@ -167,14 +166,12 @@ func trainedGuard(t *testing.T, now time.Time) *overload.Guard {
 		admit()
 	}
 	for clock.Before(now) {
-		mu.Lock()
 		clock = clock.Add(50 * time.Millisecond)
-		mu.Unlock()
-		open[0].Done()
+		open[0].DoneAt(clock)
 		open = open[1:]
 		admit()
 	}
-	need, ok := m.Need()
+	need, ok := m.NeedAt(now)
 	require.True(t, ok)
 	require.InDelta(t, 5*time.Second, need, float64(time.Second), "need %v", need)
 	return g
@@ -185,31 +182,35 @@ func trainedGuard(t *testing.T, now time.Time) *overload.Guard {
 // DEADLINE_TOO_SHORT, grpc-retry-pushback-ms -1) and the handler does not
 // run; with enough time left it runs.
 func TestServerRefusesDoomedWork(t *testing.T) {
-	now := time.Now()
-	g := trainedGuard(t, now)
-	o := origin.New(origin.Succeed())
-	echo, _, s := guarded(t, o, interceptor.WithOverload(g))
-	require.Same(t, g, interceptor.OverloadOf(s))
+	// In a synctest bubble, so that the Guard's clock stands still at now
+	// while the calls are made.
+	synctest.Test(t, func(t *testing.T) {
+		now := time.Now()
+		g := trainedGuard(t, now)
+		o := origin.New(origin.Succeed())
+		echo, _, s := guarded(t, o, interceptor.WithOverload(g))
+		require.Same(t, g, interceptor.OverloadOf(s))
 
-	ctx, cancel := context.WithDeadline(t.Context(), now.Add(2*time.Second))
-	defer cancel()
-	var tr metadata.MD
-	_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: "short"}, grpc.Trailer(&tr))
-	require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
-	info := errorInfo(err)
-	require.NotNil(t, info)
-	assert.Equal(t, semconv.ErrorReasonDeadlineTooShort, info.GetReason())
-	assert.Equal(t, []string{"-1"}, tr.Get(semconv.PushbackKey))
-	assert.Equal(t, 0, o.Total(), "the handler ran")
+		ctx, cancel := context.WithDeadline(t.Context(), now.Add(2*time.Second))
+		defer cancel()
+		var tr metadata.MD
+		_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: "short"}, grpc.Trailer(&tr))
+		require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+		info := errorInfo(err)
+		require.NotNil(t, info)
+		assert.Equal(t, semconv.ErrorReasonDeadlineTooShort, info.GetReason())
+		assert.Equal(t, []string{"-1"}, tr.Get(semconv.PushbackKey))
+		assert.Equal(t, 0, o.Total(), "the handler ran")
 
-	ctx2, cancel2 := context.WithDeadline(t.Context(), now.Add(20*time.Second))
-	defer cancel2()
-	_, err = echo.Put(ctx2, &echov1.PutRequest{RequestId: "long"})
-	require.NoError(t, err)
-	_, err = echo.Put(t.Context(), &echov1.PutRequest{RequestId: "none"})
-	require.NoError(t, err, "a call without a deadline is never refused for it")
-	assert.Equal(t, 2, o.Total())
-	assert.EqualValues(t, 1, g.Stats().RefusedDeadline)
+		ctx2, cancel2 := context.WithDeadline(t.Context(), now.Add(20*time.Second))
+		defer cancel2()
+		_, err = echo.Put(ctx2, &echov1.PutRequest{RequestId: "long"})
+		require.NoError(t, err)
+		_, err = echo.Put(t.Context(), &echov1.PutRequest{RequestId: "none"})
+		require.NoError(t, err, "a call without a deadline is never refused for it")
+		assert.Equal(t, 2, o.Total())
+		assert.EqualValues(t, 1, g.Stats().RefusedDeadline)
+	})
 }
 
 // TestSuiteClientObeysTheServersPushback: the suite's client retries a shed
@@ -310,40 +311,41 @@ func TestWithoutOverload(t *testing.T) {
 // (at once, like a full pool's "busy") teach the overload protection
 // nothing; calls that succeed, or run out of their deadline, do.
 func TestServerLearnsFromWhatTheMethodNeeds(t *testing.T) {
-	fail := true
-	var mu sync.Mutex
-	o := origin.New(func(origin.Call) origin.Reply {
-		mu.Lock()
-		defer mu.Unlock()
-		if fail {
-			return origin.Reply{Code: codes.Unavailable, Message: "busy"}
+	// In a synctest bubble, so that the Guard's clock moves only when the
+	// test says.
+	synctest.Test(t, func(t *testing.T) {
+		fail := true
+		var mu sync.Mutex
+		o := origin.New(func(origin.Call) origin.Reply {
+			mu.Lock()
+			defer mu.Unlock()
+			if fail {
+				return origin.Reply{Code: codes.Unavailable, Message: "busy"}
+			}
+			return origin.Reply{}
+		})
+		tick := func() { time.Sleep(100 * time.Millisecond) } // on the bubble's clock
+		echo, _, s := guarded(t, o, interceptor.WithOverload(overload.New(overload.Config{})))
+		m := interceptor.OverloadOf(s).Method(echov1.EchoService_Put_FullMethodName)
+		for i := range 30 {
+			_, err := echo.Put(t.Context(), &echov1.PutRequest{RequestId: strconv.Itoa(i)})
+			require.Equal(t, codes.Unavailable, status.Code(err))
 		}
-		return origin.Reply{}
+		tick()
+		_, learned := m.Need()
+		assert.False(t, learned, "30 fast failures were learned")
+		mu.Lock()
+		fail = false
+		mu.Unlock()
+		for i := range 30 {
+			_, err := echo.Put(t.Context(), &echov1.PutRequest{RequestId: strconv.Itoa(100 + i)})
+			require.NoError(t, err)
+		}
+		tick()
+		_, learned = m.Need()
+		assert.True(t, learned, "30 successes were not learned")
+		assert.Zero(t, m.Inflight())
 	})
-	var cmu sync.Mutex
-	clock := time.Now()
-	now := func() time.Time { cmu.Lock(); defer cmu.Unlock(); return clock }
-	tick := func() { cmu.Lock(); clock = clock.Add(100 * time.Millisecond); cmu.Unlock() }
-	echo, _, s := guarded(t, o, interceptor.WithOverload(overload.New(overload.Config{Now: now})))
-	m := interceptor.OverloadOf(s).Method(echov1.EchoService_Put_FullMethodName)
-	for i := range 30 {
-		_, err := echo.Put(t.Context(), &echov1.PutRequest{RequestId: strconv.Itoa(i)})
-		require.Equal(t, codes.Unavailable, status.Code(err))
-	}
-	tick()
-	_, learned := m.Need()
-	assert.False(t, learned, "30 fast failures were learned")
-	mu.Lock()
-	fail = false
-	mu.Unlock()
-	for i := range 30 {
-		_, err := echo.Put(t.Context(), &echov1.PutRequest{RequestId: strconv.Itoa(100 + i)})
-		require.NoError(t, err)
-	}
-	tick()
-	_, learned = m.Need()
-	assert.True(t, learned, "30 successes were not learned")
-	assert.Zero(t, m.Inflight())
 }
 
 // The tests below run in a synctest bubble: real gRPC over bufconn, real

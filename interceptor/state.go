@@ -75,7 +75,7 @@ func (c *Client) Targets() []TargetState {
 		})
 	}
 	c.brk.Range(func(k routeKey, rb *routeBreaker) bool {
-		st := rb.b.Stats()
+		st := rb.b.StatsAt(now)
 		bs := BreakerState{Method: k.method, State: st.State.String(), Attempts: st.Attempts, Failures: st.Failures, Opened: st.Opened, Rejected: st.Rejected}
 		if !st.OpenUntil.IsZero() {
 			bs.OpenUntil = &st.OpenUntil

@@ -158,7 +158,7 @@ func observeBreakers(c *Client, observe func(v int64, attrs []attribute.KeyValue
 	}
 	var others map[string]*point // by target
 	c.brk.Range(func(k routeKey, rb *routeBreaker) bool {
-		v := breakerStateValue(rb.b.State())
+		v := breakerStateValue(rb.b.StateAt(c.now()))
 		if rb.known {
 			observe(v, append(targetAttrs(k.target), otelconv.RPCMethod(strings.TrimPrefix(k.method, "/"))))
 			return true

@@ -104,9 +104,8 @@ func TestBudgetRefusalKeepsOriginalStatus(t *testing.T) {
 }
 
 func TestBreakerOpenFailsFastAndIsNeverRetried(t *testing.T) {
-	now := time.Unix(1000, 0)
 	e := newEnv(t, origin.Always(codes.Unavailable), interceptor.WithBudget(nil),
-		interceptor.WithBreaker(&breaker.Config{ConsecutiveFailures: 3, OpenTimeout: time.Minute, Now: func() time.Time { return now }}))
+		interceptor.WithBreaker(&breaker.Config{ConsecutiveFailures: 3, OpenTimeout: time.Minute}))
 	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "a"})
 	assert.Equal(t, codes.Unavailable, status.Code(err))
 	assert.Equal(t, 3, e.origin.Total())
@@ -265,8 +264,7 @@ func TestRetryableCodesOption(t *testing.T) {
 }
 
 func TestCallerCancelIsNotABreakerFailure(t *testing.T) {
-	now := time.Unix(1000, 0)
-	e := newEnv(t, origin.Sleep(time.Hour), interceptor.WithBreaker(&breaker.Config{ConsecutiveFailures: 1, Now: func() time.Time { return now }}))
+	e := newEnv(t, origin.Sleep(time.Hour), interceptor.WithBreaker(&breaker.Config{ConsecutiveFailures: 1}))
 	for i := range 3 {
 		ctx, cancel := context.WithCancel(t.Context())
 		go func() {

@@ -10,15 +10,18 @@ import (
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/serviceconfig"
+
+	"github.com/stormguard/stormguard/internal/clock"
+	"github.com/stormguard/stormguard/internal/window"
 )
 
-func init() { balancer.Register(builder{name: Name, clk: wallClock{}}) }
+func init() { balancer.Register(builder{name: Name, clk: clock.Real{}}) }
 
 // builder builds the policy. Tests register builders of their own, under
-// other names, with a manual clock and a hook to see the balancers built.
+// other names, with a fake clock and a hook to see the balancers built.
 type builder struct {
 	name    string
-	clk     clock
+	clk     clock.Clock
 	onBuild func(*outlierBalancer)
 }
 
@@ -54,15 +57,26 @@ type endpoint struct {
 	// ejected is read by the picker.
 	ejected atomic.Bool
 
+	// win holds the outcomes folded in by the evaluations, in buckets of
+	// Interval covering Window (kinds kindOK and kindFail), on the
+	// balancer's time line. Written under outlierBalancer.mu.
+	win *window.Counter
+
 	// Guarded by outlierBalancer.mu.
-	buckets   []counts // ring of the window, indexed like outlierBalancer.head
 	ejectedAt time.Time
 	times     int       // ejections in a row (the multiplier)
 	since     time.Time // last ejection, un-ejection or decay of times
 	ejections int       // total, for tests and the report
 }
 
-// counts is one bucket of outcomes.
+// The kinds of outcome an endpoint's window counts.
+const (
+	kindOK = iota
+	kindFail
+)
+
+// counts is the outcomes of some buckets, each at most math.MaxUint32
+// (saturated).
 type counts struct{ ok, fail uint32 }
 
 // outlierBalancer is the policy: it wraps the child and ejects endpoints.
@@ -70,7 +84,7 @@ type outlierBalancer struct {
 	cc   balancer.ClientConn
 	wcc  *childCC
 	opts balancer.BuildOptions
-	clk  clock
+	clk  clock.Clock
 
 	// childMu serialises every call into the child and its listeners: gRPC's
 	// own calls, and the ejections made by the timer and the evaluator.
@@ -87,14 +101,16 @@ type outlierBalancer struct {
 	poke          chan struct{} // an endpoint collected failures: evaluate now
 	stop, stopped chan struct{}
 
-	// mu guards the endpoint maps, the buckets and the timer. It is never
+	// mu guards the endpoint maps, the windows and the timer. It is never
 	// held while calling the child.
-	mu        sync.Mutex
-	eps       *resolver.EndpointMap[*endpoint]
-	byAddr    map[string]*endpoint
-	subs      map[*subConn]struct{}
-	head      int       // the current bucket
-	headStart time.Time // when the current bucket began
+	mu     sync.Mutex
+	eps    *resolver.EndpointMap[*endpoint]
+	byAddr map[string]*endpoint
+	subs   map[*subConn]struct{}
+	// origin is the zero of the windows' time line: their buckets start
+	// there (at the first evaluation, or when the windows were remade for
+	// a new Window or Interval); zero until then.
+	origin    time.Time
 	lastEval  time.Time
 	stopTimer func() bool
 }
@@ -135,7 +151,11 @@ func (b *outlierBalancer) updateEndpoints(rs resolver.State, cfg Config) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	nb := int(cfg.Window / cfg.Interval)
-	resize := b.eps.Len() > 0 && len(b.eps.Values()[0].buckets) != nb
+	resize := false
+	if b.eps.Len() > 0 {
+		w := b.eps.Values()[0].win
+		resize = w.Slots() != nb || w.Width() != cfg.Interval
+	}
 	eps := resolver.NewEndpointMap[*endpoint]()
 	byAddr := map[string]*endpoint{}
 	for _, e := range rs.Endpoints {
@@ -147,7 +167,7 @@ func (b *outlierBalancer) updateEndpoints(rs resolver.State, cfg Config) {
 			if ok && ep.ejected.Load() {
 				ep.ejected.Store(false)
 			}
-			ep = &endpoint{buckets: make([]counts, nb)}
+			ep = &endpoint{win: window.New(nb, 2, cfg.Interval)}
 		}
 		for _, a := range e.Addresses {
 			if k := canonicalAddr(a.Addr); byAddr[k] == nil {
@@ -163,7 +183,7 @@ func (b *outlierBalancer) updateEndpoints(rs resolver.State, cfg Config) {
 	}
 	b.eps, b.byAddr = eps, byAddr
 	if resize {
-		b.head, b.headStart = 0, b.clk.Now()
+		b.origin = b.clk.Now()
 	}
 	for sc := range b.subs {
 		b.link(sc)

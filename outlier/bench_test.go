@@ -18,6 +18,7 @@ import (
 
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
+	"github.com/stormguard/stormguard/internal/window"
 )
 
 // captureBuilder builds the policy child as it is, on a ClientConn that
@@ -178,18 +179,17 @@ func BenchmarkUnaryRPC(b *testing.B) {
 	}
 }
 
-// benchDecider is a balancer holding only what decide reads: n endpoints,
-// each with a READY SubConn and a full window of buckets (10 successes
-// each), under the default Config.
-func benchDecider(n int) (*outlierBalancer, Config, []*endpoint) {
+// benchDecider is a balancer holding only what decide reads at now: n
+// endpoints, each with a READY SubConn and a full window of buckets (10
+// successes each), under the default Config.
+func benchDecider(n int, now time.Time) (*outlierBalancer, Config, []*endpoint) {
 	cfg := Config{}.withDefaults()
-	b := &outlierBalancer{subs: map[*subConn]struct{}{}}
+	nb := int(cfg.Window / cfg.Interval)
+	b := &outlierBalancer{subs: map[*subConn]struct{}{}, origin: now.Add(-time.Duration(nb-1) * cfg.Interval)}
 	eps := make([]*endpoint, n)
 	for i := range eps {
-		ep := &endpoint{buckets: make([]counts, cfg.Window/cfg.Interval)}
-		for j := range ep.buckets {
-			ep.buckets[j] = counts{ok: 10}
-		}
+		ep := &endpoint{win: window.New(nb, 2, cfg.Interval)}
+		fill(ep, cfg, kindOK)
 		sc := &subConn{}
 		sc.ep.Store(ep)
 		sc.ready.Store(true)
@@ -199,6 +199,13 @@ func benchDecider(n int) (*outlierBalancer, Config, []*endpoint) {
 	return b, cfg, eps
 }
 
+// fill puts 10 outcomes of kind in each bucket of ep's window.
+func fill(ep *endpoint, cfg Config, kind int) {
+	for j := range ep.win.Slots() {
+		ep.win.Add(int64(j)*int64(cfg.Interval), kind, 10)
+	}
+}
+
 // BenchmarkDecide measures one evaluation's decision over 10 endpoints
 // (default Config: 100 buckets): "healthy" when none stands out, "ejected"
 // with one ejected and waiting out its time, "outlier" when one fails
@@ -206,7 +213,7 @@ func benchDecider(n int) (*outlierBalancer, Config, []*endpoint) {
 func BenchmarkDecide(b *testing.B) {
 	now := time.Unix(1e9, 0)
 	b.Run("healthy", func(b *testing.B) {
-		bal, cfg, eps := benchDecider(10)
+		bal, cfg, eps := benchDecider(10, now)
 		b.ReportAllocs()
 		for b.Loop() {
 			if changed, _ := bal.decide(now, cfg, eps); len(changed) != 0 {
@@ -215,7 +222,7 @@ func BenchmarkDecide(b *testing.B) {
 		}
 	})
 	b.Run("ejected", func(b *testing.B) {
-		bal, cfg, eps := benchDecider(10)
+		bal, cfg, eps := benchDecider(10, now)
 		bal.eject(eps[0], now)
 		b.ReportAllocs()
 		for b.Loop() {
@@ -225,16 +232,12 @@ func BenchmarkDecide(b *testing.B) {
 		}
 	})
 	b.Run("outlier", func(b *testing.B) {
-		bal, cfg, eps := benchDecider(10)
-		bad := make([]counts, len(eps[0].buckets))
-		for j := range bad {
-			bad[j] = counts{fail: 10}
-		}
+		bal, cfg, eps := benchDecider(10, now)
 		b.ReportAllocs()
 		for b.Loop() {
 			eps[0].ejected.Store(false)
 			eps[0].times = 0
-			copy(eps[0].buckets, bad)
+			fill(eps[0], cfg, kindFail) // the ejection emptied its window
 			if changed, _ := bal.decide(now, cfg, eps); len(changed) != 1 || changed[0] != eps[0] {
 				b.Fatalf("changed %d endpoints, want the failing one", len(changed))
 			}

@@ -16,7 +16,7 @@ const (
 	alpha  = 1e-6
 )
 
-// evaluate folds the new outcomes into the buckets, un-ejects and ejects,
+// evaluate folds the new outcomes into the windows, un-ejects and ejects,
 // and tells the child. An evaluation poked by Done (tick false) is skipped
 // when the last one was less than Interval/100 ago. It reports whether the
 // timer should keep running (outcomes in the window, or an ejection).
@@ -35,15 +35,18 @@ func (b *outlierBalancer) evaluate(tick bool) (active bool) {
 		return true
 	}
 	b.lastEval = now
+	if b.origin.IsZero() {
+		b.origin = now
+	}
+	t := b.at(now)
 	eps := b.eps.Values()
-	b.rotate(now, cfg, eps)
 	for _, ep := range eps {
 		ok, fail := ep.ok.Swap(0), ep.fail.Swap(0)
 		if ep.ejected.Load() {
 			continue // requests that were in flight when it was ejected
 		}
-		c := &ep.buckets[b.head]
-		c.ok, c.fail = satAdd(c.ok, ok), satAdd(c.fail, fail)
+		ep.win.Add(t, kindOK, int64(ok))
+		ep.win.Add(t, kindFail, int64(fail))
 	}
 	changed, active := b.decide(now, cfg, eps)
 	b.mu.Unlock()
@@ -51,35 +54,8 @@ func (b *outlierBalancer) evaluate(tick bool) (active bool) {
 	return active
 }
 
-func satAdd(a, b uint32) uint32 {
-	if a+b < a {
-		return math.MaxUint32
-	}
-	return a + b
-}
-
-// rotate advances the bucket ring to now, clearing the buckets it passes.
-// b.mu is held.
-func (b *outlierBalancer) rotate(now time.Time, cfg Config, eps []*endpoint) {
-	if b.headStart.IsZero() || now.Before(b.headStart) {
-		b.headStart = now
-		return
-	}
-	steps := now.Sub(b.headStart) / cfg.Interval
-	if steps <= 0 {
-		return
-	}
-	for _, ep := range eps {
-		n := len(ep.buckets)
-		for s := 1; s <= int(min(steps, time.Duration(n))); s++ {
-			ep.buckets[(b.head+s)%n] = counts{}
-		}
-	}
-	if n := len(eps); n > 0 {
-		b.head = int((time.Duration(b.head) + steps) % time.Duration(len(eps[0].buckets)))
-	}
-	b.headStart = b.headStart.Add(steps * cfg.Interval)
-}
+// at returns now on the windows' time line. b.mu is held.
+func (b *outlierBalancer) at(now time.Time) int64 { return int64(now.Sub(b.origin)) }
 
 // decide un-ejects endpoints whose time is up (or all of them, when no other
 // endpoint is connected) and ejects the outliers, within the caps. It
@@ -90,7 +66,7 @@ func (b *outlierBalancer) decide(now time.Time, cfg Config, eps []*endpoint) (ch
 	changed, ejected := b.release(now, cfg, eps, ready)
 	decayTimes(now, cfg, eps)
 	w := newWindows(eps)
-	w.sum(eps, b.head)
+	w.sum(eps, b.at(now))
 	active = ejected > 0 || w.busy()
 	maxEjected := maxEjections(len(eps), cfg)
 	if ejected >= maxEjected {
@@ -161,7 +137,7 @@ func decayTimes(now time.Time, cfg Config, eps []*endpoint) {
 // windows holds the outcomes of the endpoints that are not ejected,
 // summed over each window they are compared on.
 type windows struct {
-	buckets int        // the ring's length
+	buckets int        // the whole window's length
 	ladder  []int      // the windows' lengths in buckets, shortest first
 	sums    [][]counts // by endpoint, then window; nil for an ejected one
 	total   []counts   // by window, over every endpoint not ejected
@@ -183,40 +159,41 @@ func ladder(nb int) []int {
 func newWindows(eps []*endpoint) windows {
 	nb := 0
 	if len(eps) > 0 {
-		nb = len(eps[0].buckets)
+		nb = eps[0].win.Slots()
 	}
 	l := ladder(nb)
 	return windows{buckets: nb, ladder: l, sums: make([][]counts, len(eps)), total: make([]counts, len(l))}
 }
 
-// sum sums the buckets of the endpoints that are not ejected, the newest
-// at head, over every window. b.mu is held.
-func (w *windows) sum(eps []*endpoint, head int) {
+// sum sums the buckets of the endpoints that are not ejected, in the
+// window ending at t, over every window. b.mu is held.
+func (w *windows) sum(eps []*endpoint, t int64) {
 	for i, ep := range eps {
 		if !ep.ejected.Load() {
-			w.add(i, ep, head)
+			w.add(i, ep, t)
 		}
 	}
 }
 
-// add sums ep's buckets, the newest at head, over every window into
-// w.sums[i], and adds them to w.total.
-func (w *windows) add(i int, ep *endpoint, head int) {
-	nb, ladder, total := w.buckets, w.ladder, w.total
+// add sums ep's buckets, in the window ending at t, over every window
+// into w.sums[i], and adds them to w.total.
+func (w *windows) add(i int, ep *endpoint, t int64) {
+	ladder, total := w.ladder, w.total
 	sums := make([]counts, len(ladder))
-	var acc counts
-	li := 0
-	for n := 1; n <= nb && li < len(ladder); n++ {
-		c := ep.buckets[((head-n+1)%nb+nb)%nb]
-		acc.ok, acc.fail = satAdd(acc.ok, c.ok), satAdd(acc.fail, c.fail)
-		if n == ladder[li] {
-			sums[li] = acc
-			total[li].ok, total[li].fail = satAdd(total[li].ok, acc.ok), satAdd(total[li].fail, acc.fail)
-			li++
-		}
+	var acc [2]int64
+	from := 0
+	for li, n := range ladder {
+		ep.win.Sum(t, from, n, acc[:]) // the buckets a longer window adds
+		from = n
+		sums[li] = counts{ok: sat32(acc[kindOK]), fail: sat32(acc[kindFail])}
+		total[li].ok = sat32(int64(total[li].ok) + acc[kindOK])
+		total[li].fail = sat32(int64(total[li].fail) + acc[kindFail])
 	}
 	w.sums[i] = sums
 }
+
+// sat32 returns n, or math.MaxUint32 if n is more.
+func sat32(n int64) uint32 { return uint32(min(n, math.MaxUint32)) }
 
 // busy reports whether the whole window holds any outcome.
 func (w *windows) busy() bool {
@@ -326,14 +303,14 @@ func (b *outlierBalancer) eject(ep *endpoint, now time.Time) {
 	ep.times++
 	ep.ejections++
 	ep.ejectedAt, ep.since = now, now
-	clear(ep.buckets)
+	ep.win.Reset()
 }
 
 // uneject returns ep, with fresh counters. b.mu is held.
 func (b *outlierBalancer) uneject(ep *endpoint, now time.Time) {
 	ep.ejected.Store(false)
 	ep.since = now
-	clear(ep.buckets)
+	ep.win.Reset()
 	ep.ok.Store(0)
 	ep.fail.Store(0)
 }

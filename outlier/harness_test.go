@@ -17,16 +17,18 @@ import (
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 
+	"github.com/stormguard/stormguard/internal/clock"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
 // cluster is N real origins on 127.0.0.1 behind one client connection that
-// uses the policy (registered under a test name, with a manual clock) and a
-// manual resolver listing the N addresses.
+// uses the policy (registered under a test name, with a fake clock, which
+// runs the policy's timers in the goroutine that advances it) and a manual
+// resolver listing the N addresses.
 type cluster struct {
 	t       *testing.T
-	clk     *manualClock
+	clk     *clock.Fake
 	origins []*origin.Origin
 	servers []*origin.Server
 	addrs   []string
@@ -43,7 +45,7 @@ var testPolicies atomic.Int64
 // policy with cfg, and waits until every origin has answered a call.
 func newCluster(t *testing.T, n int, cfg Config) *cluster {
 	t.Helper()
-	c := &cluster{t: t, clk: newManualClock()}
+	c := &cluster{t: t, clk: clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))}
 	name := fmt.Sprintf("stormguard_outlier_test_%d", testPolicies.Add(1))
 	balancer.Register(builder{name: name, clk: c.clk, onBuild: func(b *outlierBalancer) { c.bal.Store(b) }})
 	var eps []resolver.Endpoint
@@ -113,7 +115,7 @@ func (c *cluster) forgetCounts() {
 	for _, ep := range b.eps.Values() {
 		ep.ok.Store(0)
 		ep.fail.Store(0)
-		clear(ep.buckets)
+		ep.win.Reset()
 	}
 }
 

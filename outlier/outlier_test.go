@@ -3,6 +3,7 @@ package outlier
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -358,12 +359,8 @@ func (c *cluster) window(i int) counts {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	ep := b.byAddr[canonicalAddr(c.addrs[i])]
-	out := counts{ok: ep.ok.Load(), fail: ep.fail.Load()}
-	for _, k := range ep.buckets {
-		out.ok += k.ok
-		out.fail += k.fail
-	}
-	return out
+	ok, fail := ep.win.Counts(math.MinInt64) // the window ending at its newest bucket
+	return counts{ok: ep.ok.Load() + uint32(ok), fail: ep.fail.Load() + uint32(fail)}
 }
 
 // TestPickFirstChild: with pick_first as the child (one connection for all

@@ -43,7 +43,8 @@ type Config struct {
 	Quantile float64
 	// Window is how long a handler latency counts for admission: the
 	// latencies of the last Window (kept in 4 slots of Window/4, so the
-	// last 3/4 to all of it) are the method's recent history. ≤ 0 → 1s.
+	// last 3/4 to all of it) are the method's recent history. ≤ 0 → 1s;
+	// otherwise rounded down to a multiple of 4 ns, and at least 4 ns.
 	Window time.Duration
 	// MinSamples is the least number of latencies in Window before
 	// admission refuses anything for the method. ≤ 0 → 20.
@@ -89,8 +90,6 @@ type Config struct {
 	// MaxMethods bounds the methods tracked one by one; further methods
 	// share one state. ≤ 0 → 1024.
 	MaxMethods int
-	// Now is the clock. nil → time.Now.
-	Now func() time.Time
 }
 
 // settings is a Config with defaults applied.
@@ -110,7 +109,6 @@ type settings struct {
 	limitWindow   time.Duration
 	retryAfter    time.Duration
 	maxMethods    int
-	now           func() time.Time
 }
 
 func (c Config) settings() settings {
@@ -130,7 +128,6 @@ func (c Config) settings() settings {
 		limitWindow:   c.LimitWindow,
 		retryAfter:    c.RetryAfter,
 		maxMethods:    c.MaxMethods,
-		now:           c.Now,
 	}
 	if s.maxDeadline <= 0 {
 		s.maxDeadline = DefaultMaxDeadline
@@ -168,9 +165,6 @@ func (c Config) settings() settings {
 	}
 	if s.maxMethods <= 0 {
 		s.maxMethods = DefaultMaxMethods
-	}
-	if s.now == nil {
-		s.now = time.Now
 	}
 	return s
 }

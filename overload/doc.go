@@ -70,10 +70,18 @@
 //
 // A decision and its Done are a handful of atomic operations and no
 // allocation; no lock is taken but one TryLock per limit window. A method
-// keeps 2.8 KB (four histograms of 128 counters for its history, one
-// for its callers' deadlines: 2.8 MiB for MaxMethods, 1024, beyond which
-// further methods share one state). Every Guard is safe for concurrent use;
-// its clock is Config.Now, and the At forms take the time from the caller.
+// keeps 2.9 KB (four histograms of 128 counters for its history, one
+// for its callers' deadlines: 2.9 MiB for MaxMethods, 1024, beyond which
+// further methods share one state). Every Guard is safe for concurrent use.
+//
+// # Time
+//
+// The methods without a time (Admit, Ticket.Done, Ticket.Abandon, Need)
+// read the monotonic clock; each has an At form (AdmitAt, DoneAt,
+// AbandonAt, NeedAt) that takes the time from the caller, so that a test
+// or a simulator drives a Guard on its own clock, as x/time/rate's AllowN
+// does. A Guard's time line, and its history's slots, start at the first
+// time it is given.
 //
 // docs/overload.md states the rules in full, says why they are these, and
 // gives the measurements behind the defaults.

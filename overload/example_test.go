@@ -9,10 +9,12 @@ import (
 
 // A method with a standing queue: 40 requests in flight, one ending every
 // 5 ms, so each waits 200 ms. A request with 50 ms left is refused on
-// arrival; one with a second left is admitted.
+// arrival; one with a second left is admitted. The example drives the
+// Guard at explicit times (the At forms), as a test or a simulator does; a
+// server calls the forms without a time, which read the monotonic clock.
 func Example() {
 	now := time.Unix(1_700_000_000, 0)
-	g := overload.New(overload.Config{Now: func() time.Time { return now }})
+	g := overload.New(overload.Config{})
 	m := g.Method("/shop.Cart/Get")
 
 	var queue []overload.Ticket

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stormguard/stormguard/internal/cowmap"
+	"github.com/stormguard/stormguard/internal/window"
 )
 
 // Reason says why a request was refused; the zero Reason means admitted.
@@ -70,9 +71,14 @@ type Stats struct {
 // Guard is a server's overload protection: deadline-aware admission and
 // retry-aware shedding, per method. Create one with New; the zero Guard is
 // not usable. A Guard is safe for concurrent use and must not be copied.
+//
+// The methods without a time read the monotonic clock; the At forms take
+// the time from the caller (a simulator, or a caller that has just read
+// the clock). Times a Guard is given should come from one clock: its time
+// line starts at the first time it sees.
 type Guard struct {
 	s        settings
-	epoch    time.Time
+	origin   window.Origin // the Guard's time line starts at the first time it sees
 	methods  cowmap.Map[string, *Method]
 	other    *Method      // shared by methods beyond MaxMethods
 	inflight atomic.Int64 // over all methods, when MaxConcurrency is set
@@ -83,10 +89,13 @@ type Guard struct {
 // New returns a Guard configured by c.
 func New(c Config) *Guard {
 	g := &Guard{s: c.settings()}
-	g.epoch = g.s.now()
 	g.other = g.newMethod()
 	return g
 }
+
+// procEpoch is the origin of the offsets times are converted to: reading
+// time.Since of a monotonic instant costs one clock read, time.Now two.
+var procEpoch = time.Now()
 
 // Stats returns a snapshot of the counters (each read atomically, not all
 // at one instant).
@@ -100,19 +109,21 @@ func (g *Guard) Stats() Stats {
 }
 
 // at returns t on the Guard's time line, in ns.
-func (g *Guard) at(t time.Time) int64 { return int64(t.Sub(g.epoch)) }
+func (g *Guard) at(t time.Time) int64 { return g.origin.Since(int64(t.Sub(procEpoch))) }
 
-// Now reads the Guard's clock (Config.Now).
-func (g *Guard) Now() time.Time { return g.s.now() }
+// clock returns the monotonic clock's time on the Guard's time line.
+func (g *Guard) clock() int64 { return g.origin.Since(int64(time.Since(procEpoch))) }
 
 // Method is the state of one method: its latency history, requests in
 // flight and adaptive limit. Get it with Guard.Method (the zero Method is
 // not usable); it is safe for concurrent use.
 type Method struct {
-	g        *Guard
-	born     int64
+	g *Guard
+	// born is when the method saw its first request, on the Guard's time
+	// line; unborn until then.
+	born     atomic.Int64
 	inflight atomic.Int64
-	hist     history
+	hist     *window.Counter // handler latencies, by histogram bucket
 	lim      limiter
 	// The admission estimate, recomputed at most every window/16.
 	next   atomic.Int64  // ns: when to recompute
@@ -120,13 +131,23 @@ type Method struct {
 	perReq atomic.Uint64 // float64 bits: ns of time line per completion in the window
 }
 
+// unborn is the birth time of a method that has seen no request.
+const unborn = math.MinInt64
+
 func (g *Guard) newMethod() *Method {
-	now := g.at(g.s.now())
-	m := &Method{g: g, born: now}
-	m.hist.width = int64(g.s.window / numSlots)
-	m.lim.init(now)
+	m := &Method{g: g, hist: newHistory(g.s.window)}
+	m.born.Store(unborn)
+	m.lim.init()
 	m.need.Store(-1)
 	return m
+}
+
+// begin starts m's time at t, the time of its first request: its history
+// covers no time before, and its first limit window starts then.
+func (m *Method) begin(t int64) {
+	if m.born.Load() == unborn && m.born.CompareAndSwap(unborn, t) {
+		m.lim.start.Store(t)
+	}
 }
 
 // Method returns the state of the named method (a gRPC full method name,
@@ -158,21 +179,26 @@ type Ticket struct {
 	global bool
 }
 
-// Admit decides on a request of m that arrives now (Config.Now) with the
-// given deadline (hasDeadline false: none) and, with retry, carries
-// grpc-previous-rpc-attempts > 0 (a retry or a hedge). A deadline more
-// than MaxDeadline away counts as none. An admitted request must report its
-// end on the Ticket.
+// Admit decides on a request of m that arrives now (on the monotonic
+// clock) with the given deadline (hasDeadline false: none) and, with
+// retry, carries grpc-previous-rpc-attempts > 0 (a retry or a hedge). A
+// deadline more than MaxDeadline away counts as none. An admitted request
+// must report its end on the Ticket.
 func (m *Method) Admit(deadline time.Time, hasDeadline, retry bool) (Ticket, Decision) {
-	return m.AdmitAt(m.g.s.now(), deadline, hasDeadline, retry)
+	now := time.Now()
+	return m.admit(m.g.at(now), deadline.Sub(now), hasDeadline, retry)
 }
 
-// AdmitAt is Admit at the time now, from the Guard's clock.
+// AdmitAt is Admit at the time now.
 func (m *Method) AdmitAt(now, deadline time.Time, hasDeadline, retry bool) (Ticket, Decision) {
+	return m.admit(m.g.at(now), deadline.Sub(now), hasDeadline, retry)
+}
+
+// admit is Admit at t (ns on the time line), with left to the deadline.
+func (m *Method) admit(t int64, left time.Duration, hasDeadline, retry bool) (Ticket, Decision) {
 	g := m.g
 	s := &g.s
-	t := g.at(now)
-	left := deadline.Sub(now)
+	m.begin(t)
 	if left > s.maxDeadline {
 		hasDeadline = false // a claim the Guard does not believe
 	}
@@ -266,7 +292,7 @@ func (m *Method) needAt(t, inflight int64) (time.Duration, bool) {
 // recompute refreshes the admission estimate from the history at t.
 func (m *Method) recompute(t int64) {
 	s := &m.g.s
-	sum := m.hist.summarize(t, s.quantile, m.born)
+	sum := summarize(m.hist, t, s.quantile, m.born.Load())
 	if sum.n < s.minSamples {
 		m.need.Store(-1)
 		return
@@ -275,27 +301,30 @@ func (m *Method) recompute(t int64) {
 	m.need.Store(int64(sum.q))
 }
 
-// Done reports the end of the admitted request, now (Config.Now): see
-// DoneAt.
+// Done reports, now (on the monotonic clock), that the admitted request
+// completed: its place in flight is freed and its latency is learned.
 func (t Ticket) Done() {
 	if t.m != nil {
-		t.DoneAt(t.m.g.s.now())
+		t.end(t.m.g.clock(), true)
 	}
 }
 
-// DoneAt reports, at now from the Guard's clock, that the admitted request
-// completed: its place in flight is freed and its latency is learned.
-func (t Ticket) DoneAt(now time.Time) { t.end(now, true) }
+// DoneAt is Done at time now.
+func (t Ticket) DoneAt(now time.Time) {
+	if t.m != nil {
+		t.end(t.m.g.at(now), true)
+	}
+}
 
-// Abandon reports the end of the admitted request, now (Config.Now): see
-// AbandonAt.
+// Abandon reports the end of the admitted request, now (on the monotonic
+// clock): see AbandonAt.
 func (t Ticket) Abandon() {
 	if t.m != nil {
-		t.AbandonAt(t.m.g.s.now())
+		t.end(t.m.g.clock(), false)
 	}
 }
 
-// AbandonAt reports, at now from the Guard's clock, that the admitted
+// AbandonAt reports, at time now, that the admitted
 // request ended before it completed: its caller left (a cancellation) or
 // its deadline passed while it ran. Its place in flight is freed, and what
 // it proves is learned: that the method needs more than the time it ran.
@@ -306,17 +335,17 @@ func (t Ticket) Abandon() {
 // at once do not make a method look fast and its normal latency look like
 // a queue. A deadline it missed counts as one the method failed; a
 // cancellation does not.
-func (t Ticket) AbandonAt(now time.Time) { t.end(now, false) }
-
-// end reports the end of the admitted request at now: completed, or cut
-// short.
-func (t Ticket) end(now time.Time, completed bool) {
-	m := t.m
-	if m == nil {
-		return
+func (t Ticket) AbandonAt(now time.Time) {
+	if t.m != nil {
+		t.end(t.m.g.at(now), false)
 	}
+}
+
+// end reports the end of the admitted request at end (ns on the time
+// line): completed, or cut short.
+func (t Ticket) end(end int64, completed bool) {
+	m := t.m
 	g := m.g
-	end := g.at(now)
 	d := max(end-t.start, 0)
 	inflight := t.release()
 	if g.s.shedding && g.s.adaptive {
@@ -328,7 +357,7 @@ func (t Ticket) end(now time.Time, completed bool) {
 	if !g.s.admission {
 		return
 	}
-	m.hist.observe(end, time.Duration(d))
+	m.hist.Add(end, bucketOf(time.Duration(d)), 1)
 	if next := m.next.Load(); end >= next && m.next.CompareAndSwap(next, end+int64(g.s.window/16)) {
 		m.recompute(end)
 	}
@@ -365,8 +394,14 @@ func (m *Method) Limit() int64 {
 // Inflight returns the admitted requests of m that have not ended.
 func (m *Method) Inflight() int64 { return m.inflight.Load() }
 
-// Need returns what admission expects a request of m arriving now to need,
-// and false when m's history is too thin to refuse anything.
+// Need returns what admission expects a request of m arriving now (on the
+// monotonic clock) to need, and false when m's history is too thin to
+// refuse anything.
 func (m *Method) Need() (time.Duration, bool) {
-	return m.needAt(m.g.at(m.g.s.now()), m.inflight.Load())
+	return m.needAt(m.g.clock(), m.inflight.Load())
+}
+
+// NeedAt is Need at time now.
+func (m *Method) NeedAt(now time.Time) (time.Duration, bool) {
+	return m.needAt(m.g.at(now), m.inflight.Load())
 }

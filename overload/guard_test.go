@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-	"unsafe"
 
 	"go.uber.org/goleak"
 )
@@ -94,7 +93,7 @@ func TestDefaults(t *testing.T) {
 		if s.quantile != DefaultQuantile || s.window != DefaultWindow || s.minSamples != DefaultMinSamples ||
 			s.minLimit != DefaultMinLimit || s.tolerance != DefaultTolerance || s.deadlineShare != DefaultDeadlineShare ||
 			s.retryShare != DefaultRetryShare || s.limitWindow != DefaultLimitWindow || s.retryAfter != DefaultRetryAfter ||
-			s.maxMethods != DefaultMaxMethods || s.maxConc != 0 || !s.admission || !s.shedding || !s.adaptive || s.now == nil {
+			s.maxMethods != DefaultMaxMethods || s.maxConc != 0 || !s.admission || !s.shedding || !s.adaptive {
 			t.Errorf("settings of %+v: %+v", c, s)
 		}
 	}
@@ -105,14 +104,14 @@ func TestDefaults(t *testing.T) {
 
 func TestHistoryQuantileAndExpiry(t *testing.T) {
 	c := newClock()
-	g := New(Config{Now: c.Now, NoShedding: true})
+	g := New(Config{NoShedding: true})
 	m := g.Method("/svc/M")
-	if _, ok := m.Need(); ok {
+	if _, ok := m.NeedAt(c.Now()); ok {
 		t.Fatal("a need before any history")
 	}
 	// 19 latencies are too few; the 20th makes the history usable.
 	serve(t, c, m, 19, 100*time.Millisecond, 0)
-	if _, ok := m.Need(); ok {
+	if _, ok := m.NeedAt(c.Now()); ok {
 		t.Fatal("a need from 19 latencies")
 	}
 	c.Add(100 * time.Millisecond) // past the recomputation interval
@@ -120,31 +119,31 @@ func TestHistoryQuantileAndExpiry(t *testing.T) {
 	c.Add(100 * time.Millisecond)
 	// Nothing in flight: the drain term is one request's share of the
 	// window, far below 100ms, so the need is small.
-	need, ok := m.Need()
+	need, ok := m.NeedAt(c.Now())
 	if !ok || need >= 100*time.Millisecond {
 		t.Fatalf("need with nothing in flight = %v, %v", need, ok)
 	}
 	// The quantile: 90 fast latencies and 10 slow; the 10th percentile is
 	// fast.
 	c2 := newClock()
-	g2 := New(Config{Now: c2.Now, NoShedding: true})
+	g2 := New(Config{NoShedding: true})
 	m2 := g2.Method("/svc/M")
 	serve(t, c2, m2, 10, 500*time.Millisecond, 0)
 	serve(t, c2, m2, 90, 10*time.Millisecond, 0)
 	c2.Add(100 * time.Millisecond)
-	sum := m2.hist.summarize(g2.at(c2.Now()), 0.1, m2.born)
+	sum := summarize(m2.hist, g2.at(c2.Now()), 0.1, m2.born.Load())
 	if sum.n != 100 || sum.q < 10*time.Millisecond || sum.q > 12*time.Millisecond {
 		t.Fatalf("summary %+v: want 100 latencies, p10 ≈ 10ms", sum)
 	}
-	if sum := m2.hist.summarize(g2.at(c2.Now()), 0.95, m2.born); sum.q < 500*time.Millisecond || sum.q > 600*time.Millisecond {
+	if sum := summarize(m2.hist, g2.at(c2.Now()), 0.95, m2.born.Load()); sum.q < 500*time.Millisecond || sum.q > 600*time.Millisecond {
 		t.Fatalf("p95 = %v, want ≈ 500ms", sum.q)
 	}
 	// After a whole window without new latencies the history is empty.
 	c2.Add(DefaultWindow)
-	if sum := m2.hist.summarize(g2.at(c2.Now()), 0.1, m2.born); sum.n != 0 {
+	if sum := summarize(m2.hist, g2.at(c2.Now()), 0.1, m2.born.Load()); sum.n != 0 {
 		t.Fatalf("%d latencies a window later", sum.n)
 	}
-	if _, ok := m2.Need(); ok {
+	if _, ok := m2.NeedAt(c2.Now()); ok {
 		t.Fatal("a need from an expired history")
 	}
 }
@@ -191,13 +190,13 @@ func (f *fifo) run(d, gap time.Duration, arrivals int) {
 
 func TestAdmissionRefusesDoomedWorkAndRecovers(t *testing.T) {
 	c := newClock()
-	g := New(Config{Now: c.Now, NoShedding: true})
+	g := New(Config{NoShedding: true})
 	m := g.Method("/svc/M")
 	// A standing queue of 100 at 200/s: every request waits 500ms.
 	q := &fifo{t: t, c: c, m: m}
 	q.fill(100)
 	q.run(1500*time.Millisecond, 5*time.Millisecond, 1)
-	need, ok := m.Need()
+	need, ok := m.NeedAt(c.Now())
 	if !ok || need < 450*time.Millisecond || need > 600*time.Millisecond {
 		t.Fatalf("need = %v, %v; want ≈ 505ms", need, ok)
 	}
@@ -222,7 +221,7 @@ func TestAdmissionRefusesDoomedWorkAndRecovers(t *testing.T) {
 			t.Fatalf("50ms left: %+v", d)
 		}
 	}
-	if n2, _ := m.Need(); n2 < need-10*time.Millisecond {
+	if n2, _ := m.NeedAt(c.Now()); n2 < need-10*time.Millisecond {
 		t.Fatalf("need fell from %v to %v after refusals", need, n2)
 	}
 	// ...and once the backlog has drained (nothing admitted meanwhile),
@@ -230,7 +229,7 @@ func TestAdmissionRefusesDoomedWorkAndRecovers(t *testing.T) {
 	// (500ms) are all still in the window.
 	q.run(time.Second, 5*time.Millisecond, 0)
 	now = c.Now()
-	if n2, ok := m.Need(); !ok || n2 > 10*time.Millisecond {
+	if n2, ok := m.NeedAt(c.Now()); !ok || n2 > 10*time.Millisecond {
 		t.Fatalf("need after the drain = %v, %v", n2, ok)
 	}
 	if tk, d := m.AdmitAt(now, now.Add(100*time.Millisecond), true, false); d.Reason != Admitted {
@@ -245,7 +244,7 @@ func TestAdmissionRefusesDoomedWorkAndRecovers(t *testing.T) {
 
 func TestAdmissionIgnoresBurstsItAbsorbs(t *testing.T) {
 	c := newClock()
-	g := New(Config{Now: c.Now, NoShedding: true})
+	g := New(Config{NoShedding: true})
 	m := g.Method("/svc/M")
 	// A method that answers in 2ms whatever the load: 100 per 100ms.
 	for range 10 {
@@ -268,10 +267,10 @@ func TestAdmissionIgnoresBurstsItAbsorbs(t *testing.T) {
 	}
 }
 
-// window runs one limiter window of m: n first attempts arriving at the
+// runWindow runs one limiter window of m: n first attempts arriving at the
 // clock's time with deadline left (0: none), all ending after lat, then
 // the clock moves to the end of the window (100ms after its start).
-func window(t *testing.T, c *clock, m *Method, n int, lat, left time.Duration) int {
+func runWindow(t *testing.T, c *clock, m *Method, n int, lat, left time.Duration) int {
 	t.Helper()
 	admitted := serve(t, c, m, n, lat, left)
 	if lat < DefaultLimitWindow {
@@ -285,18 +284,18 @@ func window(t *testing.T, c *clock, m *Method, n int, lat, left time.Duration) i
 // fast.
 func TestLimiterEngagesOnAStandingQueueOnly(t *testing.T) {
 	c := newClock()
-	g := New(Config{Now: c.Now, NoAdmission: true})
+	g := New(Config{NoAdmission: true})
 	m := g.Method("/svc/M")
 	for range 10 {
-		window(t, c, m, 20, 10*time.Millisecond, 0)
+		runWindow(t, c, m, 20, 10*time.Millisecond, 0)
 	}
 	if l := m.Limit(); l != -1 {
 		t.Fatalf("limit %d at steady latency", l)
 	}
 	// One slow window (a pause): no limit.
-	window(t, c, m, 20, 80*time.Millisecond, 0)
-	window(t, c, m, 20, 10*time.Millisecond, 0)
-	window(t, c, m, 20, 10*time.Millisecond, 0)
+	runWindow(t, c, m, 20, 80*time.Millisecond, 0)
+	runWindow(t, c, m, 20, 10*time.Millisecond, 0)
+	runWindow(t, c, m, 20, 10*time.Millisecond, 0)
 	if l := m.Limit(); l != -1 {
 		t.Fatalf("limit %d after one slow window", l)
 	}
@@ -369,9 +368,9 @@ func TestLimiterEngagesOnAStandingQueueOnly(t *testing.T) {
 	}
 	c.Add(90 * time.Millisecond)
 	for range 3 {
-		window(t, c, m, 4, 10*time.Millisecond, 0)
-		window(t, c, m, 4, 10*time.Millisecond, 0)
-		window(t, c, m, 4, 10*time.Millisecond, 0)
+		runWindow(t, c, m, 4, 10*time.Millisecond, 0)
+		runWindow(t, c, m, 4, 10*time.Millisecond, 0)
+		runWindow(t, c, m, 4, 10*time.Millisecond, 0)
 	}
 	if l := m.Limit(); l != -1 {
 		t.Fatalf("limit %d after the overload", l)
@@ -404,9 +403,9 @@ func TestLimiterLetsDeadlinesTolerateSlowness(t *testing.T) {
 		{"DeadlineShare -1", -1, time.Second, true},
 	} {
 		clk := newClock()
-		m := New(Config{Now: clk.Now, NoAdmission: true, DeadlineShare: c.share}).Method("/svc/M")
+		m := New(Config{NoAdmission: true, DeadlineShare: c.share}).Method("/svc/M")
 		for range 10 {
-			window(t, clk, m, 20, 10*time.Millisecond, c.left)
+			runWindow(t, clk, m, 20, 10*time.Millisecond, c.left)
 		}
 		q := &fifo{c: clk, m: m, left: c.left}
 		q.fill(20)
@@ -421,9 +420,9 @@ func TestLimiterLetsDeadlinesTolerateSlowness(t *testing.T) {
 // caller waits, the limit halves each window down to the floor.
 func TestLimiterShrinksToTheFloor(t *testing.T) {
 	c := newClock()
-	m := New(Config{Now: c.Now, NoAdmission: true, MinLimit: 3}).Method("/svc/M")
+	m := New(Config{NoAdmission: true, MinLimit: 3}).Method("/svc/M")
 	for range 5 {
-		window(t, c, m, 20, 10*time.Millisecond, 0)
+		runWindow(t, c, m, 20, 10*time.Millisecond, 0)
 	}
 	// Every admitted request keeps taking 200ms, and its caller has
 	// 100ms: the limit halves each window (the gradient is clamped at
@@ -445,7 +444,7 @@ func TestLimiterShrinksToTheFloor(t *testing.T) {
 
 func TestRetriesShedFirst(t *testing.T) {
 	c := newClock()
-	g := New(Config{Now: c.Now, NoAdmission: true, NoAdaptive: true, MaxConcurrency: 10})
+	g := New(Config{NoAdmission: true, NoAdaptive: true, MaxConcurrency: 10})
 	m := g.Method("/svc/M")
 	now := c.Now()
 	var open []Ticket
@@ -498,7 +497,7 @@ func TestRetriesShedFirst(t *testing.T) {
 
 func TestOffSwitches(t *testing.T) {
 	c := newClock()
-	g := New(Config{Now: c.Now, NoAdmission: true, NoShedding: true, MaxConcurrency: 1})
+	g := New(Config{NoAdmission: true, NoShedding: true, MaxConcurrency: 1})
 	m := g.Method("/svc/M")
 	now := c.Now()
 	for range 100 {
@@ -596,7 +595,7 @@ func FuzzIsRetry(f *testing.F) {
 // queue, and no limit engages, so nothing is shed after the pause.
 func TestLimiterIgnoresAPause(t *testing.T) {
 	c := newClock()
-	g := New(Config{Now: c.Now, NoAdmission: true})
+	g := New(Config{NoAdmission: true})
 	m := g.Method("/svc/M")
 	// Steady: one request every 7ms (140/s), 20ms each, 400ms deadlines.
 	type req struct {
@@ -666,7 +665,6 @@ func TestDiscardTeachesNothing(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			clk := newClock()
-			c.cfg.Now = clk.Now
 			m := New(c.cfg).Method("/svc/M")
 			q := &fifo{c: clk, m: m, left: c.left}
 			q.fill(100)
@@ -680,7 +678,7 @@ func TestDiscardTeachesNothing(t *testing.T) {
 				}
 			}
 			if c.cfg.NoShedding {
-				if need, ok := m.Need(); !ok || need < 450*time.Millisecond {
+				if need, ok := m.NeedAt(clk.Now()); !ok || need < 450*time.Millisecond {
 					t.Errorf("need = %v, %v; want ≈ 500ms: the fast failures were learned", need, ok)
 				}
 			} else if q.shed == 0 {
@@ -692,13 +690,32 @@ func TestDiscardTeachesNothing(t *testing.T) {
 	zero.Discard()
 }
 
-// TestMemoryBound: a method's state is a fixed-size value (no slice or map
-// grows with traffic), about 2.8 KB.
+// TestMemoryBound: a method's state has a fixed size, about 2.8 KB: what
+// making one allocates, its history included; traffic allocates nothing
+// more.
 func TestMemoryBound(t *testing.T) {
-	if size := unsafe.Sizeof(Method{}); size > 3<<10 {
+	g := New(Config{})
+	const n = 100
+	ms := make([]*Method, n)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for i := range ms {
+		ms[i] = g.newMethod()
+	}
+	runtime.ReadMemStats(&after)
+	if size := (after.TotalAlloc - before.TotalAlloc) / n; size > 3<<10 {
 		t.Errorf("a method takes %d bytes", size)
 	} else {
 		t.Logf("a method takes %d bytes; %d methods at most %d KiB", size, DefaultMaxMethods, int(size)*DefaultMaxMethods>>10)
+	}
+	c := newClock()
+	m := ms[0]
+	if a := testing.AllocsPerRun(1000, func() {
+		now := c.Add(time.Millisecond)
+		tk, _ := m.AdmitAt(now, now.Add(time.Second), true, false)
+		tk.DoneAt(now.Add(time.Duration(len(ms)) * time.Microsecond))
+	}); a != 0 {
+		t.Errorf("a request allocates %v times", a)
 	}
 }
 
@@ -746,10 +763,10 @@ func TestMaxConcurrencyIsExact(t *testing.T) {
 func TestAnAdaptiveLimitLeavesFirstAttemptsWithADeadlineToAdmission(t *testing.T) {
 	for _, admission := range []bool{true, false} {
 		c := newClock()
-		g := New(Config{Now: c.Now, NoAdmission: !admission, MinLimit: 3})
+		g := New(Config{NoAdmission: !admission, MinLimit: 3})
 		m := g.Method("/svc/M")
 		for range 5 {
-			window(t, c, m, 20, 10*time.Millisecond, 0)
+			runWindow(t, c, m, 20, 10*time.Millisecond, 0)
 		}
 		for range 12 { // requests take 200ms, their callers have 100ms: the limit engages
 			serve(t, c, m, 100, 200*time.Millisecond, 100*time.Millisecond)

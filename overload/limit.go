@@ -100,9 +100,8 @@ type limiter struct {
 	stake    bool                     // callers missed deadlines while the limit was engaged
 }
 
-func (l *limiter) init(now int64) {
+func (l *limiter) init() {
 	l.limit.Store(unlimited)
-	l.start.Store(now)
 	l.minDone.Store(none)
 	l.minCut.Store(none)
 }
@@ -191,7 +190,7 @@ func (l *limiter) observe(now, d int64, completed bool, s *settings, inflight in
 		left[i] = l.left[i].Swap(0)
 	}
 	if nLeft > 0 {
-		w.tolerable = s.deadlineShare * float64(quantileOf(&left, nLeft, deadlineQuantile))
+		w.tolerable = s.deadlineShare * float64(quantileOf(&left, uint64(nLeft), deadlineQuantile))
 	}
 	l.update(w, s)
 }

@@ -71,7 +71,7 @@ func TestLimiterDoesNotLimitASlowerMethod(t *testing.T) {
 		{"10000/s, no deadline", 10, 0, 3},
 	} {
 		clk := newClock()
-		g := New(Config{Now: clk.Now})
+		g := New(Config{})
 		m := g.Method("/svc/M")
 		s := &stream{c: clk, m: m}
 		rng := rand.New(rand.NewPCG(1, 2))
@@ -114,7 +114,7 @@ func TestAbandonTeachesOnlyWhatItProves(t *testing.T) {
 		{"cut short at 100ms", 100 * time.Millisecond, true},
 	} {
 		clk := newClock()
-		g := New(Config{Now: clk.Now})
+		g := New(Config{})
 		m := g.Method("/svc/M")
 		s := &stream{c: clk, m: m}
 		for range 2000 { // 2 s at 10 ms
@@ -155,10 +155,10 @@ func TestAbandonTeachesOnlyWhatItProves(t *testing.T) {
 // baseline has learned the new latency.
 func TestALimitWithNoDeadlineAtStakeLetsGo(t *testing.T) {
 	c := newClock()
-	g := New(Config{Now: c.Now})
+	g := New(Config{})
 	m := g.Method("/svc/M")
 	for range 10 {
-		window(t, c, m, 20, 10*time.Millisecond, 0)
+		runWindow(t, c, m, 20, 10*time.Millisecond, 0)
 	}
 	q := &fifo{c: c, m: m}
 	q.fill(20)

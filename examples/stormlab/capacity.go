@@ -139,11 +139,11 @@ func capPolicy(p policy) (capClient, func(int)) {
 		c.request = func() { b.DepositAt(clock()) }
 		c.mayRetry = func() bool { return b.WithdrawAt(clock()) }
 		if p.key == suiteDefaults {
-			br := breaker.New(breaker.Config{Now: clock, Rand: func() float64 { return 0 }})
-			c.mayRetry = func() bool { return br.RetryAfter() <= 0 && b.WithdrawAt(clock()) }
+			br := breaker.New(breaker.Config{Rand: func() float64 { return 0 }})
+			c.mayRetry = func() bool { return br.RetryAfterAt(clock()) <= 0 && b.WithdrawAt(clock()) }
 			c.admit = func() (func(bool), bool) {
-				done, err := br.Allow()
-				return done, err == nil
+				t, err := br.AdmitAt(clock())
+				return func(failed bool) { t.DoneAt(failed, clock()) }, err == nil
 			}
 		}
 	}

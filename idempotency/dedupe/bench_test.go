@@ -8,9 +8,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -119,19 +117,14 @@ func BenchmarkServerHitTLS(b *testing.B) {
 	benchHitAs(b, ctx)
 }
 
-// benchStore returns a store of n entries for one identity whose clock
-// moves past the retry horizon at every reading: in a full store, each
-// new key evicts the oldest record, as a store in its steady state does
-// (rather than refusing the key because the records are young).
+// benchStore returns a store of n entries for one identity that protects
+// no record by a retry horizon: in a full store, each new key evicts the
+// oldest record, as a store in its steady state does (rather than refusing
+// the key because the records are young).
 func benchStore(n int) *dedupe.MemoryStore {
-	var ticks atomic.Int64
-	start := time.Unix(1_700_000_000, 0)
 	return dedupe.NewMemoryStore(dedupe.MemoryConfig{
 		MaxEntries: n, MaxEntriesPerIdentity: n, MaxBytesPerIdentity: dedupe.DefaultMaxBytes,
-		TTL: 1 << 62, // longer than any benchmark's ticks
-		Now: func() time.Time {
-			return start.Add(time.Duration(ticks.Add(1)) * (dedupe.DefaultRetryHorizon + time.Second))
-		},
+		TTL: 1 << 62, RetryHorizon: -1,
 	})
 }
 

@@ -12,7 +12,7 @@ func TestMemoryStoreConformance(t *testing.T) {
 		return dedupe.NewMemoryStore(dedupe.MemoryConfig{
 			MaxEntries: c.MaxEntries, MaxEntriesPerIdentity: c.MaxEntriesPerIdentity,
 			MaxBytes: c.MaxBytes, MaxBytesPerIdentity: c.MaxBytesPerIdentity,
-			TTL: c.TTL, RetryHorizon: c.RetryHorizon, Now: c.Now,
+			TTL: c.TTL, RetryHorizon: c.RetryHorizon,
 		})
 	})
 }

@@ -46,8 +46,6 @@ type MemoryConfig struct {
 	// record is refused instead. 0: DefaultRetryHorizon; negative: no
 	// protection (the oldest record is evicted, however young).
 	RetryHorizon time.Duration
-	// Now is the clock; nil: time.Now.
-	Now func() time.Time
 }
 
 // MemoryStore is the in-process [Store]: a map of entries bounded in count
@@ -59,8 +57,9 @@ type MemoryConfig struct {
 // than RetryHorizon is never evicted: a Claim that would need that fails
 // with codes.ResourceExhausted and a RetryInfo, before the handler runs. A
 // record that does not fit is kept as a tombstone (see [Store]). Expiry is
-// lazy: no goroutine runs in the background. The rules, and why they are
-// these, are in README.md in this directory.
+// lazy: no goroutine runs in the background. Ages (TTL, RetryHorizon) are
+// measured on the real clock, as the deadlines of the calls it serves are.
+// The rules, and why they are these, are in README.md in this directory.
 //
 // Create one with [NewMemoryStore]; the zero MemoryStore is not usable. A
 // MemoryStore is safe for concurrent use. A waiter wakes when the
@@ -70,7 +69,6 @@ type MemoryStore struct {
 	maxEntries, maxEntriesPerID int
 	maxBytes, maxBytesPerID     int64
 	ttl, horizon                time.Duration
-	now                         func() time.Time
 
 	mu       sync.Mutex
 	entries  map[Scope]*entry
@@ -176,7 +174,6 @@ func NewMemoryStore(c MemoryConfig) *MemoryStore {
 		maxBytesPerID:   c.MaxBytesPerIdentity,
 		ttl:             c.TTL,
 		horizon:         c.RetryHorizon,
-		now:             c.Now,
 		entries:         map[Scope]*entry{},
 		ids:             map[string]*identity{},
 	}
@@ -200,9 +197,6 @@ func NewMemoryStore(c MemoryConfig) *MemoryStore {
 	if m.horizon == 0 {
 		m.horizon = DefaultRetryHorizon
 	}
-	if m.now == nil {
-		m.now = time.Now
-	}
 	initList(&m.root, allList)
 	return m
 }
@@ -222,7 +216,7 @@ func (m *MemoryStore) Stats() MemoryStats {
 func (m *MemoryStore) Claim(_ context.Context, scope Scope, fp Fingerprint) (Claim, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.now()
+	now := time.Now()
 	m.expireLocked(now)
 	if e, ok := m.entries[scope]; ok {
 		switch {
@@ -353,7 +347,7 @@ func (m *MemoryStore) Complete(_ context.Context, c Claim, rec *Record) error {
 	if rec.Fingerprint != e.fp {
 		return status.Error(codes.Internal, "dedupe: Complete with a record for another request")
 	}
-	now := m.now()
+	now := time.Now()
 	m.expireLocked(now)
 	// The entry's size already counts a Record (see entryCost).
 	grow := rec.Size() - allocSize(recordSize)

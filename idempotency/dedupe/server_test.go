@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -406,51 +407,52 @@ func TestServerWaiterRunsAfterRelease(t *testing.T) {
 }
 
 func TestServerBusyStore(t *testing.T) {
-	g := newGate(t)
-	o := origin.New(func(c origin.Call) origin.Reply {
-		if c.RequestID == "slow" {
-			g.block()
-		}
-		return origin.Reply{}
-	})
-	clock := newClock()
-	store := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 1, Now: clock.Now})
-	s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: store})
-	c := startEcho(t, o, dedupeOpts(s))
-	first := make(chan error, 1)
-	go func() {
-		_, err := c.Charge(keyed(context.Background(), "a"), &echov1.ChargeRequest{RequestId: "slow"})
-		first <- err
-	}()
-	eventually(t, "first in flight", func() bool { return s.Stats().Misses == 1 })
-	refused := func(want time.Duration) {
-		t.Helper()
-		var tr metadata.MD
-		_, err := c.Charge(keyed(context.Background(), "b"), &echov1.ChargeRequest{RequestId: "other"}, grpc.Trailer(&tr))
-		assert.Equal(t, codes.ResourceExhausted, status.Code(err))
-		assert.Equal(t, []string{strconv.FormatInt(want.Milliseconds(), 10)}, tr.Get("grpc-retry-pushback-ms"))
-		var info *errdetails.RetryInfo
-		for _, d := range status.Convert(err).Details() {
-			if ri, ok := d.(*errdetails.RetryInfo); ok {
-				info = ri
+	synctest.Test(t, func(t *testing.T) { // real gRPC over bufconn; time passes when the test sleeps
+		g := newGate(t)
+		o := origin.New(func(c origin.Call) origin.Reply {
+			if c.RequestID == "slow" {
+				g.block()
 			}
+			return origin.Reply{}
+		})
+		store := dedupe.NewMemoryStore(dedupe.MemoryConfig{MaxEntries: 1})
+		s := dedupe.NewServer(dedupe.Config{AllowAnonymous: true, Store: store})
+		c := startEcho(t, o, dedupeOpts(s))
+		first := make(chan error, 1)
+		go func() {
+			_, err := c.Charge(keyed(context.Background(), "a"), &echov1.ChargeRequest{RequestId: "slow"})
+			first <- err
+		}()
+		eventually(t, "first in flight", func() bool { return s.Stats().Misses == 1 })
+		refused := func(want time.Duration) {
+			t.Helper()
+			var tr metadata.MD
+			_, err := c.Charge(keyed(context.Background(), "b"), &echov1.ChargeRequest{RequestId: "other"}, grpc.Trailer(&tr))
+			assert.Equal(t, codes.ResourceExhausted, status.Code(err))
+			assert.Equal(t, []string{strconv.FormatInt(want.Milliseconds(), 10)}, tr.Get("grpc-retry-pushback-ms"))
+			var info *errdetails.RetryInfo
+			for _, d := range status.Convert(err).Details() {
+				if ri, ok := d.(*errdetails.RetryInfo); ok {
+					info = ri
+				}
+			}
+			require.NotNil(t, info, "a RetryInfo says when to come back")
+			assert.Equal(t, want, info.GetRetryDelay().AsDuration())
+			assert.Zero(t, o.CountID(chargeMethod, "other"))
 		}
-		require.NotNil(t, info, "a RetryInfo says when to come back")
-		assert.Equal(t, want, info.GetRetryDelay().AsDuration())
-		assert.Zero(t, o.CountID(chargeMethod, "other"))
-	}
-	refused(time.Second) // the room is held by a request in flight
-	g.open()
-	require.NoError(t, <-first)
-	clock.Advance(20 * time.Second)
-	refused(dedupe.DefaultRetryHorizon - 20*time.Second) // by a record younger than the retry horizon
-	clock.Advance(dedupe.DefaultRetryHorizon)
-	_, err := c.Charge(keyed(context.Background(), "b"), &echov1.ChargeRequest{RequestId: "other"})
-	require.NoError(t, err, "room again once the first is past the retry horizon")
-	assert.Equal(t, uint64(2), store.Stats().OverQuota)
-	assert.Equal(t, uint64(1), store.Stats().Evictions, "the first record made room for the second key")
-	assert.Equal(t, uint64(2), s.Stats().Full)
-	assert.Zero(t, s.Stats().StoreErrors)
+		refused(time.Second) // the room is held by a request in flight
+		g.open()
+		require.NoError(t, <-first)
+		time.Sleep(20 * time.Second)
+		refused(dedupe.DefaultRetryHorizon - 20*time.Second) // by a record younger than the retry horizon
+		time.Sleep(dedupe.DefaultRetryHorizon)
+		_, err := c.Charge(keyed(context.Background(), "b"), &echov1.ChargeRequest{RequestId: "other"})
+		require.NoError(t, err, "room again once the first is past the retry horizon")
+		assert.Equal(t, uint64(2), store.Stats().OverQuota)
+		assert.Equal(t, uint64(1), store.Stats().Evictions, "the first record made room for the second key")
+		assert.Equal(t, uint64(2), s.Stats().Full)
+		assert.Zero(t, s.Stats().StoreErrors)
+	})
 }
 
 func TestServerStreamsPassThrough(t *testing.T) {

@@ -14,7 +14,6 @@ import (
 	"runtime"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -154,13 +153,11 @@ func TestMemoryStoreCountsWhatRecordsCost(t *testing.T) {
 // 44 MiB with records carrying one header and one trailer).
 func TestMemoryStoreHeapStaysWithinMaxBytes(t *testing.T) {
 	const maxBytes = 16 << 20
-	clock := time.Unix(1_700_000_000, 0)
 	s := dedupe.NewMemoryStore(dedupe.MemoryConfig{
 		MaxEntries: 1 << 20, MaxEntriesPerIdentity: 1 << 20, MaxBytes: maxBytes, MaxBytesPerIdentity: maxBytes,
-		// Every record is past the retry horizon by the next call: the
-		// store evicts to stay within its bounds.
-		TTL: 1 << 62,
-		Now: func() time.Time { clock = clock.Add(time.Hour); return clock },
+		// No record is protected by a retry horizon: the store evicts
+		// to stay within its bounds.
+		TTL: 1 << 62, RetryHorizon: -1,
 	})
 	fillStore(t, s, "header and trailer", 40_000)
 	heap, st := retained(s)

@@ -43,6 +43,12 @@ const (
 // takes its default. The bounds, TTL and retry horizon mean what the
 // fields of the same names in dedupe.MemoryConfig mean, with sizes
 // counted as Redis holds them (see the README).
+//
+// Every lease end, completion time, TTL, retry horizon and fence is
+// measured by Redis's clock (TIME), so replicas' clocks may disagree. A
+// replica's own clock (time.Now) measures only the time left before a
+// request's deadline (the claim's lease is that plus LeaseMargin), and how
+// long the replica keeps trying to record an outcome.
 type Config struct {
 	// Client is the Redis connection: a *redis.Client (standalone, or
 	// Sentinel's failover client) or a *redis.ClusterClient. It must have
@@ -109,16 +115,10 @@ type Config struct {
 	// handler already ran.
 	Breaker breaker.Config
 
-	// Now is this replica's clock; nil: time.Now. It measures the time
-	// left before a request's deadline (the claim's lease is that plus
-	// LeaseMargin), and how long this replica keeps trying to record an
-	// outcome. It decides nothing between replicas: every lease end,
-	// completion time, TTL, retry horizon and fence is measured by Redis's
-	// clock (TIME), so replicas' clocks may disagree.
-	Now func() time.Time
-
-	// redisNow, set by tests only, replaces Redis's clock; nil: TIME.
-	redisNow func() time.Time
+	// now, set by tests only, replaces this replica's clock; nil:
+	// time.Now. redisNow, set by tests only, replaces Redis's clock; nil:
+	// TIME.
+	now, redisNow func() time.Time
 }
 
 // withDefaults returns c with every zero (or, where the field says so,
@@ -166,8 +166,8 @@ func (c Config) withDefaults() Config {
 	if c.OpTimeout <= 0 {
 		c.OpTimeout = DefaultOpTimeout
 	}
-	if c.Now == nil {
-		c.Now = time.Now
+	if c.now == nil {
+		c.now = time.Now
 	}
 	if c.Breaker.ConsecutiveFailures == 0 {
 		c.Breaker.ConsecutiveFailures = DefaultBreakerConsecutiveFailures

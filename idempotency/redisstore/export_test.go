@@ -7,6 +7,14 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// WithClock returns c with now in place of this replica's clock
+// (time.Now): the time it measures the time left before a request's
+// deadline on, so that a test can move it, or skew it.
+func WithClock(c Config, now func() time.Time) Config {
+	c.now = now
+	return c
+}
+
 // WithRedisClock returns c with now in place of Redis's clock (TIME): the
 // time every script of its Stores compares, so that a test can move it.
 // Give every Store of a test that shares a prefix the same clock.

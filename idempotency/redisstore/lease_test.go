@@ -21,8 +21,8 @@ func TestLeaseEndsWhenTheOwnerDies(t *testing.T) {
 	p := prefix(t)
 	t0 := time.Now()
 	clock := &skewClock{base: func() time.Time { return t0 }} // moves only when the test moves it
-	cfg := redisstore.WithRedisClock(redisstore.Config{Client: client(t, sharedAddr(t)), Prefix: p, Now: clock.Now,
-		PollInterval: 10 * time.Millisecond}, clock.Now)
+	cfg := redisstore.WithRedisClock(redisstore.WithClock(redisstore.Config{Client: client(t, sharedAddr(t)), Prefix: p,
+		PollInterval: 10 * time.Millisecond}, clock.Now), clock.Now)
 	a, b := primed(t, cfg), primed(t, cfg)
 	sc := dedupe.Scope{Identity: "alice", Key: "order-1"}
 	deadline := clock.Now().Add(30 * time.Second)

@@ -266,8 +266,8 @@ func TestReplicasRunConcurrentDuplicatesOnce(t *testing.T) {
 func TestReplicaClocksDecideNothing(t *testing.T) {
 	p := prefix(t)
 	at := func(skew time.Duration) *redisstore.Store {
-		return newStore(t, redisstore.Config{Client: client(t, sharedAddr(t)), Prefix: p, Fence: -1,
-			Now: func() time.Time { return time.Now().Add(skew) }})
+		return newStore(t, redisstore.WithClock(redisstore.Config{Client: client(t, sharedAddr(t)), Prefix: p, Fence: -1},
+			func() time.Time { return time.Now().Add(skew) }))
 	}
 	a, b, c := at(0), at(-50*time.Millisecond), at(10*time.Second)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)

@@ -101,7 +101,7 @@ func New(c Config) (*Store, error) {
 		maxBytes: c.MaxBytes, maxBytesPerID: c.MaxBytesPerIdentity,
 		ttl: c.TTL, horizon: c.RetryHorizon, lease: c.Lease, margin: c.LeaseMargin,
 		fence: c.Fence, heartbeat: c.Heartbeat, poll: c.PollInterval, op: c.OpTimeout,
-		now:       c.Now,
+		now:       c.now,
 		redisNow:  c.redisNow,
 		br:        breaker.New(c.Breaker),
 		tokPrefix: newTokenPrefix(),

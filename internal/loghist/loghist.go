@@ -42,7 +42,7 @@ func (l Layout) UpperBound(i int) time.Duration {
 // Quantile returns the bucket that holds the q-quantile of counts, which
 // hold n values in all: the first bucket where the cumulative count
 // reaches the rank q·n + 1. It returns false when counts hold fewer.
-func Quantile(counts []uint32, n uint64, q float64) (int, bool) {
+func Quantile[C ~uint32 | ~uint64 | ~int64](counts []C, n uint64, q float64) (int, bool) {
 	rank := uint64(q*float64(n)) + 1
 	var cum uint64
 	for i, c := range counts {

@@ -11,11 +11,15 @@
 //		})
 //	}
 //
-// The suite injects the clock (Config.Now) and never sleeps: a store
-// under test must take every time it compares (TTL, retry horizon, lease)
-// from Config.Now. A shared store that reads the time from its server
-// (redisstore reads Redis's, so that replicas share one clock) must let
-// its tests put Config.Now in that clock's place.
+// The suite never waits on the real clock. [Run] runs each test in a
+// synctest bubble, whose clock stands still until the suite moves it (by
+// sleeping): a store that reads the real clock, as dedupe.MemoryStore
+// does, is tested as it runs. A store that cannot run in a bubble (one
+// that talks to a server over the network) runs on [RunOnClock]'s clock
+// instead, which it must take every time it compares (TTL, retry horizon,
+// lease) from: a shared store that reads the time from its server
+// (redisstore reads Redis's, so that replicas share one clock) lets its
+// tests put that clock in its server's clock's place.
 package storetest
 
 import (
@@ -26,6 +30,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -46,33 +51,51 @@ type Config struct {
 	MaxEntries, MaxEntriesPerIdentity int
 	MaxBytes, MaxBytesPerIdentity     int64
 	TTL, RetryHorizon                 time.Duration
-	Now                               func() time.Time
 }
 
 // NewStore builds a fresh, empty store for one test. It may register
 // cleanups with t.
 type NewStore func(t *testing.T, c Config) dedupe.Store
 
-// Clock is the suite's clock: it moves only when told. The zero Clock
-// stands at the zero time. A Clock is safe for concurrent use.
-type Clock struct {
+// NewStoreOnClock builds a fresh, empty store for one test, which takes
+// every time it compares from now. It may register cleanups with t.
+type NewStoreOnClock func(t *testing.T, c Config, now func() time.Time) dedupe.Store
+
+// clock is the time a test runs on, which it moves.
+type clock interface {
+	Now() time.Time
+	Advance(d time.Duration)
+}
+
+// bubbleClock is the real clock inside a synctest bubble: it stands still
+// until every goroutine of the bubble waits, so the suite moves it by
+// sleeping.
+type bubbleClock struct{}
+
+func (bubbleClock) Now() time.Time          { return time.Now() }
+func (bubbleClock) Advance(d time.Duration) { time.Sleep(d) }
+
+// manualClock is RunOnClock's clock: it moves only when told. It is safe
+// for concurrent use.
+type manualClock struct {
 	mu sync.Mutex
 	t  time.Time
 }
 
-// Now returns the clock's time.
-func (c *Clock) Now() time.Time {
+func (c *manualClock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.t
 }
 
-// Advance moves the clock d forward.
-func (c *Clock) Advance(d time.Duration) {
+func (c *manualClock) Advance(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.t = c.t.Add(d)
 }
+
+// build makes a test's store and the clock it runs on.
+type build func(t *testing.T, c Config) (dedupe.Store, clock)
 
 // The suite's bounds: small, so that a test fills them in a few claims.
 const (
@@ -86,47 +109,68 @@ const (
 type env struct {
 	t     *testing.T
 	store dedupe.Store
-	clock *Clock
+	clock clock
 }
 
-func setup(t *testing.T, newStore NewStore, maxEntries, perIdentity int) *env {
+func setup(t *testing.T, b build, maxEntries, perIdentity int) *env {
 	t.Helper()
-	// The clock starts at the wall clock's time, so that a context
-	// deadline computed from it is in the future for the context too.
-	clock := &Clock{t: time.Now()}
-	s := newStore(t, Config{
+	s, clock := b(t, Config{
 		MaxEntries: maxEntries, MaxEntriesPerIdentity: perIdentity,
 		MaxBytes: maxBytes, MaxBytesPerIdentity: maxBytes / 2,
-		TTL: ttl, RetryHorizon: horizon, Now: clock.Now,
+		TTL: ttl, RetryHorizon: horizon,
 	})
 	return &env{t: t, store: s, clock: clock}
 }
 
-// Run runs the suite against the stores newStore builds.
+// Run runs the suite against the stores newStore builds, each test in a
+// synctest bubble (see the package documentation): for a store that reads
+// the real clock.
 func Run(t *testing.T, newStore NewStore) {
-	for _, tc := range []struct {
-		name string
-		run  func(t *testing.T, newStore NewStore)
-	}{
-		{"ClaimCompleteReplay", testClaimCompleteReplay},
-		{"HolderIsTheFirstRequest", testHolderIsTheFirstRequest},
-		{"ConcurrentClaimsHaveOneOwner", testConcurrentClaimsHaveOneOwner},
-		{"WaitForCompletion", testWaitForCompletion},
-		{"WaitForRelease", testWaitForRelease},
-		{"WaitBoundedByContext", testWaitBoundedByContext},
-		{"ReleaseFreesTheScope", testReleaseFreesTheScope},
-		{"FinishedClaimsCannotFinishAgain", testFinishedClaimsCannotFinishAgain},
-		{"IdentitiesAreSeparate", testIdentitiesAreSeparate},
-		{"TTL", testTTL},
-		{"LeaseLastsUntilTheDeadline", testLeaseLastsUntilTheDeadline},
-		{"InFlightIsNeverEvicted", testInFlightIsNeverEvicted},
-		{"YoungRecordsAreNeverEvicted", testYoungRecordsAreNeverEvicted},
-		{"ShareEvictsItsOwnOldest", testShareEvictsItsOwnOldest},
-		{"StoreEvictsTheOldest", testStoreEvictsTheOldest},
-		{"OversizedRecordKeepsATombstone", testOversizedRecordKeepsATombstone},
-	} {
-		t.Run(tc.name, func(t *testing.T) { tc.run(t, newStore) })
+	b := func(t *testing.T, c Config) (dedupe.Store, clock) { return newStore(t, c), bubbleClock{} }
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { tc.run(t, b) })
+		})
 	}
+}
+
+// RunOnClock runs the suite against the stores newStore builds, each on a
+// clock that moves only when the suite says (see the package
+// documentation): for a store that cannot run in a synctest bubble.
+func RunOnClock(t *testing.T, newStore NewStoreOnClock) {
+	b := func(t *testing.T, c Config) (dedupe.Store, clock) {
+		// The clock starts at the wall clock's time, so that a context
+		// deadline computed from it is in the future for the context
+		// too.
+		clock := &manualClock{t: time.Now()}
+		return newStore(t, c, clock.Now), clock
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { tc.run(t, b) })
+	}
+}
+
+// tests is the suite.
+var tests = []struct {
+	name string
+	run  func(t *testing.T, b build)
+}{
+	{"ClaimCompleteReplay", testClaimCompleteReplay},
+	{"HolderIsTheFirstRequest", testHolderIsTheFirstRequest},
+	{"ConcurrentClaimsHaveOneOwner", testConcurrentClaimsHaveOneOwner},
+	{"WaitForCompletion", testWaitForCompletion},
+	{"WaitForRelease", testWaitForRelease},
+	{"WaitBoundedByContext", testWaitBoundedByContext},
+	{"ReleaseFreesTheScope", testReleaseFreesTheScope},
+	{"FinishedClaimsCannotFinishAgain", testFinishedClaimsCannotFinishAgain},
+	{"IdentitiesAreSeparate", testIdentitiesAreSeparate},
+	{"TTL", testTTL},
+	{"LeaseLastsUntilTheDeadline", testLeaseLastsUntilTheDeadline},
+	{"InFlightIsNeverEvicted", testInFlightIsNeverEvicted},
+	{"YoungRecordsAreNeverEvicted", testYoungRecordsAreNeverEvicted},
+	{"ShareEvictsItsOwnOldest", testShareEvictsItsOwnOldest},
+	{"StoreEvictsTheOldest", testStoreEvictsTheOldest},
+	{"OversizedRecordKeepsATombstone", testOversizedRecordKeepsATombstone},
 }
 
 var bg = context.Background()
@@ -242,8 +286,8 @@ func refused(t *testing.T, err error) time.Duration {
 	return 0
 }
 
-func testClaimCompleteReplay(t *testing.T, newStore NewStore) {
-	e := setup(t, newStore, 100, 100)
+func testClaimCompleteReplay(t *testing.T, b build) {
+	e := setup(t, b, 100, 100)
 	fp := fingerprint("req")
 	want := e.complete(scope("alice", "k"), fp, "resp")
 	for range 2 { // a hit changes nothing
@@ -255,8 +299,8 @@ func testClaimCompleteReplay(t *testing.T, newStore NewStore) {
 	}
 }
 
-func testHolderIsTheFirstRequest(t *testing.T, newStore NewStore) {
-	e := setup(t, newStore, 100, 100)
+func testHolderIsTheFirstRequest(t *testing.T, b build) {
+	e := setup(t, b, 100, 100)
 	first, other := fingerprint("first"), fingerprint("other")
 	owner := e.owned(scope("alice", "k"), first)
 	c := e.claim(scope("alice", "k"), other)
@@ -272,8 +316,8 @@ func testHolderIsTheFirstRequest(t *testing.T, newStore NewStore) {
 	}
 }
 
-func testConcurrentClaimsHaveOneOwner(t *testing.T, newStore NewStore) {
-	e := setup(t, newStore, 100, 100)
+func testConcurrentClaimsHaveOneOwner(t *testing.T, b build) {
+	e := setup(t, b, 100, 100)
 	fp := fingerprint("req")
 	const n = 32
 	states := make([]dedupe.ClaimState, n)
@@ -320,8 +364,8 @@ type waited struct {
 	err error
 }
 
-func testWaitForCompletion(t *testing.T, newStore NewStore) {
-	e := setup(t, newStore, 100, 100)
+func testWaitForCompletion(t *testing.T, b build) {
+	e := setup(t, b, 100, 100)
 	fp := fingerprint("req")
 	owner := e.owned(scope("alice", "k"), fp)
 	dup := e.claim(scope("alice", "k"), fp)
@@ -346,8 +390,8 @@ func testWaitForCompletion(t *testing.T, newStore NewStore) {
 	sameRecord(t, rec, again)
 }
 
-func testWaitForRelease(t *testing.T, newStore NewStore) {
-	e := setup(t, newStore, 100, 100)
+func testWaitForRelease(t *testing.T, b build) {
+	e := setup(t, b, 100, 100)
 	fp := fingerprint("req")
 	owner := e.owned(scope("alice", "k"), fp)
 	ch := waitAsync(e, e.claim(scope("alice", "k"), fp))
@@ -360,8 +404,8 @@ func testWaitForRelease(t *testing.T, newStore NewStore) {
 	e.owned(scope("alice", "k"), fp) // the waiter claims again, and owns it
 }
 
-func testWaitBoundedByContext(t *testing.T, newStore NewStore) {
-	e := setup(t, newStore, 100, 100)
+func testWaitBoundedByContext(t *testing.T, b build) {
+	e := setup(t, b, 100, 100)
 	fp := fingerprint("req")
 	owner := e.owned(scope("alice", "k"), fp)
 	dup := e.claim(scope("alice", "k"), fp)
@@ -380,8 +424,8 @@ func testWaitBoundedByContext(t *testing.T, newStore NewStore) {
 	}
 }
 
-func testReleaseFreesTheScope(t *testing.T, newStore NewStore) {
-	e := setup(t, newStore, 100, 100)
+func testReleaseFreesTheScope(t *testing.T, b build) {
+	e := setup(t, b, 100, 100)
 	fp := fingerprint("req")
 	if err := e.store.Release(bg, e.owned(scope("alice", "k"), fp)); err != nil {
 		t.Fatal(err)
@@ -389,8 +433,8 @@ func testReleaseFreesTheScope(t *testing.T, newStore NewStore) {
 	e.owned(scope("alice", "k"), fingerprint("another request may take it"))
 }
 
-func testFinishedClaimsCannotFinishAgain(t *testing.T, newStore NewStore) {
-	e := setup(t, newStore, 100, 100)
+func testFinishedClaimsCannotFinishAgain(t *testing.T, b build) {
+	e := setup(t, b, 100, 100)
 	fp := fingerprint("req")
 	done := e.owned(scope("alice", "done"), fp)
 	rec := record(t, fp, "r")
@@ -421,8 +465,8 @@ func testFinishedClaimsCannotFinishAgain(t *testing.T, newStore NewStore) {
 	}
 }
 
-func testIdentitiesAreSeparate(t *testing.T, newStore NewStore) {
-	e := setup(t, newStore, 100, 100)
+func testIdentitiesAreSeparate(t *testing.T, b build) {
+	e := setup(t, b, 100, 100)
 	fp := fingerprint("req")
 	alice := e.owned(scope("alice", "k"), fp)
 	bob := e.owned(scope("bob", "k"), fp) // not IN_FLIGHT: another scope
@@ -443,8 +487,8 @@ func testIdentitiesAreSeparate(t *testing.T, newStore NewStore) {
 	}
 }
 
-func testTTL(t *testing.T, newStore NewStore) {
-	e := setup(t, newStore, 100, 100)
+func testTTL(t *testing.T, b build) {
+	e := setup(t, b, 100, 100)
 	fp := fingerprint("req")
 	e.complete(scope("alice", "a"), fp, "r")
 	e.clock.Advance(ttl - time.Second)
@@ -457,8 +501,8 @@ func testTTL(t *testing.T, newStore NewStore) {
 	}
 }
 
-func testLeaseLastsUntilTheDeadline(t *testing.T, newStore NewStore) {
-	e := setup(t, newStore, 100, 100)
+func testLeaseLastsUntilTheDeadline(t *testing.T, b build) {
+	e := setup(t, b, 100, 100)
 	fp := fingerprint("req")
 	ctx, cancel := context.WithDeadline(bg, e.clock.Now().Add(time.Hour))
 	defer cancel()
@@ -475,8 +519,8 @@ func testLeaseLastsUntilTheDeadline(t *testing.T, newStore NewStore) {
 	}
 }
 
-func testInFlightIsNeverEvicted(t *testing.T, newStore NewStore) {
-	e := setup(t, newStore, 2, 2)
+func testInFlightIsNeverEvicted(t *testing.T, b build) {
+	e := setup(t, b, 2, 2)
 	fp := fingerprint("req")
 	// Owners with an hour to run: their leases outlast the test.
 	ctx, cancel := context.WithDeadline(bg, e.clock.Now().Add(time.Hour))
@@ -489,27 +533,27 @@ func testInFlightIsNeverEvicted(t *testing.T, newStore NewStore) {
 		}
 		claims = append(claims, c)
 	}
-	a, b := claims[0], claims[1]
+	first, second := claims[0], claims[1]
 	e.clock.Advance(2 * horizon) // older than any record may be kept from eviction
 	_, err := e.store.Claim(bg, scope("alice", "c"), fp)
 	refused(t, err)
 	_, err = e.store.Claim(bg, scope("bob", "c"), fp)
 	refused(t, err)
-	for _, c := range []dedupe.Claim{a, b} {
+	for _, c := range []dedupe.Claim{first, second} {
 		if got := e.claim(c.Scope, fp).State; got != dedupe.InFlight {
 			t.Fatalf("%v: %v, want IN_FLIGHT", c.Scope, got)
 		}
 	}
-	if err := e.store.Complete(bg, a, record(t, fp, "a")); err != nil {
+	if err := e.store.Complete(bg, first, record(t, fp, "a")); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.store.Release(bg, b); err != nil {
+	if err := e.store.Release(bg, second); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func testYoungRecordsAreNeverEvicted(t *testing.T, newStore NewStore) {
-	e := setup(t, newStore, 8, 2)
+func testYoungRecordsAreNeverEvicted(t *testing.T, b build) {
+	e := setup(t, b, 8, 2)
 	fp := fingerprint("req")
 	e.complete(scope("y", "y1"), fp, "y1")
 	e.clock.Advance(10 * time.Second)
@@ -539,8 +583,8 @@ func testYoungRecordsAreNeverEvicted(t *testing.T, newStore NewStore) {
 	}
 }
 
-func testShareEvictsItsOwnOldest(t *testing.T, newStore NewStore) {
-	e := setup(t, newStore, 100, 2)
+func testShareEvictsItsOwnOldest(t *testing.T, b build) {
+	e := setup(t, b, 100, 2)
 	fp := fingerprint("req")
 	e.complete(scope("x", "x1"), fp, "x1")
 	e.complete(scope("y", "y1"), fp, "y1")
@@ -558,8 +602,8 @@ func testShareEvictsItsOwnOldest(t *testing.T, newStore NewStore) {
 	}
 }
 
-func testStoreEvictsTheOldest(t *testing.T, newStore NewStore) {
-	e := setup(t, newStore, 4, 4)
+func testStoreEvictsTheOldest(t *testing.T, b build) {
+	e := setup(t, b, 4, 4)
 	fp := fingerprint("req")
 	for i, who := range []string{"a", "b", "c", "d"} {
 		e.complete(scope(who, "k"), fp, who)
@@ -577,8 +621,8 @@ func testStoreEvictsTheOldest(t *testing.T, newStore NewStore) {
 	}
 }
 
-func testOversizedRecordKeepsATombstone(t *testing.T, newStore NewStore) {
-	e := setup(t, newStore, 100, 100)
+func testOversizedRecordKeepsATombstone(t *testing.T, b build) {
+	e := setup(t, b, 100, 100)
 	fp := fingerprint("req")
 	c := e.owned(scope("alice", "huge"), fp)
 	big := &dedupe.Record{Fingerprint: fp, Response: make([]byte, bigRecord), Header: metadata.Pairs("x", "y")}
