@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/stormguard/stormguard/internal/window"
 )
 
 // Per-endpoint accounting. A target is often several endpoints (a
@@ -93,15 +95,21 @@ func (t *endpoints) nowhereElse(now time.Time) {
 	t.nowhere.Store(now.Add(epNowhere).UnixNano())
 }
 
+// endpoint is one endpoint's recent outcomes: successes (kind epOK) and
+// failures (kind epFail) over epSlots slots of epSlotWidth.
 type endpoint struct {
-	addr  net.Addr
-	slots [epSlots]epSlot
-	last  atomic.Int64 // slot number of the newest outcome
+	addr net.Addr
+	w    *window.Counter
 }
 
-type epSlot struct {
-	n        atomic.Int64 // slot number it counts for
-	ok, fail atomic.Int64
+// The kinds an endpoint's window counts.
+const (
+	epOK   = 0
+	epFail = 1
+)
+
+func newEndpoint(addr net.Addr) *endpoint {
+	return &endpoint{addr: addr, w: window.New(epSlots, 2, epSlotWidth)}
 }
 
 // record counts one outcome of an attempt sent to addr at now.
@@ -118,11 +126,15 @@ func (t *endpoints) record(addr net.Addr, failed bool, now time.Time) {
 			}
 		}
 		var loaded bool
-		if e, loaded = t.m.LoadOrStore(addr, &endpoint{addr: addr}); !loaded {
+		if e, loaded = t.m.LoadOrStore(addr, newEndpoint(addr)); !loaded {
 			t.n.Add(1)
 		}
 	}
-	e.(*endpoint).record(failed, slotOf(now))
+	kind := epOK
+	if failed {
+		kind = epFail
+	}
+	e.(*endpoint).w.Add(now.UnixNano(), kind, 1)
 	if !failed && t.nowhere.Load() != 0 {
 		// An endpoint that is not an outlier serves: grpc has somewhere
 		// else to send attempts again.
@@ -132,49 +144,16 @@ func (t *endpoints) record(addr net.Addr, failed bool, now time.Time) {
 	}
 }
 
-func slotOf(now time.Time) int64 { return now.UnixNano() / int64(epSlotWidth) }
-
-func (e *endpoint) record(failed bool, n int64) {
-	s := &e.slots[n%epSlots]
-	if old := s.n.Load(); old != n {
-		// A slot from an older turn of the ring: the first to see it
-		// resets it (a benign race may lose a count at the boundary).
-		if old > n || !s.n.CompareAndSwap(old, n) {
-			if s.n.Load() != n {
-				return // a stale outcome; drop it
-			}
-		} else {
-			s.ok.Store(0)
-			s.fail.Store(0)
-		}
-	}
-	if failed {
-		s.fail.Add(1)
-	} else {
-		s.ok.Add(1)
-	}
-	if e.last.Load() < n {
-		e.last.Store(n)
-	}
-}
-
-// counts returns the outcomes in the window ending at slot n.
-func (e *endpoint) counts(n int64) (ok, fail int64) {
-	for i := range e.slots {
-		s := &e.slots[i]
-		if sn := s.n.Load(); sn > n-epSlots && sn <= n {
-			ok += s.ok.Load()
-			fail += s.fail.Load()
-		}
-	}
-	return ok, fail
+// counts returns the outcomes in the window ending at now.
+func (e *endpoint) counts(now time.Time) (ok, fail int64) {
+	return e.w.Counts(now.UnixNano())
 }
 
 // sweep forgets endpoints not seen for epIdle.
 func (t *endpoints) sweep(now time.Time) {
-	limit := slotOf(now.Add(-epIdle))
+	limit := now.Add(-epIdle).UnixNano()
 	t.m.Range(func(k, v any) bool {
-		if v.(*endpoint).last.Load() < limit {
+		if last, ok := v.(*endpoint).w.Latest(); !ok || last < limit {
 			t.m.Delete(k)
 			t.n.Add(-1)
 		}
@@ -189,7 +168,6 @@ func (t *endpoints) sweep(now time.Time) {
 // failures spread evenly (independent failures, a failing target) there
 // are none.
 func (t *endpoints) outliers(now time.Time) []net.Addr {
-	n := slotOf(now)
 	type seen struct {
 		addr     net.Addr
 		ok, fail int64
@@ -198,7 +176,7 @@ func (t *endpoints) outliers(now time.Time) []net.Addr {
 	var totalOK, totalFail int64
 	t.m.Range(func(_, v any) bool {
 		e := v.(*endpoint)
-		ok, fail := e.counts(n)
+		ok, fail := e.counts(now)
 		if ok+fail > 0 {
 			all = append(all, seen{e.addr, ok, fail})
 			totalOK += ok
@@ -222,12 +200,11 @@ func (t *endpoints) outliers(now time.Time) []net.Addr {
 // snapshot returns the endpoints seen in the window ending now, sorted by
 // address.
 func (t *endpoints) snapshot(now time.Time) []EndpointState {
-	n := slotOf(now)
 	avoided := t.current(now)
 	var out []EndpointState
 	t.m.Range(func(_, v any) bool {
 		e := v.(*endpoint)
-		ok, fail := e.counts(n)
+		ok, fail := e.counts(now)
 		if ok+fail > 0 {
 			out = append(out, EndpointState{Addr: e.addr.String(), OK: ok, Failed: fail, Avoided: slices.Contains(avoided, e.addr)})
 		}
@@ -243,9 +220,8 @@ func (t *endpoints) totals(now time.Time) (ok, fail int64, known bool) {
 	if t.n.Load() == 0 {
 		return 0, 0, false
 	}
-	n := slotOf(now)
 	t.m.Range(func(_, v any) bool {
-		o, f := v.(*endpoint).counts(n)
+		o, f := v.(*endpoint).counts(now)
 		ok += o
 		fail += f
 		return true
@@ -256,11 +232,10 @@ func (t *endpoints) totals(now time.Time) (ok, fail int64, known bool) {
 // dead returns the endpoints that served nothing in the window ending now
 // (failures only).
 func (t *endpoints) dead(now time.Time) []net.Addr {
-	n := slotOf(now)
 	var out []net.Addr
 	t.m.Range(func(_, v any) bool {
 		e := v.(*endpoint)
-		if ok, fail := e.counts(n); ok == 0 && fail > 0 {
+		if ok, fail := e.counts(now); ok == 0 && fail > 0 {
 			out = append(out, e.addr)
 		}
 		return true
