@@ -53,9 +53,10 @@
 //
 // A request may carry a priority (package priority; Method.AdmitPriority).
 // Sheddable requests are shed before retries, from half of RetryShare of
-// a limit (a quarter), deadline or not; critical first attempts after
-// default ones, only once the critical requests in flight alone fill the
-// limit. Retries and hedges of critical calls are shed as retries. A
+// a limit (a quarter), deadline or not, and, while no adaptive limit is
+// engaged, once the requests in flight would take longer than the method
+// tolerates to drain; critical first attempts after default ones, only
+// once the critical requests in flight alone fill the limit. Retries and hedges of critical calls are shed as retries. A
 // request without a priority is Default, and is decided as it was before
 // priorities existed; when every request is critical, the Guard decides
 // as when none is.

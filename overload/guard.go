@@ -189,7 +189,15 @@ func (m *Method) AdmitPriority(deadline time.Time, hasDeadline, retry bool, p pr
 //
 //   - sheddable requests (p below priority.Default, retries or not) from
 //     RetryShare/2 of L (a quarter by default), whether or not they carry
-//     a deadline: their callers said they may be dropped;
+//     a deadline: their callers said they may be dropped. While no
+//     adaptive limit is engaged, they are shed once the requests in flight
+//     reach the concurrency that has the method's tolerated latency (the
+//     larger of Tolerance × its baseline and DeadlineShare of its callers'
+//     deadlines) at its throughput in the last LimitWindow (Little's law;
+//     at least MinLimit): where a limit would engage, without waiting for
+//     the evidence a limit needs, so that sheddable work never queues the
+//     method's other requests beyond the latency it tolerates. A burst
+//     that doubles the method's usual concurrency may shed them;
 //   - retries and hedges of the other priorities, critical included, from
 //     RetryShare of L (half by default);
 //   - default first attempts at L (at an adaptive limit only when
@@ -244,6 +252,11 @@ func (m *Method) AdmitPriorityAt(now, deadline time.Time, hasDeadline, retry boo
 				if d, shed := g.shed(n, limit, retry, sheddable); shed {
 					return Ticket{}, d
 				}
+			} else if at := m.lim.little.Load(); sheddable && at > 0 && inflight >= at {
+				// No limit yet: sheddable work is kept from making the
+				// backlog longer than the latency the method tolerates,
+				// without waiting for the evidence a limit needs.
+				return Ticket{}, g.refuse(retry, at)
 			}
 		}
 		if s.maxConc > 0 {
@@ -300,12 +313,18 @@ func (g *Guard) shed(n, limit int64, retry, sheddable bool) (Decision, bool) {
 	if n < at {
 		return Decision{}, false
 	}
+	return g.refuse(retry, at), true
+}
+
+// refuse counts and returns the Decision that sheds a request (a retry or
+// a first attempt) at the threshold at.
+func (g *Guard) refuse(retry bool, at int64) Decision {
 	if retry {
 		g.shedRetry.Add(1)
-		return Decision{Reason: ShedRetry, Limit: at, RetryAfter: DoNotRetry}, true
+		return Decision{Reason: ShedRetry, Limit: at, RetryAfter: DoNotRetry}
 	}
 	g.shedFirst.Add(1)
-	return Decision{Reason: ShedFirst, Limit: at, RetryAfter: g.s.retryAfter}, true
+	return Decision{Reason: ShedFirst, Limit: at, RetryAfter: g.s.retryAfter}
 }
 
 // needAt returns what a request of m arriving at t (ns) is expected to

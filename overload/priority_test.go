@@ -285,3 +285,57 @@ func TestUnmarkedRequestsFollowTheRuleWithoutPriorities(t *testing.T) {
 		})
 	}
 }
+
+// TestSheddableWorkIsShedBeforeALimitEngages: before any limit engages
+// (an adaptive limit waits for evidence that the method fails to keep
+// up), sheddable requests are shed once the requests in flight reach the
+// concurrency that has the tolerated latency at the method's recent
+// throughput: 1,000 requests a second taking 10 ms tolerate 20 ms (twice
+// the baseline), so 20 in flight. Nothing else is shed there; a fresh
+// method, which knows neither yet, sheds nothing.
+func TestSheddableWorkIsShedBeforeALimitEngages(t *testing.T) {
+	c := newClock()
+	g := New(Config{Now: c.Now})
+	m := g.Method("/svc/M")
+	now := c.Now()
+	if _, d := m.AdmitPriorityAt(now, time.Time{}, false, false, priority.Sheddable); d.Reason != Admitted {
+		t.Fatalf("a fresh method sheds: %+v", d)
+	}
+	for range 10 {
+		window(t, c, m, 100, 10*time.Millisecond, 0)
+	}
+	if l := m.Limit(); l != -1 {
+		t.Fatalf("limit %d engaged by a method that keeps up", l)
+	}
+	at := m.lim.little.Load()
+	if at < 19 || at > 22 {
+		t.Fatalf("sheddable requests shed from %d in flight, want about 20 (1,000/s × 20 ms)", at)
+	}
+	now = c.Now()
+	var open []Ticket
+	for m.Inflight() < at {
+		tk, d := m.AdmitPriorityAt(now, now.Add(time.Second), true, false, priority.Sheddable)
+		if d.Reason != Admitted {
+			t.Fatalf("sheddable with %d in flight of %d: %+v", m.Inflight(), at, d)
+		}
+		open = append(open, tk)
+	}
+	if _, d := m.AdmitPriorityAt(now, now.Add(time.Second), true, false, priority.Sheddable); d.Reason != ShedFirst || d.Limit != at || d.RetryAfter != DefaultRetryAfter {
+		t.Fatalf("sheddable with %d in flight: %+v", at, d)
+	}
+	if _, d := m.AdmitPriorityAt(now, time.Time{}, false, true, priority.Sheddable); d.Reason != ShedRetry || d.Limit != at {
+		t.Fatalf("sheddable retry with %d in flight: %+v", at, d)
+	}
+	for _, p := range []priority.Priority{priority.Default, priority.Critical} {
+		for _, retry := range []bool{false, true} {
+			tk, d := m.AdmitPriorityAt(now, time.Time{}, false, retry, p)
+			if d.Reason != Admitted {
+				t.Fatalf("%v (retry %v) with %d in flight and no limit: %+v", p, retry, m.Inflight(), d)
+			}
+			open = append(open, tk)
+		}
+	}
+	for _, tk := range open {
+		tk.DoneAt(now)
+	}
+}
