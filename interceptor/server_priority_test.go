@@ -65,6 +65,27 @@ func (c *chain) put(t *testing.T, values ...string) []string {
 	return calls[0].Metadata.Get(semconv.PriorityKey)
 }
 
+// list opens a List stream with the given stormguard-priority values
+// and returns what reached the origin.
+func (c *chain) list(t *testing.T, values ...string) []string {
+	t.Helper()
+	c.origin.Reset()
+	ctx := t.Context()
+	for _, v := range values {
+		ctx = metadata.AppendToOutgoingContext(ctx, semconv.PriorityKey, v)
+	}
+	s, err := c.top.List(ctx, &echov1.ListRequest{RequestId: "l", Count: 1})
+	require.NoError(t, err)
+	for {
+		if _, err := s.Recv(); err != nil {
+			break
+		}
+	}
+	calls := c.origin.Calls()
+	require.Len(t, calls, 1)
+	return calls[0].Metadata.Get(semconv.PriorityKey)
+}
+
 // TestPriorityIsInheritedDownTheChain: a handler served by the suite's
 // Server passes the priority it honours to the calls it makes, unless it
 // sets one; a header it cannot read is Default, which sends none.
@@ -76,6 +97,8 @@ func TestPriorityIsInheritedDownTheChain(t *testing.T) {
 	assert.Nil(t, c.put(t, "default"))
 	assert.Nil(t, c.put(t, "urgent"), "an unknown value is Default")
 	assert.Nil(t, c.put(t, "critical", "critical"), "two values are Default")
+	assert.Equal(t, []string{"critical"}, c.list(t, "critical"), "a stream handler's calls inherit it too")
+	assert.Nil(t, c.list(t))
 
 	// A hop that sets a priority of its own sends it, whatever its caller's.
 	set := priority.Sheddable

@@ -26,7 +26,9 @@
 // The suite's server sheds, at a concurrency limit, sheddable work first,
 // then retries and hedges, then Default first attempts, and critical first
 // attempts last: only when the critical requests in flight alone fill the
-// limit (package overload states the thresholds). A retry or hedge of a
+// limit. Before a limit engages, sheddable work is shed once the backlog
+// would take longer than the method tolerates (package overload states
+// the thresholds). A retry or hedge of a
 // critical call is a retry: it is shed with the others.
 //
 // # What a caller claims
