@@ -231,57 +231,14 @@ func (m *Method) AdmitPriorityAt(now, deadline time.Time, hasDeadline, retry boo
 			return Ticket{}, Decision{Reason: RefusedDeadline, Need: need, RetryAfter: DoNotRetry}
 		}
 	}
-	sheddable := p < priority.Default
 	critical := p > priority.Default
-	// A critical first attempt counts the critical requests in flight
-	// (its own class), the others every request in flight.
-	alone := critical && !retry
 	global := false
 	if s.shedding {
-		// An adaptive limit sheds default and critical first attempts
-		// only when admission cannot judge them (no deadline, or
-		// admission off): admission refuses those that would miss their
-		// deadline, and the others would be served in time, as without
-		// the Guard.
-		if s.adaptive && (retry || sheddable || !hasDeadline || !s.admission) {
-			if limit := m.lim.limit.Load(); limit != unlimited {
-				n := inflight
-				if alone {
-					n = m.critical.Load()
-				}
-				if d, shed := g.shed(n, limit, retry, sheddable); shed {
-					return Ticket{}, d
-				}
-			} else if at := m.lim.little.Load(); sheddable && at > 0 && inflight >= at {
-				// No limit yet: sheddable work is kept from making the
-				// backlog longer than the latency the method tolerates,
-				// without waiting for the evidence a limit needs.
-				return Ticket{}, g.refuse(retry, at)
-			}
+		d, shed, took := m.limits(inflight, hasDeadline, retry, p)
+		if shed {
+			return Ticket{}, d
 		}
-		if s.maxConc > 0 {
-			// Exact: a place is taken only if it is free (for a critical
-			// first attempt, a place among the critical ones).
-			count, other := &g.inflight, &g.critical
-			if alone {
-				count, other = other, count
-			}
-			for {
-				n := count.Load()
-				if d, shed := g.shed(n, s.maxConc, retry, sheddable); shed {
-					return Ticket{}, d
-				}
-				if count.CompareAndSwap(n, n+1) {
-					break
-				}
-			}
-			if critical {
-				// A critical first attempt is one more of every request in
-				// flight; a critical retry one more of the critical ones.
-				other.Add(1)
-			}
-			global = true
-		}
+		global = took
 	}
 	n := m.inflight.Add(1)
 	if critical {
@@ -296,6 +253,64 @@ func (m *Method) AdmitPriorityAt(now, deadline time.Time, hasDeadline, retry boo
 	}
 	g.admitted.Add(1)
 	return Ticket{m: m, start: t, due: due, global: global, critical: critical}, Decision{}
+}
+
+// limits applies the concurrency limits to a request of priority p that
+// admission let through, with inflight requests of m in flight: it
+// returns the Decision that sheds it (shed), or whether it took a place
+// under MaxConcurrency (global).
+func (m *Method) limits(inflight int64, hasDeadline, retry bool, p priority.Priority) (d Decision, shed, global bool) {
+	g := m.g
+	s := &g.s
+	sheddable := p < priority.Default
+	critical := p > priority.Default
+	// A critical first attempt counts the critical requests in flight
+	// (its own class), the others every request in flight.
+	alone := critical && !retry
+	// An adaptive limit sheds default and critical first attempts only
+	// when admission cannot judge them (no deadline, or admission off):
+	// admission refuses those that would miss their deadline, and the
+	// others would be served in time, as without the Guard.
+	if s.adaptive && (retry || sheddable || !hasDeadline || !s.admission) {
+		if limit := m.lim.limit.Load(); limit != unlimited {
+			n := inflight
+			if alone {
+				n = m.critical.Load()
+			}
+			if d, shed := g.shed(n, limit, retry, sheddable); shed {
+				return d, true, false
+			}
+		} else if at := m.lim.little.Load(); sheddable && at > 0 && inflight >= at {
+			// No limit yet: sheddable work is kept from making the
+			// backlog longer than the latency the method tolerates,
+			// without waiting for the evidence a limit needs.
+			return g.refuse(retry, at), true, false
+		}
+	}
+	if s.maxConc <= 0 {
+		return Decision{}, false, false
+	}
+	// Exact: a place is taken only if it is free (for a critical first
+	// attempt, a place among the critical ones).
+	count, other := &g.inflight, &g.critical
+	if alone {
+		count, other = other, count
+	}
+	for {
+		n := count.Load()
+		if d, shed := g.shed(n, s.maxConc, retry, sheddable); shed {
+			return d, true, false
+		}
+		if count.CompareAndSwap(n, n+1) {
+			break
+		}
+	}
+	if critical {
+		// A critical first attempt is one more of every request in
+		// flight; a critical retry one more of the critical ones.
+		other.Add(1)
+	}
+	return Decision{}, false, true
 }
 
 // shed decides whether a request is shed at limit with n requests (for a
