@@ -21,6 +21,7 @@ import (
 	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/deadline"
+	"github.com/stormguard/stormguard/priority"
 )
 
 // attemptMode says what context an attempt needs.
@@ -149,7 +150,8 @@ func (a *attempt) peer() net.Addr {
 // transparent retry: mu guards what it writes.
 type attemptCreds struct {
 	client   *Client
-	deadline time.Time // zero: no deadline, no header
+	deadline time.Time         // zero: no deadline, no header
+	prio     priority.Priority // Default: no header
 	user     credentials.PerRPCCredentials
 	md       map[string]string // reused: grpc copies it before returning
 	budget   *budget.Budget    // pays for a free retry that cannot fail over
@@ -234,6 +236,9 @@ func (a *attemptCreds) GetRequestMetadata(ctx context.Context, uri ...string) (m
 	if !a.deadline.IsZero() {
 		a.md[deadline.MetadataKey] = deadline.FormatHeader(a.client.dl.Downstream(a.deadline.Sub(a.client.now())))
 	}
+	if a.prio != priority.Default {
+		a.md[semconv.PriorityKey] = a.prio.String()
+	}
 	return a.md, nil
 }
 
@@ -309,7 +314,7 @@ func (a *attemptCreds) prepare(c *call, at *attempt) {
 
 // reset prepares a for a new call.
 func (a *attemptCreds) reset(c *call, cs *callSettings) {
-	a.client, a.deadline, a.user = c.client, time.Time{}, nil
+	a.client, a.deadline, a.user, a.prio = c.client, time.Time{}, nil, c.prio.p
 	if c.dl.ok {
 		a.deadline = c.dl.at
 	}

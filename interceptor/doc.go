@@ -60,6 +60,16 @@
 // Tries with a new request message or a new cancellable context each (a
 // per-try timeout) are not recognised, nor are streams.
 //
+// # Priorities
+//
+// A call may carry a priority (package priority: sheddable, default,
+// critical), set with priority.NewContext; every attempt of a call whose
+// priority is not default sends it in the stormguard-priority header. The
+// Server reads it (WithPriorityCap bounds what it honours) and puts it in
+// the handler's context, so that the calls a handler makes inherit it, as
+// they inherit its deadline; its overload protection sheds sheddable work
+// first and critical work last.
+//
 // # Hedging
 //
 // Methods with a hedging policy (proto hedging_delay, or WithHedging) send

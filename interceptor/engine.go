@@ -169,6 +169,7 @@ type call struct {
 	failedOn  []net.Addr // the endpoints the call's attempts failed on
 	grpc      grpcWatch
 	outer     outerTry
+	prio      callPriority
 	// rule is how the call retries and hedges: its route's, or the service
 	// config's policy for its method (applyServiceConfig).
 	rule *retryRule
@@ -222,6 +223,7 @@ func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, 
 	if metadata.ValueFromOutgoingContext(ctx, deadline.MetadataKey) != nil {
 		ctx = removeOutgoing(ctx, deadline.MetadataKey) // stale: the attempts send their own
 	}
+	ctx = c.prio.from(ctx)
 	cancel := noCancel
 	dl, ok := ctx.Deadline()
 	switch {
@@ -247,6 +249,9 @@ func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, 
 		}
 		if c.recording && c.outer.back != nil {
 			c.span.SetAttributes(semconv.AttrOuterRetry.Bool(true))
+		}
+		if c.recording && c.prio.set {
+			c.span.SetAttributes(semconv.AttrPriority.String(c.prio.p.String()))
 		}
 	}
 	c.ctx = ctx

@@ -19,6 +19,7 @@ import (
 	"github.com/stormguard/stormguard/internal/clock"
 	"github.com/stormguard/stormguard/internal/limits"
 	"github.com/stormguard/stormguard/overload"
+	"github.com/stormguard/stormguard/priority"
 )
 
 // The defaults of RetryPolicy.
@@ -409,9 +410,10 @@ type serverOptions struct {
 	dedupeSet   bool // WithDedupe was given (dedupe nil: off)
 	noPushback  bool
 	overload    *overload.Guard
-	overloadSet bool             // WithOverload was given (overload nil: off)
-	budgets     *budget.Registry // the retry budgets per method
-	budgetSet   bool             // WithServerBudget was given (budgets nil: off)
+	overloadSet bool                                    // WithOverload was given (overload nil: off)
+	budgets     *budget.Registry                        // the retry budgets per method
+	budgetSet   bool                                    // WithServerBudget was given (budgets nil: off)
+	priorityCap func(context.Context) priority.Priority // WithPriorityCap
 }
 
 // WithServerBudget sets the server's retry budget: per method, the retries

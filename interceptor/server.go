@@ -14,6 +14,7 @@ import (
 	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/deadline"
 	"github.com/stormguard/stormguard/idempotency/dedupe"
+	"github.com/stormguard/stormguard/priority"
 )
 
 // Server is the suite's server side: it applies the caller's propagated
@@ -96,7 +97,9 @@ func (s *Server) pushback(ctx context.Context, m *refusalMarker, err error) {
 // Unary returns the unary server interceptor. Its steps, in order:
 //
 //  1. the deadline: apply the caller's propagated deadline, and refuse a
-//     call whose deadline has passed or whose caller has left;
+//     call whose deadline has passed or whose caller has left; then the
+//     priority the call claims, as far as WithPriorityCap honours it, is
+//     put in the handler's context;
 //  2. deduplication: a keyed request to a deduplicated method whose write
 //     already completed is answered from the store, and one whose write
 //     is in flight waits for its outcome; neither is work, so neither is
@@ -120,6 +123,7 @@ func (s *Server) Unary() grpc.UnaryServerInterceptor {
 			return nil, err
 		}
 		defer cancel()
+		ctx = s.withPriority(ctx)
 		m := &refusalMarker{}
 		ctx = context.WithValue(ctx, markerKey{}, m)
 		var resp any
@@ -142,7 +146,8 @@ func (s *Server) Unary() grpc.UnaryServerInterceptor {
 func (s *Server) admitAndHandle(ctx context.Context, req any, method string, handler grpc.UnaryHandler) (resp any, err error) {
 	retry := isRetry(ctx)
 	mb := s.rb.forMethod(method)
-	t, err := s.admit(ctx, method, retry)
+	p, _ := priority.FromContext(ctx)
+	t, err := s.admit(ctx, method, retry, p)
 	if err != nil {
 		mb.done(time.Now(), err) // a refusal on arrival: the method fails its callers
 		return nil, err
@@ -172,6 +177,7 @@ func (s *Server) Stream() grpc.StreamServerInterceptor {
 			return err
 		}
 		defer cancel()
+		ctx = s.withPriority(ctx)
 		m := &refusalMarker{}
 		ctx = context.WithValue(ctx, markerKey{}, m)
 		mb := s.rb.forMethod(info.FullMethod)

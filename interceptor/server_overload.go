@@ -15,6 +15,7 @@ import (
 
 	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/overload"
+	"github.com/stormguard/stormguard/priority"
 )
 
 // serverOverload is the Server's overload state.
@@ -54,16 +55,16 @@ type retryAfterTrailer struct {
 	md metadata.MD
 }
 
-// admit runs the overload protection on a unary call that arrives with
-// ctx (the deadline already applied). A refused call gets its status and
+// admit runs the overload protection on a unary call of priority p that
+// arrives with ctx (the deadline already applied). A refused call gets its status and
 // pushback trailer; an admitted one a Ticket to report its end on.
-func (s *Server) admit(ctx context.Context, method string, retry bool) (overload.Ticket, error) {
+func (s *Server) admit(ctx context.Context, method string, retry bool, p priority.Priority) (overload.Ticket, error) {
 	g := s.ov.guard
 	if g == nil {
 		return overload.Ticket{}, nil
 	}
 	dl, has := ctx.Deadline()
-	t, d := g.Method(method).Admit(dl, has, retry)
+	t, d := g.Method(method).AdmitPriority(dl, has, retry, p)
 	switch d.Reason {
 	case overload.Admitted:
 		return t, nil

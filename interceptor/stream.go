@@ -127,7 +127,7 @@ func (s *clientStream) send(k *call, a *attempt) outcome {
 	// context, which grpc has made when the streamer returns.
 	opts := s.opts
 	var creds *attemptCreds
-	if k.dl.ok || s.cs.hasCreds || len(k.avoid) > 0 || a.guarded != nil || k.grpc.watched != nil {
+	if k.dl.ok || s.cs.hasCreds || len(k.avoid) > 0 || a.guarded != nil || k.grpc.watched != nil || k.prio.sent() {
 		var credsOpt grpc.CallOption
 		creds, credsOpt = newAttemptCreds(k, &s.cs)
 		creds.prepare(k, a)

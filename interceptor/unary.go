@@ -150,14 +150,14 @@ func (s *unaryState) prepare(c *call, opts []grpc.CallOption) {
 func (s *unaryState) attempt() *attempt { return &s.a }
 
 // send invokes attempt a. The call credentials go along only when they
-// have work: a deadline header to write, endpoints to avoid, a pick an
+// have work: a deadline or priority header to write, endpoints to avoid, a pick an
 // open breaker guards, or grpc-go's attempts to count (inside grpc they
 // cost a few allocations per attempt).
 func (s *unaryState) send(c *call, a *attempt) outcome {
 	creds := &s.creds
 	creds.prepare(c, a)
 	aopts := s.opts
-	if c.dl.ok || s.cs.hasCreds || len(c.avoid) > 0 || a.guarded != nil || c.grpc.watched != nil {
+	if c.dl.ok || s.cs.hasCreds || len(c.avoid) > 0 || a.guarded != nil || c.grpc.watched != nil || c.prio.sent() {
 		a.creds = creds
 		s.withCred = append(append(s.withCred[:0], s.opts...), s.credsOpt)
 		aopts = s.withCred

@@ -54,9 +54,13 @@ type Config struct {
 	NoShedding bool
 	// MaxConcurrency, when > 0, is a fixed limit on the requests in flight
 	// over all methods: at it, first attempts are shed; at RetryShare of
-	// it, retries and hedges are. It is exact; the adaptive per-method
-	// limits (which NoAdaptive turns off), which apply besides, may be
-	// passed by the few requests that arrive at the same instant.
+	// it, retries and hedges are (and sheddable requests at half that).
+	// It is exact; the adaptive per-method limits (which NoAdaptive turns
+	// off), which apply besides, may be passed by the few requests that
+	// arrive at the same instant. Critical first attempts (see
+	// Method.AdmitPriorityAt) are shed only when the critical requests in
+	// flight alone reach it: with them, up to twice MaxConcurrency may be
+	// in flight.
 	MaxConcurrency int
 	// NoAdaptive turns the adaptive per-method concurrency limits off
 	// (MaxConcurrency, if set, still applies).
@@ -76,7 +80,8 @@ type Config struct {
 	// RetryShare is the share of a limit at which retries and hedges
 	// (attempts with grpc-previous-rpc-attempts > 0, see IsRetry) are
 	// shed, while first attempts are still admitted up to the whole limit.
-	// ≤ 0, NaN or > 1 → 0.5.
+	// Sheddable requests (see Method.AdmitPriorityAt) are shed at half of
+	// it. ≤ 0, NaN or > 1 → 0.5.
 	RetryShare float64
 	// LimitWindow is how often an adaptive limit is updated, from the
 	// latencies of the requests that ended in it (at least 5 of them).

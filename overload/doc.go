@@ -49,6 +49,18 @@
 // MaxConcurrency always, at an adaptive limit only when admission cannot
 // judge them (no deadline, one beyond MaxDeadline, or NoAdmission).
 //
+// # Priorities
+//
+// A request may carry a priority (package priority; Method.AdmitPriority).
+// Sheddable requests are shed before retries, from half of RetryShare of
+// a limit (a quarter), deadline or not, and, while no adaptive limit is
+// engaged, once the requests in flight would take longer than the method
+// tolerates to drain; critical first attempts after default ones, only
+// once the critical requests in flight alone fill the limit. Retries and hedges of critical calls are shed as retries. A
+// request without a priority is Default, and is decided as it was before
+// priorities existed; when every request is critical, the Guard decides
+// as when none is.
+//
 // # What is learned
 //
 // Each admitted request reports its end on its Ticket, and teaches only
@@ -60,11 +72,15 @@
 //
 // # What a caller claims
 //
-// A request's deadline and attempt number are metadata its caller chooses
-// (grpc-timeout or stormguard-deadline-ms; grpc-previous-rpc-attempts),
-// not facts. A deadline more than MaxDeadline (10 s) away is treated as no
-// deadline at all, so that claiming a longer one than the caller has buys
-// nothing. See IsRetry for what the attempt number protects from.
+// A request's deadline, attempt number and priority are metadata its
+// caller chooses (grpc-timeout or stormguard-deadline-ms;
+// grpc-previous-rpc-attempts; stormguard-priority), not facts. A deadline
+// more than MaxDeadline (10 s) away is treated as no deadline at all, so
+// that claiming a longer one than the caller has buys nothing. See IsRetry
+// for what the attempt number protects from, and Method.AdmitPriorityAt
+// for what claiming critical buys: no more than the limit's worth of
+// critical work, no deadline that cannot be met, no retry past the
+// retries' threshold.
 //
 // # Cost and bounds
 //

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stormguard/stormguard/internal/cowmap"
 	"github.com/stormguard/stormguard/internal/window"
+	"github.com/stormguard/stormguard/priority"
 )
 
 // Reason says why a request was refused; the zero Reason means admitted.
@@ -49,7 +50,8 @@ type Decision struct {
 	// Need is, for RefusedDeadline, what the method was expected to need.
 	Need time.Duration
 	// Limit is, for ShedRetry and ShedFirst, the concurrency limit that was
-	// reached (for a retry, RetryShare of it).
+	// reached (for a retry, RetryShare of it; for a sheddable request, half
+	// that; see Method.AdmitPriorityAt).
 	Limit int64
 	// RetryAfter is the pushback to send: ≥ 0, the caller may retry after
 	// it; DoNotRetry (< 0), it should not retry.
@@ -82,6 +84,7 @@ type Guard struct {
 	methods  cowmap.Map[string, *Method]
 	other    *Method      // shared by methods beyond MaxMethods
 	inflight atomic.Int64 // over all methods, when MaxConcurrency is set
+	critical atomic.Int64 // ... of which critical
 
 	admitted, refusedDeadline, shedRetry, shedFirst atomic.Uint64
 }
@@ -123,6 +126,7 @@ type Method struct {
 	// line; unborn until then.
 	born     atomic.Int64
 	inflight atomic.Int64
+	critical atomic.Int64    // ... of which critical
 	hist     *window.Counter // handler latencies, by histogram bucket
 	lim      limiter
 	// The admission estimate, recomputed at most every window/16.
@@ -173,10 +177,11 @@ func (g *Guard) Method(name string) *Method {
 // ignores reports. A Ticket is a small value; reporting twice through
 // copies of it counts the request's end twice.
 type Ticket struct {
-	m      *Method
-	start  int64
-	due    int64 // ns; an end after it missed a deadline that counts; none
-	global bool
+	m        *Method
+	start    int64
+	due      int64 // ns; an end after it missed a deadline that counts; none
+	global   bool
+	critical bool // a critical request (counted apart, see AdmitPriorityAt)
 }
 
 // Admit decides on a request of m that arrives now (on the monotonic
@@ -186,16 +191,57 @@ type Ticket struct {
 // must report its end on the Ticket.
 func (m *Method) Admit(deadline time.Time, hasDeadline, retry bool) (Ticket, Decision) {
 	now := time.Now()
-	return m.admit(m.g.at(now), deadline.Sub(now), hasDeadline, retry)
+	return m.admit(m.g.at(now), deadline.Sub(now), hasDeadline, retry, priority.Default)
 }
 
 // AdmitAt is Admit at the time now.
 func (m *Method) AdmitAt(now, deadline time.Time, hasDeadline, retry bool) (Ticket, Decision) {
-	return m.admit(m.g.at(now), deadline.Sub(now), hasDeadline, retry)
+	return m.admit(m.g.at(now), deadline.Sub(now), hasDeadline, retry, priority.Default)
 }
 
-// admit is Admit at t (ns on the time line), with left to the deadline.
-func (m *Method) admit(t int64, left time.Duration, hasDeadline, retry bool) (Ticket, Decision) {
+// AdmitPriority is Admit for a request of priority p, now: see
+// AdmitPriorityAt.
+func (m *Method) AdmitPriority(deadline time.Time, hasDeadline, retry bool, p priority.Priority) (Ticket, Decision) {
+	now := time.Now()
+	return m.admit(m.g.at(now), deadline.Sub(now), hasDeadline, retry, p)
+}
+
+// AdmitPriorityAt is AdmitAt for a request of priority p. At a
+// concurrency limit (adaptive, or MaxConcurrency) requests are shed in
+// this order, each class at its own threshold of the limit L:
+//
+//   - sheddable requests (p below priority.Default, retries or not) from
+//     RetryShare/2 of L (a quarter by default), whether or not they carry
+//     a deadline: their callers said they may be dropped. While no
+//     adaptive limit is engaged, they are shed once the requests in flight
+//     reach the concurrency that has the method's tolerated latency (the
+//     larger of Tolerance × its baseline and DeadlineShare of its callers'
+//     deadlines) at its throughput in the last LimitWindow (Little's law;
+//     at least MinLimit): where a limit would engage, without waiting for
+//     the evidence a limit needs, so that sheddable work never queues the
+//     method's other requests beyond the latency it tolerates. A burst
+//     that doubles the method's usual concurrency may shed them;
+//   - retries and hedges of the other priorities, critical included, from
+//     RetryShare of L (half by default);
+//   - default first attempts at L (at an adaptive limit only when
+//     admission cannot judge them, see Admit);
+//   - critical first attempts (p above priority.Default) when the critical
+//     requests in flight alone reach L (at an adaptive limit, under the
+//     same condition as default ones). The requests in flight may then
+//     pass MaxConcurrency, up to twice it; when every request is critical,
+//     the Guard sheds exactly as when none is.
+//
+// A shed first attempt gets ShedFirst, a shed retry ShedRetry, whatever
+// its priority. Admission refuses a request of any priority whose
+// deadline cannot be met. With priority.Default, AdmitPriorityAt is
+// AdmitAt.
+func (m *Method) AdmitPriorityAt(now, deadline time.Time, hasDeadline, retry bool, p priority.Priority) (Ticket, Decision) {
+	return m.admit(m.g.at(now), deadline.Sub(now), hasDeadline, retry, p)
+}
+
+// admit is AdmitPriority at t (ns on the time line), with left to the
+// deadline.
+func (m *Method) admit(t int64, left time.Duration, hasDeadline, retry bool, p priority.Priority) (Ticket, Decision) {
 	g := m.g
 	s := &g.s
 	m.begin(t)
@@ -213,34 +259,19 @@ func (m *Method) admit(t int64, left time.Duration, hasDeadline, retry bool) (Ti
 			return Ticket{}, Decision{Reason: RefusedDeadline, Need: need, RetryAfter: DoNotRetry}
 		}
 	}
+	critical := p > priority.Default
 	global := false
 	if s.shedding {
-		// An adaptive limit sheds first attempts only when admission
-		// cannot judge them (no deadline, or admission off): admission
-		// refuses those that would miss their deadline, and the others
-		// would be served in time, as without the Guard.
-		if s.adaptive && (retry || !hasDeadline || !s.admission) {
-			if limit := m.lim.limit.Load(); limit != unlimited {
-				if d, shed := g.shed(inflight, limit, retry); shed {
-					return Ticket{}, d
-				}
-			}
+		d, shed, took := m.limits(inflight, hasDeadline, retry, p)
+		if shed {
+			return Ticket{}, d
 		}
-		if s.maxConc > 0 {
-			// Exact: a place is taken only if it is free.
-			for {
-				n := g.inflight.Load()
-				if d, shed := g.shed(n, s.maxConc, retry); shed {
-					return Ticket{}, d
-				}
-				if g.inflight.CompareAndSwap(n, n+1) {
-					break
-				}
-			}
-			global = true
-		}
+		global = took
 	}
 	n := m.inflight.Add(1)
+	if critical {
+		m.critical.Add(1)
+	}
 	due := int64(none)
 	if limiting {
 		m.lim.arrived(n, int64(left), hasDeadline)
@@ -249,24 +280,94 @@ func (m *Method) admit(t int64, left time.Duration, hasDeadline, retry bool) (Ti
 		}
 	}
 	g.admitted.Add(1)
-	return Ticket{m: m, start: t, due: due, global: global}, Decision{}
+	return Ticket{m: m, start: t, due: due, global: global, critical: critical}, Decision{}
 }
 
-// shed decides whether a request is shed at limit with inflight requests
-// in flight.
-func (g *Guard) shed(inflight, limit int64, retry bool) (Decision, bool) {
-	if retry {
-		if at := max(int64(float64(limit)*g.s.retryShare), 1); inflight >= at {
-			g.shedRetry.Add(1)
-			return Decision{Reason: ShedRetry, Limit: at, RetryAfter: DoNotRetry}, true
+// limits applies the concurrency limits to a request of priority p that
+// admission let through, with inflight requests of m in flight: it
+// returns the Decision that sheds it (shed), or whether it took a place
+// under MaxConcurrency (global).
+func (m *Method) limits(inflight int64, hasDeadline, retry bool, p priority.Priority) (d Decision, shed, global bool) {
+	g := m.g
+	s := &g.s
+	sheddable := p < priority.Default
+	critical := p > priority.Default
+	// A critical first attempt counts the critical requests in flight
+	// (its own class), the others every request in flight.
+	alone := critical && !retry
+	// An adaptive limit sheds default and critical first attempts only
+	// when admission cannot judge them (no deadline, or admission off):
+	// admission refuses those that would miss their deadline, and the
+	// others would be served in time, as without the Guard.
+	if s.adaptive && (retry || sheddable || !hasDeadline || !s.admission) {
+		if limit := m.lim.limit.Load(); limit != unlimited {
+			n := inflight
+			if alone {
+				n = m.critical.Load()
+			}
+			if d, shed := g.shed(n, limit, retry, sheddable); shed {
+				return d, true, false
+			}
+		} else if at := m.lim.little.Load(); sheddable && at > 0 && inflight >= at {
+			// No limit yet: sheddable work is kept from making the
+			// backlog longer than the latency the method tolerates,
+			// without waiting for the evidence a limit needs.
+			return g.refuse(retry, at), true, false
 		}
+	}
+	if s.maxConc <= 0 {
+		return Decision{}, false, false
+	}
+	// Exact: a place is taken only if it is free (for a critical first
+	// attempt, a place among the critical ones).
+	count, other := &g.inflight, &g.critical
+	if alone {
+		count, other = other, count
+	}
+	for {
+		n := count.Load()
+		if d, shed := g.shed(n, s.maxConc, retry, sheddable); shed {
+			return d, true, false
+		}
+		if count.CompareAndSwap(n, n+1) {
+			break
+		}
+	}
+	if critical {
+		// A critical first attempt is one more of every request in
+		// flight; a critical retry one more of the critical ones.
+		other.Add(1)
+	}
+	return Decision{}, false, true
+}
+
+// shed decides whether a request is shed at limit with n requests (for a
+// critical first attempt, n critical ones) in flight: a sheddable request
+// from half of RetryShare of it, a retry or hedge from RetryShare of it,
+// a first attempt at it.
+func (g *Guard) shed(n, limit int64, retry, sheddable bool) (Decision, bool) {
+	at := limit
+	switch {
+	case sheddable:
+		at = max(int64(float64(limit)*g.s.retryShare/2), 1)
+	case retry:
+		at = max(int64(float64(limit)*g.s.retryShare), 1)
+	}
+	if n < at {
 		return Decision{}, false
 	}
-	if inflight >= limit {
-		g.shedFirst.Add(1)
-		return Decision{Reason: ShedFirst, Limit: limit, RetryAfter: g.s.retryAfter}, true
+	return g.refuse(retry, at), true
+}
+
+// refuse counts and returns the Decision that sheds a request (a retry or
+// a first attempt) at the threshold at.
+func (g *Guard) refuse(retry bool, at int64) Decision {
+	if retry {
+		g.shedRetry.Add(1)
+		return Decision{Reason: ShedRetry, Limit: at, RetryAfter: DoNotRetry}
 	}
-	return Decision{}, false
+	g.shedFirst.Add(1)
+	return Decision{Reason: ShedFirst, Limit: at, RetryAfter: g.s.retryAfter}
 }
 
 // needAt returns what a request of m arriving at t (ns) is expected to
@@ -378,6 +479,12 @@ func (t Ticket) Discard() {
 func (t Ticket) release() int64 {
 	if t.global {
 		t.m.g.inflight.Add(-1)
+	}
+	if t.critical {
+		if t.global {
+			t.m.g.critical.Add(-1)
+		}
+		t.m.critical.Add(-1)
 	}
 	return t.m.inflight.Add(-1)
 }

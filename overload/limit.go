@@ -79,6 +79,11 @@ type limiter struct {
 	limit  atomic.Int64 // unlimited, or the current limit (≥ minLimit)
 	base   atomic.Int64 // ns; the baseline, for readers without mu; 0 until known
 	target atomic.Int64 // ns; the latency the last window tolerated; 0 until known
+	// little is the concurrency that has the target latency at the last
+	// window's throughput (Little's law), at least MinLimit: where a limit
+	// would engage, and where sheddable requests are shed while none is
+	// engaged. 0 until known.
+	little atomic.Int64
 
 	// The current window, added to without a lock.
 	start   atomic.Int64 // ns; when the window began
@@ -238,6 +243,7 @@ func (l *limiter) update(w closed, s *settings) {
 	}
 	target := max(s.tolerance*l.baseline, w.tolerable)
 	l.target.Store(int64(target))
+	l.little.Store(max(s.minLimit, int64(math.Ceil(w.rate*target))))
 	// The least latency the window proves: that of a request that
 	// completed, or the elapsed time of one cut short if even that is
 	// beyond the target (it waited at least that long).

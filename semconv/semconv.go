@@ -75,6 +75,9 @@ const (
 	// clientv3) sent again after it failed: the try deposits nothing into
 	// the budget, and its first attempt is a retry.
 	AttrOuterRetry = attribute.Key("stormguard.outer_retry")
+	// AttrPriority is on call spans of calls that carry a priority (see
+	// package priority): sheddable, default or critical.
+	AttrPriority = attribute.Key("stormguard.priority")
 )
 
 // Metric names. The grpc.client.call.* histograms are the per-call metrics
@@ -109,6 +112,11 @@ const (
 	// serves such a retry even when its own retry budget is spent (it
 	// still counts it), so that the two budgets do not both charge it.
 	BudgetedKey = "stormguard-budgeted"
+	// PriorityKey carries a call's priority (package priority), on every
+	// attempt of a call whose priority is not the default: "sheddable" or
+	// "critical" ("default" is accepted). A server takes a request without
+	// it, or with anything but one such value, as default.
+	PriorityKey = "stormguard-priority"
 )
 
 // ErrorInfo reasons and domain of the details stormguard adds to statuses.

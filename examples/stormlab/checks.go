@@ -210,6 +210,8 @@ func checkBounds(results []*Result, tailP99 time.Duration) []Check {
 			}
 		case "fleet":
 			out = append(out, fleetChecks(r)...)
+		case "priority":
+			out = append(out, priorityChecks(r)...)
 		case "tail":
 			if suite != nil {
 				got := time.Duration(suite.P99ms * float64(time.Millisecond))

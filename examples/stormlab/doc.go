@@ -7,7 +7,8 @@
 // policy; in scenarios 1-4 and 6, the suite in shadow mode, which refuses
 // nothing and shows what it would have refused; in scenario 12, the
 // suite's client with a plain server and with its own, and grpc-go's
-// clients with the suite's server).
+// clients with the suite's server; in scenario 13, the suite with calls
+// marked by priority).
 //
 //	go run ./examples/stormlab              # every scenario, about 3 min
 //	go run ./examples/stormlab -quick       # scenarios 1, 2, 3, 4, 7, 9 in a few seconds (CI)
@@ -57,7 +58,16 @@
 //     server, at no cost in availability against no retries or grpc-go's
 //     retryThrottling. Cells run side by side as far as the machine keeps
 //     their schedule; a cell it cannot run in real time, even alone, is an
-//     error. About 90 s; not in -quick.
+//     error. About 90 s; not in -quick;
+//  13. an overload with priorities: twice an origin's capacity offered for
+//     6 s, one call in five from a critical caller, the others from
+//     sheddable ones; rows: no retries, the suite's defaults with no call
+//     marked, the suite with the calls marked (priority.NewContext), and
+//     the suite with every call marked critical. With priorities the
+//     critical calls must succeed (≥ 99%); without a difference between
+//     the callers both classes must be served alike, and every call
+//     claiming critical must serve what the defaults serve. About 7 s; not
+//     in -quick; a machine that cannot keep its schedule is an error.
 //
 // Scenarios 1-4 hold every first attempt at the origin until all callers'
 // first attempts have arrived (a wave), and 6 and 8 choose failing or slow

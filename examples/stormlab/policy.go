@@ -54,6 +54,10 @@ const (
 	// naive row's servers: it sends what the naive row sends and records
 	// what its budget and breaker would have refused (scenarios 1-4, 6).
 	suiteShadow policyKey = "suite-shadow"
+	// The suite's defaults with calls marked by priority (the priority
+	// scenario): each by its caller's class, or every call critical.
+	suitePriority    policyKey = "suite-priority"
+	suiteAllCritical policyKey = "suite-all-critical"
 )
 
 // policy is one client setup, and the server side that goes with it.
@@ -114,7 +118,7 @@ func (p policy) clientOptions(extra ...interceptor.ClientOption) []interceptor.C
 		opts = append(opts, interceptor.WithBreaker(nil))
 	case suiteShadow:
 		opts = append(opts, interceptor.WithShadowMode())
-	case suiteDefaults, suiteOutlier, suiteNoAdmission, suiteNoShedding, suiteClientOnly, suiteNoOverload:
+	case suiteDefaults, suiteOutlier, suiteNoAdmission, suiteNoShedding, suiteClientOnly, suiteNoOverload, suitePriority, suiteAllCritical:
 	default:
 		return nil
 	}
@@ -131,7 +135,7 @@ func (p policy) server() (*interceptor.Server, *overload.Guard) {
 	switch p.key {
 	case naive, suiteShadow:
 		return interceptor.NewServer(interceptor.WithoutPushback(), interceptor.WithOverload(nil), interceptor.WithServerBudget(nil)), nil
-	case suiteBudget, suiteDefaults, suiteOutlier:
+	case suiteBudget, suiteDefaults, suiteOutlier, suitePriority, suiteAllCritical:
 		g = overload.New(overload.Config{})
 	case suiteNoAdmission:
 		g = overload.New(overload.Config{NoAdmission: true})

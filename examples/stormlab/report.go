@@ -50,7 +50,8 @@ type Row struct {
 	Dead      int     `json:"dead_backend_requests,omitempty"`
 	DeadRatio float64 `json:"dead_vs_no_retries,omitempty"`
 	// Goodput is, for the metastable scenario, the share of the calls sent
-	// in each step (Result.StepS) that succeeded.
+	// in each step (Result.StepS) that succeeded; for the priority
+	// scenario, that of the critical callers' calls.
 	Goodput []float64 `json:"goodput,omitempty"`
 	// Recovery is, for the metastable scenario, the seconds from the
 	// trigger's end until Goodput stays at or above 90% (null: never).
@@ -58,6 +59,9 @@ type Row struct {
 	// ServerRefused counts, for the suite's rows, what its servers'
 	// overload protection refused, by overload.Reason.
 	ServerRefused map[string]int `json:"server_refused,omitempty"`
+	// Classes is, for the priority scenario, the calls and successes of
+	// each class of callers ("critical", "sheddable"), marked or not.
+	Classes map[string]classCount `json:"classes,omitempty"`
 	// Fleet is, for the fleet scenario, the load generator's figures and
 	// the counts by part of the time line and at the server.
 	Fleet *fleetStats `json:"fleet,omitempty"`
@@ -99,6 +103,9 @@ const (
 	colFleetAfterAmpl
 	colFleetSentAfterAmpl
 	colFleetRate
+	colCriticalOK
+	colSheddableOK
+	colCriticalGoodput
 )
 
 func (c col) head() string {
@@ -106,13 +113,14 @@ func (c col) head() string {
 		"p50", "p99", "slowest", "wasted", "peak/tick", "peak ampl.", "served",
 		"requests", "ok %", "dead", "dead ÷ none",
 		"recovery", "goodput per step", "server refused", "would refuse (shadow)",
-		"at server", "origin first", "origin after", "ampl. after", "at server ampl. after", "calls/s sent (asked)"}[c]
+		"at server", "origin first", "origin after", "ampl. after", "at server ampl. after", "calls/s sent (asked)",
+		"critical ok", "sheddable ok", "critical goodput per step"}[c]
 }
 
 // left reports whether the column is left-aligned (text) rather than
 // right-aligned (numbers).
 func (c col) left() bool {
-	return c == colVariant || c == colPolicy || c == colErrors || c == colRefused || c == colGoodput || c == colServerRefused || c == colWouldRefuse
+	return c == colVariant || c == colPolicy || c == colErrors || c == colRefused || c == colGoodput || c == colCriticalGoodput || c == colServerRefused || c == colWouldRefuse
 }
 
 func (r Row) cell(c col) string {
@@ -167,6 +175,12 @@ func (r Row) cell(c col) string {
 		return counts(r.ServerRefused)
 	case colWouldRefuse:
 		return counts(r.WouldRefuse)
+	case colCriticalOK:
+		return r.Classes[classCritical].String()
+	case colSheddableOK:
+		return r.Classes[classSheddable].String()
+	case colCriticalGoodput:
+		return sparkline(r.Goodput, r.marks...)
 	}
 	if f := r.Fleet; f != nil {
 		switch c {

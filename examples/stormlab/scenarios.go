@@ -40,6 +40,7 @@ func scenarios() []scenario {
 		{10, "metastable", false, metastable},
 		{11, "blip", false, overloadBlip},
 		{12, "fleet", false, fleet},
+		{13, "priority", false, priorities},
 	}
 }
 
