@@ -20,3 +20,7 @@ func OverloadOf(s *Server) *overload.Guard { return s.ov.guard }
 // scheme (a test's manual resolver), as it wraps dns's. Call it before
 // the tests run.
 func WrapResolverScheme(scheme string) { testSchemes = append(testSchemes, scheme) }
+
+// Propagates reports whether a refusal for r makes the Server answer
+// grpc-retry-pushback-ms: -1.
+func Propagates(r Reason) bool { return r.propagates() }

@@ -68,10 +68,11 @@ var refusals = map[Reason]reasonInfo{
 
 func (r Reason) info() reasonInfo { return refusals[r] }
 
-// Propagates reports whether a refusal for r makes a stormguard server
+// propagates reports whether a refusal for r makes a stormguard server
 // answer grpc-retry-pushback-ms: -1 when its handler's call was refused:
-// budget, breaker, pushback and max_attempts do; the others do not.
-func (r Reason) Propagates() bool { return r.info().propagates }
+// budget, breaker, pushback, throttle and max_attempts do; the others do
+// not.
+func (r Reason) propagates() bool { return r.info().propagates }
 
 // annotate returns err with an ErrorInfo RETRY_REFUSED saying why it was
 // not retried, when the table says the reason annotates; the code is

@@ -89,7 +89,7 @@ func (s *Server) pushback(ctx context.Context, m *refusalMarker, err error) {
 	if err == nil || s.o.noPushback {
 		return
 	}
-	if m.set.Load() || RefusedBy(err).Propagates() {
+	if m.set.Load() || RefusedBy(err).propagates() {
 		_ = grpc.SetTrailer(ctx, dontRetry)
 	}
 }

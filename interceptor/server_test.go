@@ -182,7 +182,7 @@ func TestServerPushbackFollowsTheRefusalTable(t *testing.T) {
 			_, err = echov1.NewEchoServiceClient(cc).Get(t.Context(), &echov1.GetRequest{}, grpc.Trailer(&tr))
 			assert.Equal(t, tt.reason, interceptor.RefusedBy(err))
 			assert.Equal(t, tt.want, tr.Get(semconv.PushbackKey))
-			assert.Equal(t, tt.want != nil, tt.reason.Propagates())
+			assert.Equal(t, tt.want != nil, interceptor.Propagates(tt.reason))
 		})
 	}
 }
