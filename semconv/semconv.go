@@ -68,6 +68,9 @@ const (
 	// clientv3) sent again after it failed: the try deposits nothing into
 	// the budget, and its first attempt is a retry.
 	AttrOuterRetry = attribute.Key("stormguard.outer_retry")
+	// AttrGRPCTarget is gRFC A66's grpc.target: the channel's target, on
+	// the grpc.client.call.* histograms.
+	AttrGRPCTarget = attribute.Key("grpc.target")
 )
 
 // Metric names. The grpc.client.call.* histograms are the per-call metrics
@@ -85,6 +88,10 @@ const (
 	MetricCallHedges    = "grpc.client.call.hedges"
 	MetricBreakerState  = "stormguard.breaker.state"
 	MetricBudgetBalance = "stormguard.budget.balance"
+	// MetricCallRetryDelay is gRFC A96's histogram of the time, in
+	// seconds, a call had no attempt in flight between its attempts
+	// (backoffs and pushbacks), once per call that retried or hedged.
+	MetricCallRetryDelay = "grpc.client.call.retry_delay"
 )
 
 // Metadata keys the client reads and writes (gRFC A6).
