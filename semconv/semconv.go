@@ -26,6 +26,11 @@ const (
 	// EventWouldRefuse is recorded in shadow mode (interceptor.WithShadowMode) where
 	// the budget or the breaker would have refused; the attempt is sent.
 	EventWouldRefuse = "stormguard.would_refuse"
+	// EventServerRefused is recorded on the server's span of a call (the
+	// span in the handler's context, if any: otelgrpc's server span, say)
+	// that the Server refused before its handler ran, with AttrReason one
+	// of the ServerReason values.
+	EventServerRefused = "stormguard.server.refused"
 )
 
 // Attribute keys of stormguard's spans, events and metrics.
@@ -73,6 +78,28 @@ const (
 	AttrGRPCTarget = attribute.Key("grpc.target")
 )
 
+// Reasons of the Server's refusals (AttrReason on MetricServerRefusals and
+// EventServerRefused): each is a call answered before its handler ran.
+const (
+	// ServerReasonShed: shed by the overload protection at its concurrency
+	// limit (Unavailable, ErrorReasonOverloaded).
+	ServerReasonShed = "shed"
+	// ServerReasonDoomed: its deadline had passed on arrival, or was
+	// shorter than the server's minimum (interceptor.WithServerDeadline) or
+	// than what the method needs now (DeadlineExceeded,
+	// ErrorReasonDeadlineTooShort for the last), or its caller had already
+	// left (Canceled).
+	ServerReasonDoomed = "doomed"
+	// ServerReasonDedupeBusy: a keyed request the idempotency store had no
+	// room for, its room held by requests in flight and recent records
+	// (ResourceExhausted, with a pushback; see dedupe.Busy).
+	ServerReasonDedupeBusy = "dedupe_busy"
+	// ServerReasonRetryBudget: a retry or hedge over its method's server
+	// retry budget, the fleet's ratio of retries to first attempts
+	// (Unavailable, ErrorReasonRetryBudget).
+	ServerReasonRetryBudget = "retry_budget"
+)
+
 // Metric names. The grpc.client.call.* histograms are the per-call metrics
 // of gRFC A66 and A96, with their attributes (grpc.method, grpc.target,
 // grpc.status); the stormguard.* instruments carry the OpenTelemetry RPC
@@ -92,6 +119,10 @@ const (
 	// seconds, a call had no attempt in flight between its attempts
 	// (backoffs and pushbacks), once per call that retried or hedged.
 	MetricCallRetryDelay = "grpc.client.call.retry_delay"
+	// MetricServerRefusals counts the calls the Server refused before
+	// their handler ran, by reason (AttrReason: a ServerReason value) and
+	// method (rpc.method, as on the client's stormguard.* metrics).
+	MetricServerRefusals = "stormguard.server.refusals"
 )
 
 // Metadata keys the client reads and writes (gRFC A6).
