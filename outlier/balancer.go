@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/serviceconfig"
@@ -15,11 +16,13 @@ import (
 func init() { balancer.Register(builder{name: Name, clk: wallClock{}}) }
 
 // builder builds the policy. Tests register builders of their own, under
-// other names, with a manual clock and a hook to see the balancers built.
+// other names, with a manual clock, a hook to see the balancers built and
+// a MeterProvider (nil: SetMeterProvider's).
 type builder struct {
 	name    string
 	clk     clock
 	onBuild func(*outlierBalancer)
+	mp      metric.MeterProvider
 }
 
 func (bd builder) Name() string { return bd.name }
@@ -38,6 +41,7 @@ func (bd builder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) bala
 		stopped: make(chan struct{}),
 		eps:     resolver.NewEndpointMap[*endpoint](),
 		subs:    map[*subConn]struct{}{},
+		met:     newMetrics(bd.mp, opts.Target.String()),
 	}
 	b.wcc = &childCC{ClientConn: cc, b: b}
 	go b.run()
@@ -71,6 +75,7 @@ type outlierBalancer struct {
 	wcc  *childCC
 	opts balancer.BuildOptions
 	clk  clock
+	met  *metrics
 
 	// childMu serialises every call into the child and its listeners: gRPC's
 	// own calls, and the ejections made by the timer and the evaluator.
