@@ -63,10 +63,12 @@ type attempt struct {
 
 // end reports an attempt's outcome: to the breaker, the latency tracker and
 // its span. abandoned is true for a hedge cancelled because another attempt
-// won, which says nothing about the target.
-func (c *call) end(a *attempt, err error, abandoned bool) {
+// won, which says nothing about the target. It returns the time it ended
+// the attempt at: the Client's clock for a failure, and for a success that
+// something measures; the attempt's start otherwise.
+func (c *call) end(a *attempt, err error, abandoned bool) time.Time {
 	if !atomic.CompareAndSwapUint32(&a.ended, 0, 1) {
-		return // a stream attempt may be ended by its receiver and by the caller leaving
+		return c.client.now() // a stream attempt may be ended by its receiver and by the caller leaving
 	}
 	code := status.Code(err)
 	now := a.start
@@ -108,6 +110,7 @@ func (c *call) end(a *attempt, err error, abandoned bool) {
 		}
 		endSpan(a.span, code, msg)
 	}
+	return now
 }
 
 // unsent ends the span of an attempt refused at its pick: it was never

@@ -105,5 +105,7 @@
 // only the layer next to the failure retries. A unary call meets them in
 // that order: a retry of a write that already completed is answered from
 // the dedupe store before the overload protection, which neither refuses
-// it nor learns from it.
+// it nor learns from it. Every call the Server refuses before its handler
+// runs is counted by reason in stormguard.server.refusals
+// (WithServerTelemetry).
 package interceptor

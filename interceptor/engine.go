@@ -84,6 +84,14 @@ type tally struct {
 	hedges   int
 	prior    int // attempts the logical call's earlier tries sent (outer.go)
 	backoffN int // retries since the last pushback
+	// The time the call had no attempt in flight between two of its
+	// attempts (gRFC A96's retry delay): live counts the attempts opened
+	// and not yet settled, idleFrom is when the last of them was settled
+	// (zero while one is in flight), and an attempt opened after it adds
+	// the gap to idle.
+	live     int
+	idleFrom time.Time
+	idle     time.Duration
 }
 
 // deadlines are a call's deadline, and that of the context its attempts
@@ -505,6 +513,11 @@ func (c *call) open(a *attempt, kind attemptKind, mode attemptMode) (Reason, err
 	if a.guarded == nil && !a.free {
 		c.client.tel.attempts.Add(c.ctx, 1, ao.metric...)
 	}
+	if c.tally.live == 0 && !c.tally.idleFrom.IsZero() {
+		c.tally.idle += now.Sub(c.tally.idleFrom)
+		c.tally.idleFrom = time.Time{}
+	}
+	c.tally.live++
 	switch kind {
 	case kindRetry:
 		c.tally.retries++
@@ -626,6 +639,9 @@ func (c *call) atPick(a *attempt) (Reason, error) {
 		return "", nil
 	}
 	c.tally.sent--
+	if c.tally.live--; c.tally.live == 0 {
+		c.tally.idleFrom = c.client.now() // it was never in flight
+	}
 	switch a.kind {
 	case kindRetry:
 		c.tally.retries--
@@ -705,9 +721,13 @@ func (c *call) attemptContext(ctx context.Context, a *attempt, now time.Time, mo
 // the decision: a retry is recorded by whoever sends it (scheduled), a
 // refusal by conclude.
 func (c *call) settle(a *attempt, err error, tr metadata.MD) verdict {
-	c.end(a, err, false)
+	now := c.end(a, err, false)
+	c.tally.live--
 	if err == nil {
 		return verdict{}
+	}
+	if c.tally.live == 0 {
+		c.tally.idleFrom = now
 	}
 	c.lastErr = err
 	v := verdict{err: err, tr: tr}
@@ -1010,6 +1030,9 @@ func (c *call) endCall(err error) {
 		case c.scIgnored != "":
 			c.span.SetAttributes(semconv.AttrServiceConfig.String(c.scIgnored))
 		}
+	}
+	if c.tally.retries > 0 || c.tally.hedges > 0 {
+		t.retryDelay.Record(c.ctx, c.tally.idle.Seconds(), rt.perCallOpts()...)
 	}
 	endSpan(c.span, code, st.Message())
 }

@@ -243,8 +243,10 @@ func WithDeadline(c deadline.ClientConfig) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.deadlineCfg = c })
 }
 
-// Telemetry is where the Client records its spans, metrics and logs. Nil
-// fields keep their defaults, or what an earlier WithTelemetry set.
+// Telemetry is where the Client records its spans, metrics and logs (and,
+// given to WithServerTelemetry, where the Server records its metric: its
+// MeterProvider only). Nil fields keep their defaults, or what an earlier
+// WithTelemetry set.
 type Telemetry struct {
 	// TracerProvider defaults to otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
@@ -414,6 +416,25 @@ type serverOptions struct {
 	budgets     *budget.Registry                        // the retry budgets per method
 	budgetSet   bool                                    // WithServerBudget was given (budgets nil: off)
 	priorityCap func(context.Context) priority.Priority // WithPriorityCap
+
+	// meterProvider is WithServerTelemetry's; nil: the global one.
+	meterProvider metric.MeterProvider
+}
+
+// WithServerTelemetry sets where the Server records its metric,
+// stormguard.server.refusals: the calls it refused before their handler
+// ran, by reason (semconv.ServerReasonShed, ServerReasonDoomed,
+// ServerReasonDedupeBusy, ServerReasonRetryBudget) and method. Only
+// t.MeterProvider is used (nil keeps the default, otel.GetMeterProvider(),
+// or what an earlier WithServerTelemetry set); each refusal is also an
+// event (semconv.EventServerRefused) on the span in the call's context,
+// when one records (otelgrpc's server span, say).
+func WithServerTelemetry(t Telemetry) ServerOption {
+	return serverOptionFunc(func(o *serverOptions) {
+		if t.MeterProvider != nil {
+			o.meterProvider = t.MeterProvider
+		}
+	})
 }
 
 // WithServerBudget sets the server's retry budget: per method, the retries

@@ -29,6 +29,7 @@ type Server struct {
 	dedupe *dedupe.Server // nil: off
 	ov     serverOverload // overload protection (server_overload.go)
 	rb     *serverBudgets // the retry budget per method (server_budget.go); nil: off
+	tel    *serverTelemetry
 }
 
 // NewServer returns a Server configured by opts. Nil options are ignored.
@@ -49,7 +50,7 @@ func NewServer(opts ...ServerOption) *Server {
 			opt.applyServer(&o)
 		}
 	}
-	s := &Server{o: o, dl: deadline.NewServer(o.deadlineCfg), dedupe: o.dedupe}
+	s := &Server{o: o, dl: deadline.NewServer(o.deadlineCfg), dedupe: o.dedupe, tel: newServerTelemetry(o.meterProvider)}
 	s.ov.guard = o.overload
 	if !o.overloadSet {
 		s.ov.guard = overload.New(overload.Config{})
@@ -120,6 +121,7 @@ func (s *Server) Unary() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		ctx, cancel, err := s.dl.Apply(ctx) // 1
 		if err != nil {
+			s.refused(ctx, info.FullMethod, serverDoomed)
 			return nil, err
 		}
 		defer cancel()
@@ -132,6 +134,7 @@ func (s *Server) Unary() grpc.UnaryServerInterceptor {
 			resp, err = dedupe(ctx, req, info, func(ctx context.Context, req any) (any, error) {
 				return s.admitAndHandle(ctx, req, info.FullMethod, handler)
 			})
+			s.refusedByDedupe(ctx, info.FullMethod, err)
 		} else {
 			resp, err = s.admitAndHandle(ctx, req, info.FullMethod, handler)
 		}
@@ -150,10 +153,12 @@ func (s *Server) admitAndHandle(ctx context.Context, req any, method string, han
 	t, err := s.admit(ctx, method, retry, p)
 	if err != nil {
 		mb.done(time.Now(), err) // a refusal on arrival: the method fails its callers
+		s.refused(ctx, method, admissionReason(err))
 		return nil, err
 	}
 	if mb != nil && !mb.admit(time.Now(), retry, retry && isBudgeted(ctx)) {
 		t.Discard()
+		s.refused(ctx, method, serverRetryBudget)
 		return nil, refuseRetry(ctx)
 	}
 	defer func() {
@@ -174,6 +179,7 @@ func (s *Server) Stream() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
 		ctx, cancel, err := s.dl.Apply(ss.Context())
 		if err != nil {
+			s.refused(ctx, info.FullMethod, serverDoomed)
 			return err
 		}
 		defer cancel()
@@ -182,12 +188,14 @@ func (s *Server) Stream() grpc.StreamServerInterceptor {
 		ctx = context.WithValue(ctx, markerKey{}, m)
 		mb := s.rb.forMethod(info.FullMethod)
 		if retry := isRetry(ctx); mb != nil && !mb.admit(time.Now(), retry, retry && isBudgeted(ctx)) {
+			s.refused(ctx, info.FullMethod, serverRetryBudget)
 			return refuseRetry(ctx)
 		}
 		ss = &serverStream{ServerStream: ss, ctx: ctx}
 		defer func() { mb.done(time.Now(), err) }()
 		if dedupe != nil {
 			err = dedupe(srv, ss, info, handler)
+			s.refusedByDedupe(ctx, info.FullMethod, err)
 		} else {
 			err = handler(srv, ss)
 		}

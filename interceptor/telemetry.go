@@ -26,7 +26,7 @@ import (
 // gRFC A66 attribute keys of the grpc.client.call.* histograms.
 const (
 	attrGRPCMethod = attribute.Key("grpc.method")
-	attrGRPCTarget = attribute.Key("grpc.target")
+	attrGRPCTarget = semconv.AttrGRPCTarget
 	attrGRPCStatus = attribute.Key("grpc.status")
 )
 
@@ -54,6 +54,7 @@ type telemetry struct {
 	wouldRefuse metric.Int64Counter
 	retries     metric.Int64Histogram
 	hedges      metric.Int64Histogram
+	retryDelay  metric.Float64Histogram
 	duration    metric.Float64Histogram
 	reg         metric.Registration // the gauges' callback; nil if it failed
 }
@@ -98,15 +99,23 @@ func newTelemetry(o *clientOptions, c *Client) *telemetry {
 		metric.WithDescription("Hedges per call, for calls that hedged (gRFC A96)."),
 		metric.WithExplicitBucketBoundaries(1, 2, 3, 4, 5, 10))
 	handle(err)
+	t.retryDelay, err = m.Float64Histogram(semconv.MetricCallRetryDelay, metric.WithUnit("s"),
+		metric.WithDescription("Total time with no attempt in flight between the attempts of a call, for calls that retried or hedged (gRFC A96)."),
+		metric.WithExplicitBucketBoundaries(latencyBounds...))
+	handle(err)
 	t.duration, err = m.Float64Histogram(semconv.MetricCallDuration, metric.WithUnit("s"),
 		metric.WithDescription("Duration of logical client calls, all attempts and backoffs included (gRFC A66)."),
-		metric.WithExplicitBucketBoundaries(0, 0.00001, 0.00005, 0.0001, 0.0003, 0.0006, 0.0008, 0.001, 0.002,
-			0.003, 0.004, 0.005, 0.006, 0.008, 0.01, 0.013, 0.016, 0.02, 0.025, 0.03, 0.04, 0.05, 0.065, 0.08,
-			0.1, 0.13, 0.16, 0.2, 0.25, 0.3, 0.4, 0.5, 0.65, 0.8, 1, 2, 5, 10, 20, 50, 100))
+		metric.WithExplicitBucketBoundaries(latencyBounds...))
 	handle(err)
 	t.reg = registerGauges(m, c)
 	return t
 }
+
+// latencyBounds are gRFC A66's latency bucket boundaries, in seconds, of
+// the call duration and retry delay histograms.
+var latencyBounds = []float64{0, 0.00001, 0.00005, 0.0001, 0.0003, 0.0006, 0.0008, 0.001, 0.002,
+	0.003, 0.004, 0.005, 0.006, 0.008, 0.01, 0.013, 0.016, 0.02, 0.025, 0.03, 0.04, 0.05, 0.065, 0.08,
+	0.1, 0.13, 0.16, 0.2, 0.25, 0.3, 0.4, 0.5, 0.65, 0.8, 1, 2, 5, 10, 20, 50, 100}
 
 // registerGauges registers this Client's breaker-state and budget-balance
 // observations. The gauges are registered with a callback per Client
@@ -255,7 +264,7 @@ type routeTelemetry struct {
 	duration [numCodes]lazy[[]metric.RecordOption]
 	refusals lazyMap[Reason, []metric.AddOption]
 	would    lazyMap[Reason, []metric.AddOption]
-	perCall  lazy[[]metric.RecordOption] // retries, hedges
+	perCall  lazy[[]metric.RecordOption] // retries, hedges, retry delay
 }
 
 type attemptOptions struct {

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/serviceconfig"
@@ -18,11 +19,13 @@ import (
 func init() { balancer.Register(builder{name: Name, clk: clock.Real{}}) }
 
 // builder builds the policy. Tests register builders of their own, under
-// other names, with a fake clock and a hook to see the balancers built.
+// other names, with a fake clock, a hook to see the balancers built and
+// a MeterProvider (nil: SetMeterProvider's).
 type builder struct {
 	name    string
 	clk     clock.Clock
 	onBuild func(*outlierBalancer)
+	mp      metric.MeterProvider
 }
 
 func (bd builder) Name() string { return bd.name }
@@ -41,6 +44,7 @@ func (bd builder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) bala
 		stopped: make(chan struct{}),
 		eps:     resolver.NewEndpointMap[*endpoint](),
 		subs:    map[*subConn]struct{}{},
+		met:     newMetrics(bd.mp, opts.Target.String()),
 	}
 	b.wcc = &childCC{ClientConn: cc, b: b}
 	go b.run()
@@ -85,6 +89,7 @@ type outlierBalancer struct {
 	wcc  *childCC
 	opts balancer.BuildOptions
 	clk  clock.Clock
+	met  *metrics
 
 	// childMu serialises every call into the child and its listeners: gRPC's
 	// own calls, and the ejections made by the timer and the evaluator.

@@ -69,12 +69,13 @@ func (b *outlierBalancer) decide(now time.Time, cfg Config, eps []*endpoint) (ch
 	w.sum(eps, b.at(now))
 	active = ejected > 0 || w.busy()
 	maxEjected := maxEjections(len(eps), cfg)
-	if ejected >= maxEjected {
+	if ejected >= maxEjected && !b.met.countsOverflow() {
 		return changed, active
 	}
 	var buf [2]candidate // the usual few, without allocating
 	cands := w.appendOutliers(buf[:0], cfg, eps)
-	changed, n := b.ejectOutliers(now, eps, ready, cands, maxEjected-ejected, changed)
+	changed, n := b.ejectOutliers(now, eps, ready, cands, max(maxEjected-ejected, 0), changed)
+	b.met.record(n, len(cands)-n)
 	return changed, active || n > 0
 }
 

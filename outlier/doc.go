@@ -33,6 +33,10 @@
 // for another endpoint, a bounded number of times, when it returns an
 // avoided or ejected one.
 //
+// The policy counts its ejections, and the outliers it may not eject, with
+// gRFC A91's OpenTelemetry counters, on the MeterProvider [SetMeterProvider]
+// sets (the global one by default).
+//
 // The policy uses grpc-go's public balancer API only. Ejection reaches
 // children that watch their endpoints' health, as grpc-go's round_robin,
 // weighted_round_robin and least_request do (pick_first leaves under

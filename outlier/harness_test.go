@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
@@ -45,9 +46,16 @@ var testPolicies atomic.Int64
 // policy with cfg, and waits until every origin has answered a call.
 func newCluster(t *testing.T, n int, cfg Config) *cluster {
 	t.Helper()
+	return newMeteredCluster(t, n, cfg, nil)
+}
+
+// newMeteredCluster is newCluster whose policy records its metrics with mp
+// (nil: SetMeterProvider's).
+func newMeteredCluster(t *testing.T, n int, cfg Config, mp metric.MeterProvider) *cluster {
+	t.Helper()
 	c := &cluster{t: t, clk: clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))}
 	name := fmt.Sprintf("stormguard_outlier_test_%d", testPolicies.Add(1))
-	balancer.Register(builder{name: name, clk: c.clk, onBuild: func(b *outlierBalancer) { c.bal.Store(b) }})
+	balancer.Register(builder{name: name, clk: c.clk, onBuild: func(b *outlierBalancer) { c.bal.Store(b) }, mp: mp})
 	var eps []resolver.Endpoint
 	for range n {
 		o := origin.New(nil)

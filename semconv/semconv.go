@@ -1,8 +1,8 @@
 // Package semconv names what stormguard writes and reads: the span events,
 // attribute keys and metrics of its telemetry, the gRPC metadata keys of
 // its protocol, and the ErrorInfo reasons of the statuses it answers with.
-// Where gRFC A6, A66 or A96 name a thing, the name is theirs. The values
-// are stable: dashboards, alerts and other clients depend on them.
+// Where gRFC A6, A66, A91 or A96 name a thing, the name is theirs. The
+// values are stable: dashboards, alerts and other clients depend on them.
 package semconv
 
 import "go.opentelemetry.io/otel/attribute"
@@ -10,6 +10,10 @@ import "go.opentelemetry.io/otel/attribute"
 // ScopeName is the instrumentation scope of the interceptor package's
 // tracer and meter: its import path.
 const ScopeName = "github.com/stormguard/stormguard/interceptor"
+
+// OutlierScopeName is the instrumentation scope of the outlier package's
+// meter: its import path.
+const OutlierScopeName = "github.com/stormguard/stormguard/outlier"
 
 // Span event names: one event on the call span per decision.
 const (
@@ -26,6 +30,11 @@ const (
 	// EventWouldRefuse is recorded in shadow mode (interceptor.WithShadowMode) where
 	// the budget or the breaker would have refused; the attempt is sent.
 	EventWouldRefuse = "stormguard.would_refuse"
+	// EventServerRefused is recorded on the server's span of a call (the
+	// span in the handler's context, if any: otelgrpc's server span, say)
+	// that the Server refused before its handler ran, with AttrReason one
+	// of the ServerReason values.
+	EventServerRefused = "stormguard.server.refused"
 )
 
 // Attribute keys of stormguard's spans, events and metrics.
@@ -78,13 +87,63 @@ const (
 	// AttrPriority is on call spans of calls that carry a priority (see
 	// package priority): sheddable, default or critical.
 	AttrPriority = attribute.Key("stormguard.priority")
+	// AttrGRPCTarget is gRFC A66's grpc.target: the channel's target, on
+	// the grpc.client.call.* histograms and the outlier policy's metrics.
+	AttrGRPCTarget = attribute.Key("grpc.target")
+	// AttrOutlierDetectionMethod is gRFC A91's
+	// grpc.lb.outlier_detection.detection_method: how an outlier was
+	// detected. The outlier policy's is OutlierFailurePercentage.
+	AttrOutlierDetectionMethod = attribute.Key("grpc.lb.outlier_detection.detection_method")
+	// AttrOutlierUnenforcedReason is gRFC A91's
+	// grpc.lb.outlier_detection.unenforced_reason: why a detected outlier
+	// was not ejected. The outlier policy's is OutlierMaxEjectionOverflow.
+	AttrOutlierUnenforcedReason = attribute.Key("grpc.lb.outlier_detection.unenforced_reason")
+)
+
+// Values of the outlier policy's gRFC A91 attributes.
+const (
+	// OutlierFailurePercentage is the detection method of the outlier
+	// policy's every ejection: the endpoint's share of failed requests is
+	// at least the configured ratio, and clearly above the other
+	// endpoints' (of A91's two methods, gRFC A50's failure percentage
+	// ejection is the closest; the policy has no success-rate method).
+	OutlierFailurePercentage = "failure_percentage"
+	// OutlierMaxEjectionOverflow is the unenforced reason of an outlier
+	// the policy did not eject because as many endpoints as
+	// MaxEjectionPercent allows were ejected already, or because it is the
+	// last connected endpoint. (A91's other reason, enforcement_percentage,
+	// has no counterpart: the policy enforces every ejection it may.)
+	OutlierMaxEjectionOverflow = "max_ejection_overflow"
+)
+
+// Reasons of the Server's refusals (AttrReason on MetricServerRefusals and
+// EventServerRefused): each is a call answered before its handler ran.
+const (
+	// ServerReasonShed: shed by the overload protection at its concurrency
+	// limit (Unavailable, ErrorReasonOverloaded).
+	ServerReasonShed = "shed"
+	// ServerReasonDoomed: its deadline had passed on arrival, or was
+	// shorter than the server's minimum (interceptor.WithServerDeadline) or
+	// than what the method needs now (DeadlineExceeded,
+	// ErrorReasonDeadlineTooShort for the last), or its caller had already
+	// left (Canceled).
+	ServerReasonDoomed = "doomed"
+	// ServerReasonDedupeBusy: a keyed request the idempotency store had no
+	// room for, its room held by requests in flight and recent records
+	// (ResourceExhausted, with a pushback; see dedupe.Busy).
+	ServerReasonDedupeBusy = "dedupe_busy"
+	// ServerReasonRetryBudget: a retry or hedge over its method's server
+	// retry budget, the fleet's ratio of retries to first attempts
+	// (Unavailable, ErrorReasonRetryBudget).
+	ServerReasonRetryBudget = "retry_budget"
 )
 
 // Metric names. The grpc.client.call.* histograms are the per-call metrics
 // of gRFC A66 and A96, with their attributes (grpc.method, grpc.target,
-// grpc.status); the stormguard.* instruments carry the OpenTelemetry RPC
-// semantic-convention attributes. None is a name that otelgrpc's per-attempt
-// instrumentation (rpc.client.*) reports.
+// grpc.status); the grpc.lb.outlier_detection.* counters are gRFC A91's,
+// recorded by the outlier policy; the stormguard.* instruments carry the
+// OpenTelemetry RPC semantic-convention attributes. None is a name that
+// otelgrpc's per-attempt instrumentation (rpc.client.*) reports.
 const (
 	MetricCalls         = "stormguard.client.calls"
 	MetricAttempts      = "stormguard.client.attempts"
@@ -95,6 +154,20 @@ const (
 	MetricCallHedges    = "grpc.client.call.hedges"
 	MetricBreakerState  = "stormguard.breaker.state"
 	MetricBudgetBalance = "stormguard.budget.balance"
+	// MetricCallRetryDelay is gRFC A96's histogram of the time, in
+	// seconds, a call had no attempt in flight between its attempts
+	// (backoffs and pushbacks), once per call that retried or hedged.
+	MetricCallRetryDelay = "grpc.client.call.retry_delay"
+	// MetricServerRefusals counts the calls the Server refused before
+	// their handler ran, by reason (AttrReason: a ServerReason value) and
+	// method (rpc.method, as on the client's stormguard.* metrics).
+	MetricServerRefusals = "stormguard.server.refusals"
+	// MetricOutlierEjectionsEnforced and MetricOutlierEjectionsUnenforced
+	// are gRFC A91's counters of the outlier policy's ejections, and of
+	// the outliers it detected but did not eject, with AttrGRPCTarget,
+	// AttrOutlierDetectionMethod and (unenforced) AttrOutlierUnenforcedReason.
+	MetricOutlierEjectionsEnforced   = "grpc.lb.outlier_detection.ejections_enforced"
+	MetricOutlierEjectionsUnenforced = "grpc.lb.outlier_detection.ejections_unenforced"
 )
 
 // Metadata keys the client reads and writes (gRFC A6).

@@ -98,6 +98,8 @@ type Demo struct {
 	tick   atomic.Int64 // the tick being sent, for the hooks
 	mu     sync.Mutex   // guards events
 	events []event      // what the hooks saw since the phase began
+
+	inc *incidents // the incidents (incidents.go)
 }
 
 // event is a refusal or a breaker change seen by the Client's hooks.
@@ -199,6 +201,9 @@ func Start(cfg Config) (_ *Demo, err error) {
 	}
 	d.ordersClient = echov1.NewEchoServiceClient(d.conns[0])
 	d.searchClient = echov1.NewEchoServiceClient(d.conns[1])
+	if err := d.startIncidents(); err != nil {
+		return nil, err
+	}
 	return d, nil
 }
 
@@ -211,8 +216,12 @@ func (d *Demo) Targets() (orders, search string) {
 	return d.servers[0].Listener.Target, d.servers[1].Listener.Target
 }
 
-// Close stops the client, the origins and the /metrics endpoint.
+// Close stops the client, the origins, the incidents and the /metrics
+// endpoint.
 func (d *Demo) Close() {
+	if d.inc != nil {
+		d.inc.close()
+	}
 	for _, c := range d.conns {
 		_ = c.Close()
 	}

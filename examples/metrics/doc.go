@@ -30,6 +30,14 @@
 // search answers every Get, but stalls the first attempt of every 25th for
 // 500 ms: adaptive hedging sends a second attempt, which wins.
 //
+// Then two incidents run on the wall clock (incidents.go): a ledger of
+// three replicas behind the outlier policy, one dead, whose failures a
+// second Client retries after real backoffs (grpc.client.call.retry_delay)
+// until the policy ejects it (grpc.lb.outlier_detection.ejections_enforced);
+// and a vault whose Server refuses doomed, shed, dedupe_busy and
+// retry_budget calls from a plain grpc-go client
+// (stormguard.server.refusals).
+//
 // The Client runs on a simulated clock (through internal/clock's seam,
 // which the suite keeps for the repository's simulators) that advances 10
 // ms per tick and stands still while orders is
@@ -44,8 +52,9 @@
 //
 // When the traffic is done, it prints what each phase did (calls, attempts,
 // refusals by reason with their first and last ticks, as Hooks.OnRefusal
-// reports them) and the breakers' changes (Hooks.OnBreakerChange), and
-// keeps serving /metrics until interrupted (-exit: exit at once).
+// reports them) and the breakers' changes (Hooks.OnBreakerChange); then
+// what the incidents did, and keeps serving /metrics until interrupted
+// (-exit: exit at once).
 //
 // Try it (with scripts/prometheus.sh, which runs Prometheus on loopback):
 //

@@ -32,6 +32,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/stormguard/stormguard/semconv"
 )
 
 // e2eTimeout bounds the whole test: Prometheus picks up a new target
@@ -64,9 +66,15 @@ func TestPrometheusE2E(t *testing.T) {
 	reports, err := d.Run(ctx)
 	require.NoError(t, err)
 	t.Logf("traffic done after %v", time.Since(t0).Round(time.Millisecond))
-	// Scrapes are a second apart: wait until one has seen the last call.
-	prom.waitFor(`sum(stormguard_client_calls_total{`+sel+`})`, func(v float64) bool { return v == 2*Ticks }, "Prometheus has every call")
-	t.Logf("Prometheus has every call after %v", time.Since(t0).Round(time.Millisecond))
+	inc, err := d.RunIncidents(ctx)
+	require.NoError(t, err)
+	checkIncidents(t, inc)
+	t.Logf("incidents done after %v", time.Since(t0).Round(time.Millisecond))
+	// Scrapes are a second apart: wait until one has seen the last call
+	// and the vault's last refusal.
+	prom.waitFor(`sum(stormguard_client_calls_total{`+sel+`})`, func(v float64) bool { return v == 2*Ticks+LedgerCalls }, "Prometheus has every call")
+	prom.waitFor(`sum(stormguard_server_refusals_total{`+sel+`})`, func(v float64) bool { return v == float64(sumInts(inc.Refused)) }, "Prometheus has every refusal")
+	t.Logf("Prometheus has every call and refusal after %v", time.Since(t0).Round(time.Millisecond))
 
 	ordersAddr, searchAddr := d.Targets()
 	orders, search := targetLabels(ordersAddr), targetLabels(searchAddr)
@@ -104,10 +112,43 @@ func TestPrometheusE2E(t *testing.T) {
 	assert.Equal(t, float64(wantRetries),
 		prom.vector(fmt.Sprintf(`sum(grpc_client_call_retries_sum{%s,grpc_target=%q})`, sel, ordersAddr)).get(nil))
 
+	// gRFC A96's retry delay: on orders, one per call that retried, of no
+	// simulated time; on the ledger (the wall clock), one per call that
+	// retried, at least the backoffs the Client reported.
+	ordersA96 := fmt.Sprintf(`%s,grpc_target=%q`, sel, ordersAddr)
+	assert.Equal(t, prom.vector(`sum(grpc_client_call_retries_count{`+ordersA96+`})`).get(nil),
+		prom.vector(`sum(grpc_client_call_retry_delay_seconds_count{`+ordersA96+`})`).get(nil))
+	assert.Zero(t, prom.vector(`sum(grpc_client_call_retry_delay_seconds_sum{`+ordersA96+`})`).get(nil))
+	ledgerA96 := fmt.Sprintf(`%s,grpc_target=%q`, sel, ledgerTarget)
+	assert.Equal(t, float64(inc.Retried), prom.vector(`sum(grpc_client_call_retry_delay_seconds_count{`+ledgerA96+`})`).get(nil))
+	ledgerDelay := prom.vector(`sum(grpc_client_call_retry_delay_seconds_sum{` + ledgerA96 + `})`).get(nil)
+	assert.GreaterOrEqual(t, ledgerDelay, inc.Backoff.Seconds(), "the backoffs, at least")
+	assert.Less(t, ledgerDelay, inc.Backoff.Seconds()+1, "the backoffs and the client's own time between attempts")
+	t.Logf("ledger: %d calls retried, retry delay %.4fs in Prometheus, backoffs %.4fs", inc.Retried, ledgerDelay, inc.Backoff.Seconds())
+
+	// gRFC A91: the outlier policy ejected the ledger's dead replica.
+	ejections := prom.vector(`sum by (grpc_target, grpc_lb_outlier_detection_detection_method, otel_scope_name) (grpc_lb_outlier_detection_ejections_enforced_total{` + sel + `})`)
+	assert.GreaterOrEqual(t, ejections.get(map[string]string{
+		"grpc_target": ledgerTarget, "grpc_lb_outlier_detection_detection_method": "failure_percentage", "otel_scope_name": semconv.OutlierScopeName,
+	}), 1.0, "the dead replica was ejected: %v", ejections)
+	t.Logf("ledger: %v ejections in Prometheus", ejections)
+
+	// The vault Server's refusals, by reason and method, as its callers
+	// saw them.
+	byReason := prom.vector(`sum by (stormguard_reason, rpc_method) (stormguard_server_refusals_total{` + sel + `})`)
+	wantRefusals := map[string]float64{}
+	for r, n := range inc.Refused {
+		wantRefusals[r] = float64(n)
+		assert.Equal(t, float64(n), byReason.get(map[string]string{"stormguard_reason": r, "rpc_method": vaultMethods[r]}), r)
+	}
+	assert.Equal(t, wantRefusals, byReason.by("stormguard_reason"))
+	t.Logf("vault: refusals in Prometheus %v", byReason.by("stormguard_reason"))
+
 	// Gauges, observed at the last scrape: every breaker closed (one per
-	// method: orders' Put and Notify, search's Get), and the orders budget
+	// method: orders' Put and Notify, search's Get, and the ledger's Put,
+	// whose target, ledger:///replicas, has no port), and the orders budget
 	// as it stands at the last tick of the simulated clock.
-	assert.Equal(t, map[string]float64{orders["server_port"]: 0, search["server_port"]: 0},
+	assert.Equal(t, map[string]float64{orders["server_port"]: 0, search["server_port"]: 0, "": 0},
 		prom.vector(`max by (server_port) (stormguard_breaker_state{`+sel+`})`).by("server_port"))
 	assert.Equal(t, map[string]float64{"echo.v1.EchoService/Notify": 0, "echo.v1.EchoService/Put": 0},
 		prom.vector(`stormguard_breaker_state{`+ordersSel+`}`).by("rpc_method"), "a breaker per method")

@@ -70,6 +70,13 @@ func realMain(ctx context.Context, out io.Writer, args []string) error {
 		return err
 	}
 	fmt.Fprintf(out, "metrics: traffic done in %v\n", time.Since(start).Round(time.Millisecond))
+	start = time.Now()
+	inc, err := d.RunIncidents(ctx)
+	PrintIncidents(out, inc)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "metrics: incidents done in %v\n", time.Since(start).Round(time.Millisecond))
 	if *exit {
 		return nil
 	}

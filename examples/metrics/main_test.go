@@ -85,6 +85,11 @@ func TestTraffic(t *testing.T) {
 	// gRFC A96: one retries observation per call that retried.
 	ordersA66 := map[string]string{"grpc_target": ordersAddr}
 	assert.Equal(t, float64(wantRetries), histSum(fams, "grpc_client_call_retries", ordersA66))
+	// gRFC A96: one retry delay per call that retried (orders hedges
+	// nothing), of no simulated time: the clock stands still while orders
+	// is called, backoffs included.
+	assert.Equal(t, histCountBy(fams, "grpc_client_call_retries", ordersA66, ""), histCountBy(fams, "grpc_client_call_retry_delay_seconds", ordersA66, ""))
+	assert.Zero(t, histSum(fams, "grpc_client_call_retry_delay_seconds", ordersA66))
 	// gRFC A66: one duration per call, by status; orders' calls take no
 	// simulated time (the clock stands still while they are made).
 	assert.Equal(t, ordersWant.callsByStatus, histCountBy(fams, "grpc_client_call_duration_seconds", ordersA66, "grpc_status"))
@@ -144,6 +149,9 @@ func TestRealMain(t *testing.T) {
 		"orders Put breaker (tick state): 1201 open, 1321 half-open, 1321 open, 1543 half-open, 1543 open, 1984 half-open, 1984 closed",
 		"search breakers: closed throughout",
 		"metrics: traffic done in ",
+		"incidents: ledger (3 replicas, outlier policy, 127.0.0.1:",
+		"incidents: vault refused doomed 5, shed 4, dedupe_busy 3, retry_budget ",
+		"metrics: incidents done in ",
 	} {
 		assert.Contains(t, s, want)
 	}
@@ -166,7 +174,7 @@ func TestRealMainServesUntilInterrupted(t *testing.T) {
 	go func() { done <- realMain(ctx, out, []string{"-listen", addr}) }()
 	require.Eventually(t, func() bool { return strings.Contains(out.String(), "until interrupted") }, runTimeout, 10*time.Millisecond)
 	fams := scrape(t, ctx, "http://"+addr+"/metrics")
-	assert.Equal(t, float64(2*Ticks), sumBy(fams, "stormguard_client_calls_total", nil, "")[""])
+	assert.Equal(t, float64(2*Ticks+LedgerCalls), sumBy(fams, "stormguard_client_calls_total", nil, "")[""], "the ticks' calls and the ledger's")
 	cancel()
 	require.NoError(t, <-done)
 }

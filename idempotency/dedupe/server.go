@@ -446,6 +446,16 @@ func (s *Server) storeFailure(what string) error {
 // to come back.
 const storePushback = time.Second
 
+// Busy reports whether err is a Server's refusal of a keyed request for
+// want of room in its Store (codes.ResourceExhausted, with a pushback):
+// the Store's room was held by requests in flight and records younger than
+// its retry horizon, and the handler did not run. A stored outcome
+// replayed with that code is not one.
+func Busy(err error) bool {
+	var pe *pushbackError
+	return errors.As(err, &pe) && pe.st.Code() == codes.ResourceExhausted
+}
+
 // pushbackError is a status error that tells the caller when to retry:
 // the interceptor sends it as grpc-retry-pushback-ms.
 type pushbackError struct {
