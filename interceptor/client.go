@@ -185,44 +185,27 @@ func (c *Client) afterFunc(d time.Duration, f func()) (stop func() bool) {
 	}
 }
 
-// DialOptions returns the dial options that install the Client on a
+// DialOptions returns the dial options that install the Client on one
 // ClientConn: grpc.WithDisableRetry, so that grpc-go's own retries never
 // multiply the suite's; the Client's default service config, if any
 // (WithDefaultServiceConfig); the ClientConn's resolvers, wrapped so that
 // the suite reads the service configs they give; and both interceptors
-// (after any interceptors given earlier in the dial options).
+// (after any interceptors given earlier in the dial options). Call it once
+// per ClientConn, so that each follows its own resolver.
 //
-// The service config drives the suite. A method's retryPolicy
-// (maxAttempts, initialBackoff, maxBackoff, backoffMultiplier,
-// retryableStatusCodes) or hedgingPolicy (maxAttempts, hedgingDelay,
-// nonFatalStatusCodes), as the resolver gives it (DNS TXT records, xDS, a
-// resolver of your own) or the default service config, is carried out by
-// the suite, within its budget, breaker and deadline: it is the operator
-// saying that the method may be repeated, and how, and it takes precedence
-// over the proto's options and the Client's. maxAttempts is capped at the
-// suite's limit (10), not grpc-go's 5. The service config's
-// retryThrottling bounds the ClientConn's retries and hedges besides the
-// budget (refusals for ReasonThrottle). A service config the resolver
-// gives at run time takes effect on the next call. Two things win over a
-// service config: a method whose proto marks it send_once is sent once,
-// and a retry_with_key method is repeated only with an idempotency key;
-// the call span's semconv.AttrServiceConfig says which way it went.
-// Methods without a policy retry as their proto and the Client's options
-// say.
-//
-// The service config's JSON is read from the resolvers registered for dns,
-// passthrough, unix, unix-abstract, xds and google-c2p, and the default
-// scheme (resolver.Get, when DialOptions is called); a resolver given with
-// grpc.WithResolvers before DialOptions is used as given, and grpc.Dial's
-// own resolution of other schemes too: for those, the suite reads the
-// retryPolicy through grpc (grpc.ClientConn.GetMethodConfig), again at
-// most once a second, and cannot see a hedgingPolicy or retryThrottling.
-// Likewise for a default service config given to grpc directly
-// (grpc.WithDefaultServiceConfig) rather than to WithDefaultServiceConfig.
-//
-// Each call of DialOptions returns options for one ClientConn: dial each
-// ClientConn with a call of its own, so that each follows its own
-// resolver's service config.
+// The service config drives the suite: a method's retryPolicy or
+// hedgingPolicy is carried out within the budget, the breaker and the
+// deadline, taking precedence over the proto's options and the Client's
+// (maxAttempts capped at 10, not grpc-go's 5); retryThrottling bounds the
+// ClientConn's retries and hedges besides the budget (ReasonThrottle); a
+// config the resolver gives at run time applies on the next call. A
+// send_once method is sent once, and a retry_with_key method is repeated
+// only with a key, whatever the service config says; the call span's
+// semconv.AttrServiceConfig says which way it went. The resolvers of the
+// dns, xds, passthrough, unix, unix-abstract and google-c2p schemes and of
+// the default scheme are read; for others, and for a default config given
+// to grpc directly, only the retryPolicy is read, through grpc, at most
+// once a second. docs/grpc-retries.md has the details.
 func (c *Client) DialOptions() []grpc.DialOption {
 	w := svcconfig.NewWatch(c.defaultSC)
 	opts := []grpc.DialOption{

@@ -60,6 +60,15 @@
 // Tries with a new request message or a new cancellable context each (a
 // per-try timeout) are not recognised, nor are streams.
 //
+// # The service config
+//
+// Through DialOptions, a method's retryPolicy or hedgingPolicy in the
+// channel's service config (from the resolver, or WithDefaultServiceConfig)
+// drives its calls, within the budget, the breaker and the deadline, and
+// the config's retryThrottling bounds them too; a config the resolver gives
+// at run time applies on the next call. A send_once method, and a
+// retry_with_key method without a key, are not repeated whatever it says.
+//
 // # Priorities
 //
 // A call may carry a priority (package priority: sheddable, default,
@@ -89,9 +98,10 @@
 //
 // Each call is a span (CLIENT "pkg.Svc/Method", or INTERNAL
 // "Sent.pkg.Svc/Method" with Telemetry.InstrumentedAttempts) with a child span
-// per attempt, and an event per decision. Metrics are listed with the
-// Metric constants; instruments are created once per Client, and providers
-// default to the OpenTelemetry globals. Hooks, Targets and StateHandler
+// per attempt, and an event per decision. The names of the spans' events
+// and attributes and of the metrics are in package semconv; instruments
+// are created once per Client, and providers default to the OpenTelemetry
+// globals. Hooks, Targets and StateHandler
 // expose the same decisions and state to code.
 //
 // # Server
@@ -101,8 +111,9 @@
 // requests of retry_with_key methods (idempotency/dedupe), protects unary
 // methods from overload (package overload, WithOverload), and answers
 // grpc-retry-pushback-ms: -1 when its handler failed because a call it
-// made was refused a retry for a reason that propagates (Reason.Propagates):
-// only the layer next to the failure retries. A unary call meets them in
+// made was refused a retry for a reason that propagates (budget, breaker,
+// pushback, throttle, attempts exhausted): only the layer next to the
+// failure retries. A unary call meets them in
 // that order: a retry of a write that already completed is answered from
 // the dedupe store before the overload protection, which neither refuses
 // it nor learns from it. Every call the Server refuses before its handler
