@@ -226,3 +226,51 @@ func TestServerBudgetServesRetriesTheClientBudgeted(t *testing.T) {
 	assert.Equal(t, []string{"-1"}, tr.Get(semconv.PushbackKey), "another client's retry finds the budget spent: %v", err)
 	assert.Equal(t, 40, o.Total())
 }
+
+// The attempt number is the caller's word: what a client that hides it
+// costs. Half the fleet retries with grpc-go's retryPolicy (its attempts
+// carry grpc-previous-rpc-attempts), half with a loop of its own that
+// sends no attempt header, so that each of its tries reaches the server
+// as a first attempt. The hiders are served as first attempts (every try
+// reaches the handler: about 1.75× at p = 0.5, as with no server budget),
+// and their tries deposit into the budget as first attempts do, so the
+// honest clients' retries are held to the budget's ratio of a base the
+// hiders inflate: at most a tenth of all the first attempts the server
+// saw.
+func TestServerBudgetAttemptNumberIsSelfReported(t *testing.T) {
+	n := 40
+	if raceEnabled {
+		n = 16
+	}
+	var hiderCalls, hiderAttempts, clients atomic.Int64
+	hiding := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		hiderCalls.Add(1)
+		var err error
+		for try := range 3 {
+			if try > 0 {
+				time.Sleep(10 * time.Millisecond)
+			}
+			hiderAttempts.Add(1)
+			if err = invoker(ctx, method, req, reply, cc, opts...); status.Code(err) != codes.Unavailable {
+				return err
+			}
+		}
+		return err
+	}
+	dial := func() ([]grpc.DialOption, func()) {
+		if clients.Add(1)%2 == 0 {
+			return []grpc.DialOption{grpc.WithDisableRetry(), grpc.WithChainUnaryInterceptor(hiding)}, func() {}
+		}
+		return grpcRetryClients()
+	}
+	calls, handled, _, _, _ := serveFleet(t, n, 5, 0.5, 20*time.Second, dial)
+	hCalls, hAttempts := hiderCalls.Load(), hiderAttempts.Load()
+	honestCalls, honestHandled := calls-hCalls, handled-hAttempts
+	t.Logf("hiders: %d calls, %d at the handler (%.3f×); honest grpc-go clients: %d calls, %d at the handler (%.3f×); all: %.3f×",
+		hCalls, hAttempts, float64(hAttempts)/float64(hCalls), honestCalls, honestHandled, float64(honestHandled)/float64(honestCalls),
+		float64(handled)/float64(calls))
+	assert.Greater(t, float64(hAttempts), 1.5*float64(hCalls), "the hiders' tries are served as first attempts")
+	firsts := honestCalls + hAttempts
+	assert.LessOrEqual(t, float64(honestHandled), float64(honestCalls)+0.1*float64(firsts)+2+max(5, 0.1*float64(n)*5),
+		"the honest clients' retries stay within a tenth of the first attempts the server saw")
+}
