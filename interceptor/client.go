@@ -44,8 +44,10 @@ type Client struct {
 	failures  idempotency.CodeSet
 	hedgeQ    float64
 	routes    cowmap.Map[routeKey, *route]
-	endpoints cowmap.Map[string, *endpoints] // per canonical target
-	returns   atomic.Pointer[returnTable]    // failed calls, made on the first failure (see outer.go)
+	// routeCache is routes' direct-mapped front (see routeOf).
+	routeCache [routeCacheSize]atomic.Pointer[route]
+	endpoints  cowmap.Map[string, *endpoints] // per canonical target
+	returns    atomic.Pointer[returnTable]    // failed calls, made on the first failure (see outer.go)
 	// lastFailed is when (UnixNano, on the Client's clock) a call last
 	// failed: the table is looked at only for returnWindow after.
 	lastFailed atomic.Int64

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
@@ -35,6 +36,7 @@ type routeKey struct{ target, method string }
 // method, resolved once and cached.
 type route struct {
 	method     string // "/pkg.Svc/Method"
+	rawTarget  string // the ClientConn's target, as its routeKey has it
 	target     string // the dependency's name (WithTargetName), or cc.Target()
 	key        string // its budget's, breakers' and endpoint table's key (see dependency)
 	policy     idempotency.Policy
@@ -94,6 +96,30 @@ type methodConfig struct {
 	throttle *svcconfig.Throttle
 }
 
+// routeOf returns the route of (target, method) as routeFor does, through
+// a direct-mapped cache indexed by the address of the method name's bytes:
+// generated code passes the same constant on every call, so that a call
+// finds its route without hashing its target and method. A miss (a method
+// name built for each call, two routes on one slot) goes to routeFor.
+func (c *Client) routeOf(target, method string) *route {
+	i := routeSlot(method)
+	if r := c.routeCache[i].Load(); r != nil && r.method == method && r.rawTarget == target {
+		return r
+	}
+	r := c.routeFor(target, method)
+	c.routeCache[i].Store(r)
+	return r
+}
+
+// routeCacheSize is the number of slots of Client.routeCache.
+const routeCacheSize = 256
+
+// routeSlot is the routeCache slot of method: its bytes' address, mixed.
+func routeSlot(method string) uint64 {
+	p := uint64(uintptr(unsafe.Pointer(unsafe.StringData(method))))
+	return (p * 0x9E3779B97F4A7C15) >> (64 - 8) // routeCacheSize = 2⁸
+}
+
 // routeFor returns the route of (target, method), cached up to maxRoutes.
 func (c *Client) routeFor(target, method string) *route {
 	k := routeKey{target, method}
@@ -109,6 +135,7 @@ func (c *Client) newRoute(k routeKey) *route {
 	p := c.resolver.Lookup(method)
 	r := &route{
 		method:     method,
+		rawTarget:  k.target,
 		target:     target,
 		policy:     p,
 		perAttempt: p.PerAttemptTimeout,

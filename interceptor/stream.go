@@ -36,7 +36,7 @@ func (c *Client) streamInterceptor(w *svcconfig.Watch) grpc.StreamClientIntercep
 }
 
 func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts []grpc.CallOption, w *svcconfig.Watch) (grpc.ClientStream, error) {
-	k := &call{client: c, route: c.routeFor(targetOf(cc), method)}
+	k := &call{client: c, route: c.routeOf(targetOf(cc), method)}
 	cs := scanCallOptions(opts)
 	cancel, err := k.setup(ctx, cs, cc, w)
 	if err != nil {

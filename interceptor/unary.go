@@ -39,7 +39,7 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 	st := unaryPool.Get().(*unaryState)
 	defer st.release()
 	k := &st.k
-	*k = call{client: c, route: c.routeFor(targetOf(cc), method)}
+	*k = call{client: c, route: c.routeOf(targetOf(cc), method)}
 	k.outer.req = req
 	cs := scanCallOptions(opts)
 	cancel, err := k.setup(ctx, cs, cc, w)
@@ -111,7 +111,13 @@ var unaryPool = sync.Pool{New: func() any {
 }}
 
 func (s *unaryState) release() {
-	s.k, s.a = call{}, attempt{}
+	// The call and the attempt are set afresh before use (unary, open);
+	// only what would keep the caller's objects alive in the pool is
+	// dropped here.
+	k := &s.k
+	k.ctx, k.span, k.lastErr, k.cc, k.avoid, k.failedOn = nil, nil, nil, nil, nil, nil
+	k.outer, k.grpc = outerTry{}, grpcWatch{}
+	s.a.ctx, s.a.cancel, s.a.span, s.a.pt, s.a.peerp = nil, nil, nil, nil, nil
 	s.req, s.reply, s.cc, s.invoker, s.cs, s.trp = nil, nil, nil, nil, callSettings{}, nil
 	s.tr, s.hdr, s.peer = nil, nil, peer.Peer{}
 	s.creds.user = nil
