@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/resolver"
 
 	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/budget"
@@ -191,9 +192,12 @@ func (c *Client) afterFunc(d time.Duration, f func()) (stop func() bool) {
 // ClientConn: grpc.WithDisableRetry, so that grpc-go's own retries never
 // multiply the suite's; the Client's default service config, if any
 // (WithDefaultServiceConfig); the ClientConn's resolvers, wrapped so that
-// the suite reads the service configs they give; and both interceptors
-// (after any interceptors given earlier in the dial options). Call it once
-// per ClientConn, so that each follows its own resolver.
+// the suite reads the service configs and endpoints they give; and both
+// interceptors (after any interceptors given earlier in the dial options).
+// Call it once per ClientConn, so that each follows its own resolver.
+// Resolvers of your own (a manual resolver, a service-discovery client)
+// go in resolvers, instead of grpc.WithResolvers: DialOptions wraps them
+// too. nil resolvers are ignored.
 //
 // The service config drives the suite: a method's retryPolicy or
 // hedgingPolicy is carried out within the budget, the breaker and the
@@ -203,12 +207,15 @@ func (c *Client) afterFunc(d time.Duration, f func()) (stop func() bool) {
 // config the resolver gives at run time applies on the next call. A
 // send_once method is sent once, and a retry_with_key method is repeated
 // only with a key, whatever the service config says; the call span's
-// semconv.AttrServiceConfig says which way it went. The resolvers of the
-// dns, xds, passthrough, unix, unix-abstract and google-c2p schemes and of
-// the default scheme are read; for others, and for a default config given
-// to grpc directly, only the retryPolicy is read, through grpc, at most
-// once a second. docs/grpc-retries.md has the details.
-func (c *Client) DialOptions() []grpc.DialOption {
+// semconv.AttrServiceConfig says which way it went. The resolvers given
+// here and those grpc registers for dns, xds, passthrough, unix,
+// unix-abstract, google-c2p and the default scheme are read; for others,
+// and for a default config given to grpc directly, only the retryPolicy is
+// read, through grpc, at most once a second. The endpoints the resolver
+// gives keep a fresh ClientConn whose first answers all come from one
+// failing endpoint from being taken for a dead target.
+// docs/grpc-retries.md has the details.
+func (c *Client) DialOptions(resolvers ...resolver.Builder) []grpc.DialOption {
 	w := svcconfig.NewWatch(c.defaultSC)
 	opts := []grpc.DialOption{
 		grpc.WithDisableRetry(),
@@ -216,7 +223,7 @@ func (c *Client) DialOptions() []grpc.DialOption {
 		// retryPolicy it parses: raised to the suite's, for the policies
 		// the suite reads through grpc (see above).
 		grpc.WithMaxCallAttempts(limits.MaxAttempts),
-		grpc.WithResolvers(w.Builders(resolverSchemes()...)...),
+		grpc.WithResolvers(append(w.Wrap(resolvers...), w.Builders(resolverSchemes()...)...)...),
 	}
 	if c.o.serviceConfig != "" {
 		opts = append(opts, grpc.WithDefaultServiceConfig(c.o.serviceConfig))

@@ -552,7 +552,7 @@ func (c *call) gate(a *attempt, now time.Time) (Reason, error) {
 		default:
 			return ReasonBreaker, circuitOpenError(c.route, b, now)
 		}
-		if a.kind != kindFirst && servedNothing(c.route, b, now) {
+		if a.kind != kindFirst && servedNothing(c.route, b, now, c.watch) {
 			return ReasonBreaker, nil
 		}
 	}
@@ -658,6 +658,13 @@ func (c *call) atPick(a *attempt) (Reason, error) {
 	return reason, err
 }
 
+// unheard reports whether some of the endpoints the resolver gave the
+// ClientConn (known through DialOptions: w not nil) have not answered an
+// attempt yet, as far as the target's endpoint table knows.
+func unheard(r *route, w *svcconfig.Watch) bool {
+	return w != nil && w.Endpoints() > int(r.endpoints.n.Load())
+}
+
 // minServedNothing is how many attempts, all failed, say that a target
 // serves nothing lately (see servedNothing).
 const minServedNothing = 3
@@ -670,8 +677,14 @@ const minServedNothing = 3
 // had). The breaker itself opens only when its whole window (10 s by
 // default) holds failures, with at least MinAttempts; this stops the
 // retries of a dead target's callers sooner, so that the hop next to it
-// refuses, and says so to the hops above.
-func servedNothing(r *route, b *breaker.Breaker, now time.Time) bool {
+// refuses, and says so to the hops above. Through DialOptions (w not nil),
+// while fewer endpoints have answered than the resolver gave, the target
+// has not served nothing for sure: a fresh ClientConn's first failures
+// may all come from the one endpoint that was ready first.
+func servedNothing(r *route, b *breaker.Breaker, now time.Time, w *svcconfig.Watch) bool {
+	if unheard(r, w) {
+		return false
+	}
 	if ok, fail, known := r.endpoints.totals(now); known {
 		return ok == 0 && fail >= minServedNothing
 	}
@@ -846,6 +859,12 @@ func (c *call) failOver(a *attempt, now time.Time) {
 	if p != nil && !slices.Contains(c.avoid, p) {
 		c.avoid = c.route.endpoints.judge(now) // this failure may make it one
 	}
+	if p != nil && !slices.Contains(c.avoid, p) && unheard(c.route, c.watch) {
+		// Endpoints the resolver gave have not answered yet (a fresh
+		// ClientConn whose first picks went to p): the retry fails over to
+		// one of them, avoiding p, or, with nowhere else to go, is paid.
+		c.avoid = append(slices.Clip(c.avoid), p)
+	}
 	if p != nil && slices.Contains(c.avoid, p) && c.pay == payBudget {
 		c.pay = payFailover
 	}
@@ -865,6 +884,9 @@ const minDeadForSure = 10
 // lately, with at least minDeadForSure failures: a retry would be refused
 // when due, so the caller need not wait a backoff for it.
 func (c *call) deadForSure(now time.Time) bool {
+	if unheard(c.route, c.watch) {
+		return false
+	}
 	ok, fail, known := c.route.endpoints.totals(now)
 	return known && ok == 0 && fail >= minDeadForSure
 }

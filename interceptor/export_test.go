@@ -16,11 +16,6 @@ const MaxRoutes = maxRoutes
 // OverloadOf returns s's overload protection (nil: off).
 func OverloadOf(s *Server) *overload.Guard { return s.ov.guard }
 
-// WrapResolverScheme makes DialOptions wrap the resolver registered for
-// scheme (a test's manual resolver), as it wraps dns's. Call it before
-// the tests run.
-func WrapResolverScheme(scheme string) { testSchemes = append(testSchemes, scheme) }
-
 // Propagates reports whether a refusal for r makes the Server answer
 // grpc-retry-pushback-ms: -1.
 func Propagates(r Reason) bool { return r.propagates() }

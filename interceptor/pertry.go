@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/stormguard/stormguard/internal/svcconfig"
 	"github.com/stormguard/stormguard/semconv"
 
 	"go.opentelemetry.io/otel/trace"
@@ -37,6 +38,7 @@ const (
 // nothing of the call that the call's goroutine may write meanwhile: what
 // it needs is copied in when it is made.
 type perTry struct {
+	watch  *svcconfig.Watch // the call's (see servedNothing)
 	state  atomic.Uint32
 	d      time.Duration
 	cancel context.CancelFunc // the attempt's
@@ -60,7 +62,7 @@ type perTry struct {
 // context cancel is cancel.
 func (c *call) newPerTry(d time.Duration, cancel context.CancelFunc) *perTry {
 	p := &perTry{
-		d: d, cancel: cancel, ctx: c.ctx, client: c.client, route: c.route,
+		d: d, cancel: cancel, ctx: c.ctx, client: c.client, route: c.route, watch: c.watch,
 		deadline: c.dl.at, hasDeadline: c.dl.ok, backoff: c.backoffCeil(),
 		attempts: c.tally.sent + 1,
 	}
@@ -122,7 +124,7 @@ func (p *perTry) refusal(now time.Time) Reason {
 	}
 	shadow := p.client.o.shadow
 	if b := p.route.breaker; b != nil && !shadow {
-		if b.RetryAfterAt(now) > 0 || servedNothing(p.route, b, now) {
+		if b.RetryAfterAt(now) > 0 || servedNothing(p.route, b, now, p.watch) {
 			return ReasonBreaker
 		}
 	}

@@ -75,14 +75,10 @@ func (r *route) ruleFrom(mp *svcconfig.Method) *retryRule {
 	return &rl
 }
 
-// testSchemes are resolver schemes DialOptions wraps for tests (their
-// manual resolvers); set in export_test.go.
-var testSchemes []string
-
-// resolverSchemes are the schemes whose resolvers DialOptions wraps: grpc's
-// own, xDS's, the default, and those tests add for their manual resolvers.
+// resolverSchemes are the schemes whose registered resolvers DialOptions
+// wraps: grpc's own, xDS's, and the default.
 func resolverSchemes() []string {
-	schemes := append([]string{"dns", "passthrough", "unix", "unix-abstract", "xds", "google-c2p"}, testSchemes...)
+	schemes := []string{"dns", "passthrough", "unix", "unix-abstract", "xds", "google-c2p"}
 	if d := resolver.GetDefaultScheme(); !slices.Contains(schemes, d) {
 		schemes = append(schemes, d)
 	}

@@ -199,7 +199,7 @@ func pushConfig(t *testing.T, r *manual.Resolver, l *origin.Listener, js string)
 // (2, then 5, then none: the method is unmarked, so once), without a new
 // Client or ClientConn.
 func TestServiceConfigFollowsTheResolverUnderLoad(t *testing.T) {
-	r := manualResolvers["sgtest-follow"]
+	r := manual.NewBuilderWithScheme("sgtest-follow")
 	synctest.Test(t, func(t *testing.T) {
 		o := origin.New(origin.Always(codes.Unavailable))
 		l := origin.Bufconn()
@@ -214,7 +214,7 @@ func TestServiceConfigFollowsTheResolverUnderLoad(t *testing.T) {
 			{`{}`, 1},
 		}
 		r.InitialState(resolver.State{Addresses: []resolver.Address{{Addr: l.Addr().String()}}, ServiceConfig: nil})
-		cc, err := grpc.NewClient("sgtest-follow:///echo", l.ConnectOptions(guard.DialOptions()...)...)
+		cc, err := grpc.NewClient("sgtest-follow:///echo", l.ConnectOptions(guard.DialOptions(r)...)...)
 		require.NoError(t, err)
 		defer cc.Close()
 		cc.Connect()
@@ -278,7 +278,7 @@ func TestServiceConfigFollowsTheResolverUnderLoad(t *testing.T) {
 // failed attempt costs a token, each success earns tokenRatio, and no
 // retry goes while the tokens are at or below half of maxTokens.
 func TestServiceConfigRetryThrottling(t *testing.T) {
-	r := manualResolvers["sgtest-throttle"]
+	r := manual.NewBuilderWithScheme("sgtest-throttle")
 	synctest.Test(t, func(t *testing.T) {
 		var healthy atomic.Bool
 		o := origin.New(func(c origin.Call) origin.Reply {
@@ -291,7 +291,7 @@ func TestServiceConfigRetryThrottling(t *testing.T) {
 		defer origin.Serve(l, o).Stop()
 		guard := interceptor.NewClient(interceptor.WithBudget(nil), interceptor.WithBreaker(nil))
 		r.InitialState(resolver.State{Addresses: []resolver.Address{{Addr: l.Addr().String()}}})
-		cc, err := grpc.NewClient("sgtest-throttle:///echo", l.ConnectOptions(guard.DialOptions()...)...)
+		cc, err := grpc.NewClient("sgtest-throttle:///echo", l.ConnectOptions(guard.DialOptions(r)...)...)
 		require.NoError(t, err)
 		defer cc.Close()
 		cc.Connect()
@@ -332,7 +332,7 @@ func TestServiceConfigRetryThrottling(t *testing.T) {
 // grpc-go ignores, hedges the method: after hedgingDelay without an
 // answer another attempt goes, and the first answer wins.
 func TestServiceConfigHedgingPolicy(t *testing.T) {
-	r := manualResolvers["sgtest-hedge"]
+	r := manual.NewBuilderWithScheme("sgtest-hedge")
 	synctest.Test(t, func(t *testing.T) {
 		o := origin.New(func(c origin.Call) origin.Reply {
 			if c.Attempt == 1 {
@@ -344,7 +344,7 @@ func TestServiceConfigHedgingPolicy(t *testing.T) {
 		defer origin.Serve(l, o).Stop()
 		guard := interceptor.NewClient(interceptor.WithBudget(nil))
 		r.InitialState(resolver.State{Addresses: []resolver.Address{{Addr: l.Addr().String()}}})
-		cc, err := grpc.NewClient("sgtest-hedge:///echo", l.ConnectOptions(guard.DialOptions()...)...)
+		cc, err := grpc.NewClient("sgtest-hedge:///echo", l.ConnectOptions(guard.DialOptions(r)...)...)
 		require.NoError(t, err)
 		defer cc.Close()
 		cc.Connect()

@@ -25,14 +25,20 @@ const (
 	deadDeadline = 2 * time.Second
 )
 
-// suiteOutlier is the extra row of scenario 9: the suite's interceptors,
-// as suiteDefaults, with the outlier policy instead of plain round_robin.
-const suiteOutlier policyKey = "suite-outlier"
+// The extra rows of scenario 9: the suite's interceptors, as
+// suiteDefaults, with the outlier policy instead of plain round_robin; and
+// the suite's defaults installed by hand (Unary and Stream, beside
+// grpc.WithResolvers), where the suite's rows are installed with
+// DialOptions, which reads the endpoints the resolver gives.
+const (
+	suiteOutlier policyKey = "suite-outlier"
+	suiteByHand  policyKey = "suite-by-hand"
+)
 
 // deadPolicies are scenario 9's rows: every policy, then the suite with
-// the outlier policy.
+// the outlier policy, then the suite installed by hand.
 func deadPolicies() []policy {
-	return append(policies(), policy{suiteOutlier, "stormguard + outlier"})
+	return append(policies(), policy{suiteOutlier, "stormguard + outlier"}, policy{suiteByHand, "stormguard defaults, by hand"})
 }
 
 // Scenario 9: one backend of N answers UNAVAILABLE to
@@ -123,7 +129,7 @@ func (e *env) dialBackends(ls []*origin.Listener) (echov1.EchoServiceClient, err
 	}
 	r := manual.NewBuilderWithScheme("stormlab")
 	r.InitialState(resolver.State{Endpoints: eps})
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(r)}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	roundRobin := `{"loadBalancingConfig": [{"round_robin": {}}]}`
 	switch e.p.key {
 	case grpcRetry, grpcThrottled:
@@ -131,17 +137,20 @@ func (e *env) dialBackends(ls []*origin.Listener) (echov1.EchoServiceClient, err
 		if err != nil {
 			return nil, err
 		}
-		opts = append(opts, grpc.WithDefaultServiceConfig(sc))
+		opts = append(opts, grpc.WithResolvers(r), grpc.WithDefaultServiceConfig(sc))
 	case noRetries:
-		opts = append(opts, grpc.WithDisableRetry(), grpc.WithDefaultServiceConfig(roundRobin))
+		opts = append(opts, grpc.WithResolvers(r), grpc.WithDisableRetry(), grpc.WithDefaultServiceConfig(roundRobin))
+	case suiteByHand:
+		guard := interceptor.NewClient(e.p.clientOptions(e.extra...)...)
+		opts = append(opts, grpc.WithResolvers(r), grpc.WithDisableRetry(), grpc.WithDefaultServiceConfig(roundRobin),
+			grpc.WithChainUnaryInterceptor(guard.Unary()), grpc.WithChainStreamInterceptor(guard.Stream()))
 	default:
 		sc := roundRobin
 		if e.p.key == suiteOutlier {
 			sc = outlier.ServiceConfig(outlier.Config{})
 		}
 		guard := interceptor.NewClient(e.p.clientOptions(e.extra...)...)
-		opts = append(opts, grpc.WithDisableRetry(), grpc.WithDefaultServiceConfig(sc),
-			grpc.WithChainUnaryInterceptor(guard.Unary()), grpc.WithChainStreamInterceptor(guard.Stream()))
+		opts = append(append(opts, guard.DialOptions(r)...), grpc.WithDefaultServiceConfig(sc))
 	}
 	cc, err := grpc.NewClient("stormlab:///backends", opts...)
 	if err != nil {

@@ -118,7 +118,7 @@ func (p policy) clientOptions(extra ...interceptor.ClientOption) []interceptor.C
 		opts = append(opts, interceptor.WithBreaker(nil))
 	case suiteShadow:
 		opts = append(opts, interceptor.WithShadowMode())
-	case suiteDefaults, suiteOutlier, suiteNoAdmission, suiteNoShedding, suiteClientOnly, suiteNoOverload, suitePriority, suiteAllCritical:
+	case suiteDefaults, suiteOutlier, suiteByHand, suiteNoAdmission, suiteNoShedding, suiteClientOnly, suiteNoOverload, suitePriority, suiteAllCritical:
 	default:
 		return nil
 	}
@@ -135,7 +135,7 @@ func (p policy) server() (*interceptor.Server, *overload.Guard) {
 	switch p.key {
 	case naive, suiteShadow:
 		return interceptor.NewServer(interceptor.WithoutPushback(), interceptor.WithOverload(nil), interceptor.WithServerBudget(nil)), nil
-	case suiteBudget, suiteDefaults, suiteOutlier, suitePriority, suiteAllCritical:
+	case suiteBudget, suiteDefaults, suiteOutlier, suiteByHand, suitePriority, suiteAllCritical:
 		g = overload.New(overload.Config{})
 	case suiteNoAdmission:
 		g = overload.New(overload.Config{NoAdmission: true})

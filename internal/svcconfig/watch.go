@@ -28,11 +28,12 @@ type Watch struct {
 	parsed [4]parsedConfig // the latest configs parsed for the resolver, newest last
 }
 
-// state is one service config in effect.
+// state is one service config in effect, with the resolver's endpoints.
 type state struct {
-	cfg      *Config // nil: unknown
-	gen      uint64
-	throttle *Throttle // nil: no retryThrottling
+	cfg       *Config // nil: unknown
+	gen       uint64
+	throttle  *Throttle // nil: no retryThrottling
+	endpoints int       // the endpoints (or addresses) the resolver gave; 0: none yet
 }
 
 type parsedConfig struct {
@@ -60,6 +61,11 @@ func (w *Watch) Current() (cfg *Config, throttle *Throttle, gen uint64) {
 // Generation returns the generation of the service config in effect.
 func (w *Watch) Generation() uint64 { return w.cur.Load().gen }
 
+// Endpoints returns how many endpoints (or, from a resolver that gives
+// none, addresses) the resolver gave the ClientConn last; 0 before it gave
+// any, or when no resolver is followed.
+func (w *Watch) Endpoints() int { return w.cur.Load().endpoints }
+
 // Following reports whether a resolver was built through the Watch's
 // builders, so that its generation changes with every service config the
 // ClientConn is given. Until then, or for a ClientConn whose scheme the
@@ -73,6 +79,19 @@ func (w *Watch) Builders(schemes ...string) []resolver.Builder {
 	var out []resolver.Builder
 	for _, s := range schemes {
 		if b := resolver.Get(s); b != nil {
+			out = append(out, builder{b, w})
+		}
+	}
+	return out
+}
+
+// Wrap returns builders that wrap bs (resolvers of the caller's own: a
+// manual resolver, a service-discovery client), to be given to
+// grpc.WithResolvers.
+func (w *Watch) Wrap(bs ...resolver.Builder) []resolver.Builder {
+	out := make([]resolver.Builder, 0, len(bs))
+	for _, b := range bs {
+		if b != nil {
 			out = append(out, builder{b, w})
 		}
 	}
@@ -112,7 +131,11 @@ func (c *clientConn) ParseServiceConfig(js string) *serviceconfig.ParseResult {
 
 func (c *clientConn) UpdateState(s resolver.State) error {
 	err := c.ClientConn.UpdateState(s)
-	c.w.update(s.ServiceConfig)
+	n := len(s.Endpoints)
+	if n == 0 {
+		n = len(s.Addresses)
+	}
+	c.w.update(s.ServiceConfig, n)
 	return err
 }
 
@@ -123,10 +146,10 @@ func (w *Watch) noteParsed(key serviceconfig.Config, cfg *Config) {
 	w.parsed[len(w.parsed)-1] = parsedConfig{key, cfg}
 }
 
-// update notes the service config a resolver gave: none (the default
-// applies), an invalid one (grpc keeps the one it had), or one parsed
-// through the resolver's ClientConn (unknown if it was not).
-func (w *Watch) update(pr *serviceconfig.ParseResult) {
+// update notes the service config a resolver gave, with its n endpoints:
+// none (the default applies), an invalid one (grpc keeps the one it had),
+// or one parsed through the resolver's ClientConn (unknown if it was not).
+func (w *Watch) update(pr *serviceconfig.ParseResult, n int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	old := w.cur.Load()
@@ -135,7 +158,10 @@ func (w *Watch) update(pr *serviceconfig.ParseResult) {
 	case pr == nil:
 		cfg = w.def
 	case pr.Err != nil:
-		return // grpc keeps the config it had (or fails the channel)
+		// grpc keeps the config it had (or fails the channel); the
+		// endpoints are new.
+		w.cur.Store(&state{cfg: old.cfg, gen: old.gen + 1, throttle: old.throttle, endpoints: n})
+		return
 	default:
 		for i := len(w.parsed) - 1; i >= 0; i-- {
 			if p := w.parsed[i]; p.key != nil && p.key == pr.Config {
@@ -144,5 +170,5 @@ func (w *Watch) update(pr *serviceconfig.ParseResult) {
 			}
 		}
 	}
-	w.cur.Store(&state{cfg: cfg, gen: old.gen + 1, throttle: newThrottle(cfg, old.throttle)})
+	w.cur.Store(&state{cfg: cfg, gen: old.gen + 1, throttle: newThrottle(cfg, old.throttle), endpoints: n})
 }
