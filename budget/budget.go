@@ -101,9 +101,9 @@ type Config struct {
 // Stats is a snapshot of a Budget, for telemetry.
 type Stats struct {
 	Requests uint64 // Deposit calls since the Budget was made
-	Granted  uint64 // Withdraw calls that returned true, Lent included
+	Granted  uint64 // Withdraw and Hedge calls that returned true, Lent included
 	Lent     uint64 // of Granted, those lent: granted while the credit was below one retry
-	Refused  uint64 // Withdraw calls that returned false
+	Refused  uint64 // Withdraw and Hedge calls that returned false
 
 	// Credit is what the requests have paid for and not yet spent, in
 	// retries: at most MaxCredit (nothing more is banked), and negative
@@ -275,17 +275,65 @@ func (b *Budget) withdraw(t int64) bool {
 	t = b.advance(t)
 	ok := b.grantable(t)
 	b.ask++ // asked for in the current slot
-	if ok {
-		if b.credit < unit {
-			b.lent++
-		}
-		b.credit -= unit
-		b.granted++
-	} else {
-		b.refused++
-	}
+	b.settle(ok)
 	b.mu.Unlock()
 	return ok
+}
+
+// Hedge asks for one hedge and reports whether it may be sent. It is
+// granted from the credit as Withdraw is, but lent only while the Budget is
+// owed at most half its loan limit: a hedge is sent for latency, and the
+// rest of the loan is kept for the retries that rescue failures. A refused
+// hedge neither stops the Budget lending nor counts as demand when it
+// judges whether to lend again (it shows a slow call, not a failed one); a
+// granted one counts as a retry does. On false nothing is withdrawn. It
+// reads the monotonic clock; use HedgeAt if you already have the time.
+//
+// So a burst of slow calls (a fresh client whose first calls are slower
+// than the ones its hedging delay was learned from, a pause of the whole
+// process) can neither leave the first failures after it without a retry
+// nor stop hedges for the hundred calls it takes to repay a whole loan.
+func (b *Budget) Hedge() bool {
+	if b == nil {
+		return true
+	}
+	return b.hedge(b.rel(clock()))
+}
+
+// HedgeAt is Hedge at time now. A now earlier than the latest time the
+// Budget has seen counts as that latest time.
+func (b *Budget) HedgeAt(now time.Time) bool {
+	if b == nil {
+		return true
+	}
+	return b.hedge(b.rel(offset(now)))
+}
+
+func (b *Budget) hedge(t int64) bool {
+	b.mu.Lock()
+	t = b.advance(t)
+	lend := b.lends(t)
+	ok := b.credit >= unit || (lend && b.credit-unit >= -b.limit()/2)
+	if ok {
+		b.ask++
+	}
+	b.settle(ok)
+	b.mu.Unlock()
+	return ok
+}
+
+// settle counts a withdrawal granted (ok) or refused, and takes a granted
+// one from the credit. b.mu must be held.
+func (b *Budget) settle(ok bool) {
+	if !ok {
+		b.refused++
+		return
+	}
+	if b.credit < unit {
+		b.lent++
+	}
+	b.credit -= unit
+	b.granted++
 }
 
 // grantable decides a withdrawal at offset t: the credit pays for it, or

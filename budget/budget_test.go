@@ -527,3 +527,63 @@ func TestMonotonicForms(t *testing.T) {
 		t.Fatalf("Stats = %+v", s)
 	}
 }
+
+// hedge calls HedgeAt n times and returns how many were granted.
+func (c *clocked) hedge(n int) int {
+	got := 0
+	for range n {
+		if c.HedgeAt(c.now()) {
+			got++
+		}
+	}
+	return got
+}
+
+// TestHedgesBorrowHalfTheLoan: hedges are lent only while at most half the
+// loan limit is owed; refusing them does not stop the Budget lending, so
+// retries get the rest of the loan.
+func TestHedgesBorrowHalfTheLoan(t *testing.T) {
+	b := newClocked(budget.Config{})
+	if got := b.hedge(10); got != 2 { // owed 2 ≤ 2.5; a third would owe 3
+		t.Fatalf("fresh Budget: %d of 10 hedges granted, want 2 (half the burst of %d)", got, budget.DefaultBurst)
+	}
+	if s := b.stats(); !s.Lending || s.Refused != 8 || s.Lent != 2 {
+		t.Fatalf("after the hedges: %+v, want lending, 8 refused, 2 lent", s)
+	}
+	if got := b.withdraw(10); got != budget.DefaultBurst-2 {
+		t.Fatalf("retries after the hedges: %d granted, want the rest of the loan, %d", got, budget.DefaultBurst-2)
+	}
+	// Paid for, a hedge needs no loan: the requests that repay the loan
+	// and bank one retry more pay for one hedge, however much is owed.
+	b.at = time.Millisecond
+	b.deposit(60)
+	if got := b.hedge(3); got != 1 {
+		t.Fatalf("after 60 deposits: %d hedges granted, want 1 (from the credit)", got)
+	}
+}
+
+// TestRefusedHedgesAreNotDemand: a client refused the hedges it asks for
+// while it repays a loan is judged without them: it lends again after a
+// failure when it would have without them.
+func TestRefusedHedgesAreNotDemand(t *testing.T) {
+	run := func(hedges int) (time.Duration, uint64) {
+		b := newClocked(budget.Config{})
+		b.withdraw(10) // a failure takes the whole loan: lending stops
+		for ms := 0; ms < 60_000; ms += 10 {
+			b.at = time.Duration(ms) * time.Millisecond
+			b.deposit(1)
+			if b.stats().Credit < 0 && b.hedge(hedges) != 0 {
+				t.Fatalf("at %v: a hedge granted while the Budget is owed and not lending", b.at)
+			}
+			if s := b.stats(); s.Lending {
+				return b.at, s.Refused
+			}
+		}
+		return -1, 0
+	}
+	quiet, _ := run(0)
+	asking, refused := run(5)
+	if quiet < 0 || asking != quiet || refused < 100 {
+		t.Fatalf("lending again at %v without hedges, at %v with %d refused: want the same time", quiet, asking, refused)
+	}
+}

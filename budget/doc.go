@@ -5,8 +5,8 @@
 // from a fleet of quiet ones.
 //
 // Each logical call makes one Deposit before its first attempt (never
-// refused); each retry and each hedge makes one Withdraw and is sent only if
-// Withdraw returns true. A Registry keeps one Budget per target.
+// refused); each retry makes one Withdraw and each hedge one Hedge, and is
+// sent only if it returned true. A Registry keeps one Budget per target.
 //
 //	b := budgets.For(target)
 //	b.Deposit()
@@ -41,6 +41,15 @@
 // that asks for more than Ratio is funded by loans for at most its first
 // LendFor and by the ratio alone after, while a client whose failures stay
 // below Ratio keeps lending for its bursts.
+//
+// A hedge (Hedge) is granted from the credit as a retry is, but lent only
+// while the Budget is owed at most half its loan limit, and refusing it
+// neither stops the Budget lending nor counts against it when the Budget
+// judges whether to lend again: hedges buy latency, and the rest of the
+// loan is kept for the retries that rescue failures. A burst of slow calls
+// (a fresh client's first calls, slower than those its hedging delay was
+// learned from; a pause of the whole process) so neither leaves the next
+// failure without its retry nor stops hedging until a whole loan is repaid.
 //
 // On false nothing is withdrawn.
 //

@@ -65,15 +65,29 @@ func TestPropertyCreditLoansAndLending(t *testing.T) {
 				rec.deposits = append(rec.deposits, b.at)
 			}
 			for range rapid.IntRange(0, 8).Draw(t, "withdrawals") {
+				hedge := rapid.Bool().Draw(t, "hedge")
 				before := b.stats()
 				lend.ask(t, b.at, before, ratio, rec)
-				ok := b.withdraw(1) == 1
-				rec.asks = append(rec.asks, b.at)
+				share := 1.0
+				var ok bool
+				if hedge {
+					// A hedge is lent only on half the loan limit; a
+					// refused one is not demand and stops nothing.
+					share, ok = 0.5, b.hedge(1) == 1
+				} else {
+					ok = b.withdraw(1) == 1
+				}
+				if ok || !hedge {
+					rec.asks = append(rec.asks, b.at)
+				}
 				after := b.stats()
-				if !ok && before.Lending && before.Credit < 1 {
+				switch {
+				case hedge && !ok && after.Lending != before.Lending:
+					t.Fatalf("at %v: a refused hedge changed lending from %v to %v", b.at, before.Lending, after.Lending)
+				case !hedge && !ok && before.Lending && before.Credit < 1:
 					lend.period = -1 // a loan refused: it has lent all it may and stops
 				}
-				checkStep(t, b.at, before, after, ok, ratio, burst, rec)
+				checkStep(t, b.at, before, after, ok, ratio, burst, share, rec)
 			}
 		}
 	})
@@ -111,7 +125,9 @@ func (m *lendModel) ask(t *rapid.T, at time.Duration, before budget.Stats, ratio
 	m.period, m.fresh = at, false
 }
 
-func checkStep(t *rapid.T, at time.Duration, before, after budget.Stats, ok bool, ratio float64, burst int, rec record) {
+// share is the part of the loan limit the withdrawal may be lent on: 1 for
+// a retry, 0.5 for a hedge.
+func checkStep(t *rapid.T, at time.Duration, before, after budget.Stats, ok bool, ratio float64, burst int, share float64, rec record) {
 	// Nothing is banked beyond MaxCredit, and the grants never exceed the
 	// credit the requests paid for, less what is left of it.
 	if after.Credit > budget.MaxCredit {
@@ -135,9 +151,9 @@ func checkStep(t *rapid.T, at time.Duration, before, after budget.Stats, ok bool
 		t.Fatalf("at %v: granted below one retry of credit but not counted as lent: %+v → %+v", at, before, after)
 	}
 	// The limit counts the deposits of the last 0.9-1 s (slots of 100 ms).
-	limit := math.Max(float64(burst), ratio*float64(in(rec.deposits, at-budget.ShortWindow, at)))
+	limit := share * math.Max(float64(burst), ratio*float64(in(rec.deposits, at-budget.ShortWindow, at)))
 	if -after.Credit > limit+1e-6 {
-		t.Fatalf("at %v: owed %v after a loan, want ≤ max(Burst %d, Ratio × last second's deposits) = %v", at, -after.Credit, burst, limit)
+		t.Fatalf("at %v: owed %v after a loan, want ≤ %v × max(Burst %d, Ratio × last second's deposits) = %v", at, -after.Credit, share, burst, limit)
 	}
 	if !before.Lending {
 		t.Fatalf("at %v: lent while the Budget said it did not lend: %+v", at, before)

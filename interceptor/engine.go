@@ -563,6 +563,10 @@ func (c *call) gate(a *attempt, now time.Time) (Reason, error) {
 	case a.kind == kindRetry && c.pay == payPrepaid:
 	case a.kind == kindRetry && c.pay == payFailover:
 		a.free = true // the budget pays at the pick if it cannot fail over
+	case a.kind == kindHedge:
+		if !c.route.budget.HedgeAt(now) { // a nil budget grants
+			return ReasonBudget, nil
+		}
 	case !c.route.budget.WithdrawAt(now): // a nil budget grants
 		return ReasonBudget, nil
 	}

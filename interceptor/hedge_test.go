@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -186,5 +187,56 @@ func TestAdaptiveHedgingCutsTheTail(t *testing.T) {
 		t.Logf("%d slow calls of %d, each done in %v; load %.3fx", slow, calls, slowLatencies[0], load)
 		assert.EqualValues(t, warmup+calls+slow, attempts.Load(), "exactly one hedge per slow call, none for the fast ones")
 		assert.LessOrEqual(t, load, 1.10)
+	})
+}
+
+// A fresh client whose first calls are all slow hedges them on the loan of
+// its budget, but only on half of it: the failure that comes next is still
+// retried. Before hedges borrowed half the loan, the hedges of a client's
+// first slow calls spent all of it and stopped the budget lending, and the
+// failure after them went without its retry.
+func TestHedgesLeaveTheLoanToRetries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		attempts := map[string]int{}
+		invoke := func(ctx context.Context, _ string, req, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+			id := req.(*echov1.PutRequest).GetRequestId()
+			mu.Lock()
+			attempts[id]++
+			n := attempts[id]
+			mu.Unlock()
+			switch {
+			case n > 1:
+				return nil
+			case id == "fails-once":
+				return status.Error(codes.Unavailable, "a blip")
+			}
+			timer := time.NewTimer(50 * time.Millisecond) // slow: hedged after 10 ms
+			defer timer.Stop()
+			select {
+			case <-timer.C:
+				return nil
+			case <-ctx.Done():
+				return status.FromContextError(ctx.Err()).Err()
+			}
+		}
+		c := interceptor.NewClient(append(noopProviders(), interceptor.WithHedging(10*time.Millisecond, 2))...)
+		ic := c.Unary()
+		cc := dialPassthrough(t)
+		const slow = 8
+		for i := range slow {
+			require.NoError(t, ic(t.Context(), put, &echov1.PutRequest{RequestId: fmt.Sprint("slow-", i)}, &echov1.PutResponse{}, cc, invoke))
+		}
+		hedges := 0
+		for i := range slow {
+			hedges += attempts[fmt.Sprint("slow-", i)] - 1
+		}
+		// Burst 5: hedges may be lent while at most 2.5 is owed.
+		t.Logf("%d of %d slow calls hedged", hedges, slow)
+		assert.Positive(t, hedges, "a fresh client hedges its first slow calls")
+		assert.LessOrEqual(t, hedges, 3, "hedges borrow at most half the loan")
+		err := ic(t.Context(), put, &echov1.PutRequest{RequestId: "fails-once"}, &echov1.PutResponse{}, cc, invoke)
+		require.NoError(t, err, "the failure after the hedges is retried on the rest of the loan")
+		assert.Equal(t, 2, attempts["fails-once"])
 	})
 }
