@@ -81,7 +81,17 @@ func TestQuick(t *testing.T) {
 					t.Errorf("%s %s: no row %s", r.Key, k.variant, p)
 					continue
 				}
-				if got := (exact{row.Origin, row.OK}); got != w {
+				got := exact{row.Origin, row.OK}
+				if k.scenario == "twice" && (p == suiteBudget || p == grpcThrottled) {
+					// A budget grants the same retries in every run, but
+					// which callers get both of theirs (and succeed)
+					// depends on the order the answers come back in.
+					if got.origin != w.origin || got.ok > (got.origin-50)/2 {
+						t.Errorf("%s, %s: origin %d, ok %d; want %d, at most %d", r.Key, row.Label, got.origin, got.ok, w.origin, (w.origin-50)/2)
+					}
+					continue
+				}
+				if got != w {
 					t.Errorf("%s %s, %s: origin %d, ok %d; want %d, %d", r.Key, k.variant, row.Label, got.origin, got.ok, w.origin, w.ok)
 				}
 			}
