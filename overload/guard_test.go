@@ -690,20 +690,25 @@ func TestDiscardTeachesNothing(t *testing.T) {
 	zero.Discard()
 }
 
-// TestMemoryBound: a method's state has a fixed size, about 2.8 KB: what
+// TestMemoryBound: a method's state has a fixed size, 3 KiB: what
 // making one allocates, its history included; traffic allocates nothing
-// more.
+// more. TotalAlloc counts what every goroutine of the process allocates,
+// so the size is the least of a few measurements: what else runs only adds.
 func TestMemoryBound(t *testing.T) {
 	g := New(Config{})
 	const n = 100
 	ms := make([]*Method, n)
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	for i := range ms {
-		ms[i] = g.newMethod()
+	size := uint64(math.MaxUint64)
+	for range 5 {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		for i := range ms {
+			ms[i] = g.newMethod()
+		}
+		runtime.ReadMemStats(&after)
+		size = min(size, (after.TotalAlloc-before.TotalAlloc)/n)
 	}
-	runtime.ReadMemStats(&after)
-	if size := (after.TotalAlloc - before.TotalAlloc) / n; size > 3<<10 {
+	if size > 3<<10 {
 		t.Errorf("a method takes %d bytes", size)
 	} else {
 		t.Logf("a method takes %d bytes; %d methods at most %d KiB", size, DefaultMaxMethods, int(size)*DefaultMaxMethods>>10)
