@@ -41,11 +41,15 @@ type attempt struct {
 	ticket  breaker.Ticket
 	kind    attemptKind
 	start   time.Time
-	timeout bool          // the attempt was cut by its per-attempt timeout (see perTry)
-	pt      *perTry       // the per-attempt timeout of a sequential attempt a retry may follow
-	ended   uint32        // atomic: 1 once end has run
-	creds   *attemptCreds // nil when the attempt was sent without
-	peerp   *peer.Peer    // filled by grpc.Peer after the attempt, when the call asked for it
+	timeout bool    // the attempt was cut by its per-attempt timeout (see perTry)
+	pt      *perTry // the per-attempt timeout of a sequential attempt a retry may follow
+	ended   uint32  // 1 once end has run; atomic if shared
+	// shared marks a stream attempt, which its receiver and the caller
+	// leaving may both end: ended is then set by compare-and-swap. Any
+	// other attempt is ended by its call's goroutine alone.
+	shared bool
+	creds  *attemptCreds // nil when the attempt was sent without
+	peerp  *peer.Peer    // filled by grpc.Peer after the attempt, when the call asked for it
 	// guarded is the open breaker of a first attempt that goes to the
 	// pick: it is refused there if it picks an endpoint that served
 	// nothing (see call.guardPick), and counted as sent otherwise.
@@ -67,8 +71,14 @@ type attempt struct {
 // the attempt at: the Client's clock for a failure, and for a success that
 // something measures; the attempt's start otherwise.
 func (c *call) end(a *attempt, err error, abandoned bool) time.Time {
-	if !atomic.CompareAndSwapUint32(&a.ended, 0, 1) {
-		return c.client.now() // a stream attempt may be ended by its receiver and by the caller leaving
+	if a.shared {
+		if !atomic.CompareAndSwapUint32(&a.ended, 0, 1) {
+			return c.client.now() // ended by its receiver, or by the caller leaving
+		}
+	} else if a.ended != 0 {
+		return c.client.now()
+	} else {
+		a.ended = 1
 	}
 	code := status.Code(err)
 	now := a.start
@@ -124,7 +134,11 @@ func (a *attempt) unsent(msg string) {
 		a.span.SetAttributes(semconv.AttrSent.Bool(false))
 		endSpan(a.span, codes.Unavailable, msg)
 	}
-	atomic.StoreUint32(&a.ended, 1)
+	if a.shared {
+		atomic.StoreUint32(&a.ended, 1)
+	} else {
+		a.ended = 1
+	}
 }
 
 func (a *attempt) peer() net.Addr {
@@ -306,7 +320,9 @@ func (a *attemptCreds) prepare(c *call, at *attempt) {
 	a.free, a.unpaid, a.paid = at.free, false, false
 	a.budget, a.eps = c.route.budget, c.route.endpoints
 	a.count, a.tries = c.grpc.watched != nil, 0
-	a.n.Store(0)
+	if a.n.Load() != 0 { // a load is cheaper than a store
+		a.n.Store(0)
+	}
 	switch {
 	case len(c.avoid) > 0 && at.free:
 		a.repick = maxFreeRepicks

@@ -480,7 +480,7 @@ func (c *call) open(a *attempt, kind attemptKind, mode attemptMode) (Reason, err
 	if c.tally.sent > 0 {
 		now = c.client.now()
 	}
-	*a = attempt{kind: kind, start: now}
+	*a = attempt{kind: kind, start: now, shared: mode == streamAttemptMode}
 	if reason, err := c.gate(a, now); reason != "" && c.enforce(reason, a) {
 		a.ticket.Ignore()
 		return reason, err
