@@ -36,9 +36,10 @@ import (
 // The zero Counter is not usable; make one with New. A Counter is safe for
 // concurrent use: Add is lock-free and does not allocate, Sum and Counts
 // take no lock. A count made at a slot boundary, while another goroutine
-// starts the slot, may be lost, and a reading concurrent with Add or Reset
-// may see part of their effect: the counts are for judging, not for
-// accounting.
+// starts the slot, may be lost (and may take one count made at the new
+// slot's start with it), but is never counted in another slot; a reading
+// concurrent with Add or Reset may see part of their effect: the counts
+// are for judging, not for accounting.
 type Counter struct {
 	width int64  // ns per slot (≥ 1)
 	slots int64  // slots in the window (≥ 1)
@@ -114,6 +115,25 @@ func (c *Counter) Add(now int64, kind int, n int64) {
 	}
 	if v := a.Add(uint32(n)); v < uint32(n) {
 		a.Store(math.MaxUint32) // it wrapped: saturate
+	}
+	if c.nums[i].Load() != s {
+		// Ring slot i began counting for a newer slot while n was added:
+		// n may have landed in it, after its counts were emptied. Take n
+		// back; if it landed before, it was emptied with the rest, and
+		// this takes back counts made at the newer slot's start, which
+		// may be lost. A count is never counted in a slot it was not
+		// made in.
+		takeBack(a, uint32(n))
+	}
+}
+
+// takeBack subtracts n from a, down to 0; a saturated count stays so.
+func takeBack(a *atomic.Uint32, n uint32) {
+	for {
+		v := a.Load()
+		if v == math.MaxUint32 || a.CompareAndSwap(v, v-min(v, n)) {
+			return
+		}
 	}
 }
 
