@@ -351,3 +351,21 @@ func TestOriginIsTheFirstTime(t *testing.T) {
 		t.Errorf("far before a far first time: %d, want saturated", got)
 	}
 }
+
+// BenchmarkAdd: one count in the current slot, as a breaker records a
+// success; parallel: every P counts in the same slot.
+func BenchmarkAdd(b *testing.B) {
+	c := window.New(10, 2, time.Second)
+	b.Run("serial", func(b *testing.B) {
+		for b.Loop() {
+			c.Add(base, 0, 1)
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				c.Add(base, 0, 1)
+			}
+		})
+	})
+}
