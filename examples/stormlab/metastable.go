@@ -227,15 +227,8 @@ func capacityRow(ctx context.Context, s shape, p policy, trigger bool) (Row, err
 	if err != nil {
 		return Row{}, err
 	}
-	var clients []echov1.EchoServiceClient
-	for range s.clients {
-		c, err := e.dial(l)
-		if err != nil {
-			return Row{}, err
-		}
-		clients = append(clients, c)
-	}
-	if err := e.ready(ctx); err != nil {
+	clients, err := e.clients(ctx, l, s.clients)
+	if err != nil {
 		return Row{}, err
 	}
 	start := time.Now().Add(50 * time.Millisecond)

@@ -11,7 +11,6 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/connectivity"
 
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
@@ -272,18 +271,19 @@ func (e *env) chain(o *origin.Origin, hops int) (echov1.EchoServiceClient, error
 	return e.dial(l)
 }
 
-// ready connects every connection and waits until each is ready, so that
-// the first calls do not queue behind the connection set-up.
-func (e *env) ready(ctx context.Context) error {
-	for _, cc := range e.conns {
-		cc.Connect()
-		for s := cc.GetState(); s != connectivity.Ready; s = cc.GetState() {
-			if !cc.WaitForStateChange(ctx, s) {
-				return ctx.Err()
-			}
+// clients dials n clients of l (each its own suite Client) and waits until
+// every connection of e is ready, so that the first calls do not queue
+// behind the connection set-up.
+func (e *env) clients(ctx context.Context, l *origin.Listener, n int) ([]echov1.EchoServiceClient, error) {
+	var clients []echov1.EchoServiceClient
+	for range n {
+		c, err := e.dial(l)
+		if err != nil {
+			return nil, err
 		}
+		clients = append(clients, c)
 	}
-	return nil
+	return clients, connectAll(ctx, e.conns)
 }
 
 // close closes the connections, then stops the servers (waiting for their

@@ -159,15 +159,8 @@ func priorityRow(ctx context.Context, s shape, p policy) (Row, error) {
 	if err != nil {
 		return Row{}, err
 	}
-	var clients []echov1.EchoServiceClient
-	for range s.clients {
-		c, err := e.dial(l)
-		if err != nil {
-			return Row{}, err
-		}
-		clients = append(clients, c)
-	}
-	if err := e.ready(ctx); err != nil {
+	clients, err := e.clients(ctx, l, s.clients)
+	if err != nil {
 		return Row{}, err
 	}
 	out, classes, crit, onTime := priorityLoop(ctx, s, clients, time.Now().Add(50*time.Millisecond), p)
