@@ -136,14 +136,7 @@ func TestServerBudgetBoundsAFleetItDoesNotControl(t *testing.T) {
 // handler, with Unavailable, semconv.ErrorReasonRetryBudget and "do not retry".
 func TestServerBudgetRefusalSaysDoNotRetry(t *testing.T) {
 	o := origin.New(origin.Always(codes.Unavailable))
-	s := interceptor.NewServer()
-	l := origin.Bufconn()
-	srv := origin.Serve(l, o, grpc.ChainUnaryInterceptor(s.Unary()))
-	defer srv.Stop()
-	cc, err := l.Dial()
-	require.NoError(t, err)
-	defer cc.Close()
-	echo := echov1.NewEchoServiceClient(cc)
+	echo, _, _ := guarded(t, o)
 	for i := range 20 { // first attempts: the method fails all of them
 		_, _ = echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
 	}
@@ -179,14 +172,7 @@ func TestServerBudgetRefusalSaysDoNotRetry(t *testing.T) {
 // refuse the work of a dead one.
 func TestServerBudgetServesRetriesWhileTheMethodServes(t *testing.T) {
 	o := origin.New(origin.Succeed())
-	s := interceptor.NewServer()
-	l := origin.Bufconn()
-	srv := origin.Serve(l, o, grpc.ChainUnaryInterceptor(s.Unary()))
-	defer srv.Stop()
-	cc, err := l.Dial()
-	require.NoError(t, err)
-	defer cc.Close()
-	echo := echov1.NewEchoServiceClient(cc)
+	echo, _, _ := guarded(t, o)
 	for i := range 200 {
 		ctx := t.Context()
 		if i%2 == 1 { // half the calls are fail-overs from a dead peer
@@ -204,14 +190,7 @@ func TestServerBudgetServesRetriesWhileTheMethodServes(t *testing.T) {
 // get what is left.
 func TestServerBudgetServesRetriesTheClientBudgeted(t *testing.T) {
 	o := origin.New(origin.Always(codes.Unavailable))
-	s := interceptor.NewServer()
-	l := origin.Bufconn()
-	srv := origin.Serve(l, o, grpc.ChainUnaryInterceptor(s.Unary()))
-	defer srv.Stop()
-	cc, err := l.Dial()
-	require.NoError(t, err)
-	defer cc.Close()
-	echo := echov1.NewEchoServiceClient(cc)
+	echo, _, _ := guarded(t, o)
 	for i := range 20 {
 		_, _ = echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
 	}
@@ -222,7 +201,7 @@ func TestServerBudgetServesRetriesTheClientBudgeted(t *testing.T) {
 	assert.Equal(t, 40, o.Total())
 	ctx := metadata.AppendToOutgoingContext(t.Context(), semconv.PreviousAttemptsKey, "1")
 	var tr metadata.MD
-	_, err = echo.Put(ctx, &echov1.PutRequest{RequestId: "other"}, grpc.Trailer(&tr))
+	_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: "other"}, grpc.Trailer(&tr))
 	assert.Equal(t, []string{"-1"}, tr.Get(semconv.PushbackKey), "another client's retry finds the budget spent: %v", err)
 	assert.Equal(t, 40, o.Total())
 }

@@ -29,13 +29,15 @@ import (
 	"github.com/stormguard/stormguard/overload"
 )
 
-// guarded serves o over bufconn behind interceptor.NewServer(opts...) and
-// returns a plain grpc client of it (no retries) and its connection.
-func guarded(t *testing.T, o *origin.Origin, opts ...interceptor.ServerOption) (echov1.EchoServiceClient, *grpc.ClientConn, *interceptor.Server) {
+// guarded serves svc over bufconn behind interceptor.NewServer(opts...)
+// and returns a plain grpc client of it (no retries), its connection and
+// the Server. Both are closed by t's cleanup (inside the synctest bubble,
+// if it was called in one).
+func guarded(t *testing.T, svc origin.Registerer, opts ...interceptor.ServerOption) (echov1.EchoServiceClient, *grpc.ClientConn, *interceptor.Server) {
 	t.Helper()
 	s := interceptor.NewServer(opts...)
 	l := origin.Bufconn()
-	srv := origin.Serve(l, o, grpc.ChainUnaryInterceptor(s.Unary()), grpc.ChainStreamInterceptor(s.Stream()))
+	srv := origin.Serve(l, svc, grpc.ChainUnaryInterceptor(s.Unary()), grpc.ChainStreamInterceptor(s.Stream()))
 	cc, err := l.Dial()
 	require.NoError(t, err)
 	t.Cleanup(func() { cc.Close(); srv.Stop() })
@@ -353,19 +355,12 @@ func TestServerLearnsFromWhatTheMethodNeeds(t *testing.T) {
 // fake clock (time advances only when every goroutine waits), which the
 // Guard reads through time.Now.
 
-// bubbleServe serves svc over bufconn behind interceptor.NewServer(opts...)
-// inside the current synctest bubble and returns a plain grpc client (no
-// retries) and the Server. Both are closed by t's cleanup, inside the
-// bubble.
+// bubbleServe is guarded, inside the current synctest bubble, without the
+// connection.
 func bubbleServe(t *testing.T, svc origin.Registerer, opts ...interceptor.ServerOption) (echov1.EchoServiceClient, *interceptor.Server) {
 	t.Helper()
-	s := interceptor.NewServer(opts...)
-	l := origin.Bufconn()
-	srv := origin.Serve(l, svc, grpc.ChainUnaryInterceptor(s.Unary()))
-	cc, err := l.Dial()
-	require.NoError(t, err)
-	t.Cleanup(func() { cc.Close(); srv.Stop() })
-	return echov1.NewEchoServiceClient(cc), s
+	c, _, s := guarded(t, svc, opts...)
+	return c, s
 }
 
 // tally counts the outcomes of calls.
