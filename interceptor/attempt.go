@@ -58,6 +58,10 @@ type attempt struct {
 	// refused: sent anyway, but its outcome is kept from the breaker and
 	// the endpoint table, so that they see what they would have seen.
 	shadowed bool
+	// probe marks the first attempt of a try that came back, sent as a
+	// probe of its locked route although the budget or the breaker
+	// refused it (see call.probe): nobody pays for it.
+	probe bool
 	// free marks a fail-over retry, which the budget did not pay for: if
 	// its pick can go only to an endpoint it avoids, it is no fail-over,
 	// and the budget pays then, or it is not sent (see attemptCreds). It
@@ -99,6 +103,9 @@ func (c *call) end(a *attempt, err error, abandoned bool) time.Time {
 	default:
 		failed := code != codes.OK && c.client.failures.Has(code)
 		a.ticket.DoneAt(failed, now)
+		if code != codes.OK {
+			c.route.outer.failed(now)
+		}
 		c.route.endpoints.record(a.peer(), failed, now)
 		if code == codes.OK {
 			c.throttle.Success() // a nil throttle counts nothing

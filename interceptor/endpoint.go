@@ -229,6 +229,21 @@ func (t *endpoints) totals(now time.Time) (ok, fail int64, known bool) {
 	return ok, fail, true
 }
 
+// servedRecently reports whether an endpoint of the target answered an
+// attempt with success in the newest two slots of its window (the last
+// one to two seconds); known is false while no endpoint has been seen.
+func (t *endpoints) servedRecently(now time.Time) (served, known bool) {
+	if t.n.Load() == 0 {
+		return false, false
+	}
+	var into [1]int64
+	t.m.Range(func(_, v any) bool {
+		v.(*endpoint).w.Sum(now.UnixNano(), 0, 2, into[:])
+		return into[0] == 0
+	})
+	return into[0] > 0, true
+}
+
 // dead returns the endpoints that served nothing in the window ending now
 // (failures only).
 func (t *endpoints) dead(now time.Time) []net.Addr {

@@ -209,7 +209,7 @@ func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, 
 		c.outer.back = c.client.cameBack(c.outer.scope, r, c.outer.req, c.start)
 	}
 	if b := c.outer.back; b != nil {
-		c.tally.prior, c.lastErr = b.attempts, b.err
+		c.tally.prior, c.lastErr = b.attempts, b.err()
 	}
 	ctx, hasKey, err := c.withKey(ctx, cs)
 	if err != nil {
@@ -289,8 +289,8 @@ func (c *call) withKey(ctx context.Context, cs callSettings) (context.Context, b
 		} else if !c.client.o.noKeys {
 			// A try that came back sends the key of the logical call's
 			// earlier tries, so that the server deduplicates them.
-			if b := c.outer.back; b != nil && b.key != "" {
-				c.outer.madeKey = b.key
+			if b := c.outer.back; b != nil && b.idemKey != "" {
+				c.outer.madeKey = b.idemKey
 			} else {
 				c.outer.madeKey = idempotency.NewKey()
 			}
@@ -483,7 +483,9 @@ func (c *call) open(a *attempt, kind attemptKind, mode attemptMode) (Reason, err
 	*a = attempt{kind: kind, start: now, shared: mode == streamAttemptMode}
 	if reason, err := c.gate(a, now); reason != "" && c.enforce(reason, a) {
 		a.ticket.Ignore()
-		return reason, err
+		if !c.probe(a, now, reason) {
+			return reason, err
+		}
 	}
 	if c.pay == payPrepaid {
 		c.pay = payBudget
@@ -552,7 +554,7 @@ func (c *call) gate(a *attempt, now time.Time) (Reason, error) {
 		default:
 			return ReasonBreaker, circuitOpenError(c.route, b, now)
 		}
-		if a.kind != kindFirst && servedNothing(c.route, b, now, c.watch) {
+		if a.kind != kindFirst && !a.probe && servedNothing(c.route, b, now, c.watch) {
 			return ReasonBreaker, nil
 		}
 	}
@@ -560,6 +562,7 @@ func (c *call) gate(a *attempt, now time.Time) (Reason, error) {
 	case a.kind == kindFirst:
 	case c.throttle.Throttled():
 		return ReasonThrottle, nil
+	case a.probe: // a probe of a locked route (outer.go): nobody pays
 	case a.kind == kindRetry && c.pay == payPrepaid:
 	case a.kind == kindRetry && c.pay == payFailover:
 		a.free = true // the budget pays at the pick if it cannot fail over
@@ -588,6 +591,28 @@ func (c *call) enforce(r Reason, a *attempt) bool {
 		a.shadow()
 	}
 	return false
+}
+
+// probe decides whether the first attempt a of a try that came back (a
+// retry loop outside the suite), refused at now for reason, is sent all
+// the same, as a probe of its locked route (see outerGate): the budget
+// does not pay for it, the deadline, the breaker (when open) and the
+// service config's throttle still apply. It reports whether a was
+// admitted so.
+func (c *call) probe(a *attempt, now time.Time, reason Reason) bool {
+	if c.outer.back == nil || c.tally.sent > 0 || (reason != ReasonBudget && reason != ReasonBreaker) {
+		return false
+	}
+	if !c.route.outer.probeDue(now, c.route.servedLately(now)) {
+		return false
+	}
+	*a = attempt{kind: a.kind, start: a.start, shared: a.shared, probe: true}
+	if reason, _ := c.gate(a, now); reason != "" {
+		a.ticket.Ignore()
+		return false
+	}
+	c.event(semconv.EventOuterProbe, semconv.AttrReason.String(string(reason)))
+	return true
 }
 
 // shadow marks a, in shadow mode, as an attempt the Client would not have
@@ -946,6 +971,9 @@ func noteRefusal(ctx context.Context, cl *Client, r *route, span trace.Span, e R
 	if e.Reason.info().propagates {
 		markRefused(ctx)
 	}
+	if e.Reason.info().annotates {
+		recordOn(ctx, e.Reason)
+	}
 }
 
 // refusalHook calls the OnRefusal hook with e, on the call's goroutine.
@@ -1036,6 +1064,9 @@ func (c *call) backoffCeil() time.Duration {
 func (c *call) endCall(err error) {
 	st, _ := status.FromError(err)
 	code := st.Code()
+	if g := &c.route.outer; err == nil && g.locked.Load() != 0 {
+		g.heal(c.client.now())
+	}
 	t, rt := c.client.tel, c.route.tel
 	if c.outer.back == nil {
 		t.calls.Add(c.ctx, 1, rt.callOpts(code)...)

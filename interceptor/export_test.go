@@ -19,3 +19,31 @@ func OverloadOf(s *Server) *overload.Guard { return s.ov.guard }
 // Propagates reports whether a refusal for r makes the Server answer
 // grpc-retry-pushback-ms: -1.
 func Propagates(r Reason) bool { return r.propagates() }
+
+// Remembered returns how many failed calls c remembers, and their bytes.
+func Remembered(c *Client) (n, bytes int) {
+	t := c.returns.Load()
+	if t == nil {
+		return 0, 0
+	}
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for _, head := range sh.m {
+			n += chainLen(head)
+		}
+		bytes += sh.bytes
+		sh.mu.Unlock()
+	}
+	return n, bytes
+}
+
+func chainLen(e *returned) (n int) {
+	for ; e != nil; e = e.next {
+		n++
+	}
+	return n
+}
+
+// ForgetAll drops every failed call c remembers.
+func ForgetAll(c *Client) { c.returns.Store(nil) }

@@ -123,7 +123,9 @@ func TestOnRefusalAtAPerAttemptTimeoutRunsOnTheCallsGoroutine(t *testing.T) {
 					}}))...).Unary()
 				cc := dialPassthrough(t)
 				for i := range 3 {
-					err := ic(t.Context(), put, &echov1.PutRequest{}, new(nonProtoReply), cc, inv.invoke, interceptor.MaxAttempts(1))
+					// Three calls of their own: same context, other requests
+					// (the same request again would be a try of the first).
+					err := ic(t.Context(), put, &echov1.PutRequest{RequestId: fmt.Sprint(i)}, new(nonProtoReply), cc, inv.invoke, interceptor.MaxAttempts(1))
 					require.Error(t, err)
 					<-inv.sent
 					require.Equal(t, interceptor.ReasonMaxAttempts, (<-calls).e.Reason, "call %d", i)

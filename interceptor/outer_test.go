@@ -269,11 +269,18 @@ func TestOuterRetryLoopKeepsIdempotencyKey(t *testing.T) {
 	}
 }
 
-// A call comes back only within 5 s of its failure: later, the same
-// context and request make a new call.
-func TestOuterRetryLoopWindow(t *testing.T) {
+// A try that the suite refuses extends nothing, and a locked route is
+// probed: with the budget empty and the breaker off, a try that comes back
+// is refused before anything is sent; the route is then locked (its target
+// served nothing lately), and while tries come back 20 a second, one is
+// sent as a probe every half a second, which the budget does not pay for.
+// The probe that succeeds heals the route: the call is forgotten, and the
+// next try is a call of its own.
+func TestOuterRetryLoopRefusedTriesAreProbed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e := newOuterEnvTries(t, 1, origin.Always(codes.Unavailable), clientv3Retry, interceptor.WithBreaker(nil))
+		var down atomic.Bool
+		down.Store(true)
+		e := newOuterEnvTries(t, 1, switchable(&down), clientv3Retry, interceptor.WithBreaker(nil))
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
 		req := &echov1.PutRequest{RequestId: "w"}
@@ -282,11 +289,36 @@ func TestOuterRetryLoopWindow(t *testing.T) {
 		require.Equal(t, 1, e.origin.Total())
 		time.Sleep(4 * time.Second)
 		_, err = e.echo.Put(ctx, req)
-		assert.Equal(t, interceptor.ReasonBudget, interceptor.RefusedBy(err), "within 5 s: a retry the budget refuses")
+		assert.Equal(t, interceptor.ReasonBudget, interceptor.RefusedBy(err), "a retry the budget refuses")
 		assert.Equal(t, 1, e.origin.Total(), "refused before anything was sent")
-		time.Sleep(5*time.Second + time.Millisecond)
+		var sent []int
+		for i := range 40 { // 2 s, a try every 50 ms
+			time.Sleep(50 * time.Millisecond)
+			before := e.origin.Total()
+			_, err = e.echo.Put(ctx, req)
+			require.Error(t, err)
+			if e.origin.Total() > before {
+				sent = append(sent, i)
+			}
+		}
+		t.Logf("tries sent as probes: %v", sent)
+		require.GreaterOrEqual(t, len(sent), 3, "a probe about every half a second")
+		assert.LessOrEqual(t, len(sent), 5)
+		assert.GreaterOrEqual(t, sent[0], 7, "the first probe half a second after the lock")
+		for i := 1; i < len(sent); i++ {
+			assert.GreaterOrEqual(t, sent[i]-sent[i-1], 8, "probes at least 0.45 s apart")
+		}
+		down.Store(false)
+		recovered := time.Now()
+		for err != nil {
+			time.Sleep(50 * time.Millisecond)
+			_, err = e.echo.Put(ctx, req)
+		}
+		assert.LessOrEqual(t, time.Since(recovered), time.Second, "a probe succeeded within a second of recovery")
+		down.Store(true)
+		before := e.origin.Total()
 		_, err = e.echo.Put(ctx, req)
-		assert.Equal(t, codes.Unavailable, status.Code(err))
-		assert.Equal(t, 2, e.origin.Total(), "5 s after the last try: a new call, sent")
+		require.Equal(t, codes.Unavailable, status.Code(err))
+		assert.Equal(t, before+1, e.origin.Total(), "healed: a call of its own, sent")
 	})
 }

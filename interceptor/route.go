@@ -49,6 +49,7 @@ type route struct {
 	respType   protoreflect.MessageType // streams: to drain a failed attempt; may be nil
 	tel        *routeTelemetry
 
+	outer      outerGate // tries of retry loops outside the suite (outer.go)
 	mc         atomic.Pointer[methodConfig]
 	warnedOnce atomic.Bool // the grpc-go retryPolicy warning was logged
 }

@@ -93,6 +93,19 @@ func BenchmarkUnaryFakeInvoker(b *testing.B) {
 		defer cancel()
 		run(b, ctx, ic)
 	})
+	// A call in the context of a failed call, with other content: the
+	// failure's context and route are remembered, so the call's request
+	// is digested to tell it apart.
+	b.Run("suite-same-context-as-a-failure", func(b *testing.B) {
+		ic := interceptor.NewClient(noopProviders()...).Unary()
+		failing := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error {
+			return status.Error(codes.Unavailable, "down")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		defer cancel()
+		_ = ic(ctx, echov1.EchoService_Put_FullMethodName, &echov1.PutRequest{RequestId: "failed"}, &echov1.PutResponse{}, cc, failing, interceptor.MaxAttempts(1))
+		run(b, ctx, ic)
+	})
 	b.Run("suite-global-providers", func(b *testing.B) { run(b, context.Background(), interceptor.NewClient().Unary()) })
 	b.Run("suite-recording-tracer", func(b *testing.B) {
 		run(b, context.Background(), interceptor.NewClient(recordingTracer(b), interceptor.WithTelemetry(interceptor.Telemetry{MeterProvider: metricnoop.NewMeterProvider()})).Unary())

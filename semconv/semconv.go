@@ -30,6 +30,13 @@ const (
 	// EventWouldRefuse is recorded in shadow mode (interceptor.WithShadowMode) where
 	// the budget or the breaker would have refused; the attempt is sent.
 	EventWouldRefuse = "stormguard.would_refuse"
+	// EventOuterProbe is recorded when a try that a retry loop outside
+	// the suite sent again (AttrOuterRetry) is sent although the budget or
+	// the breaker refused it (AttrReason says which), as a probe of a
+	// target that has served nothing lately: one every half a second per
+	// method and target at most, paid by no budget, so that the suite
+	// learns when the target serves again.
+	EventOuterProbe = "stormguard.outer.probe"
 	// EventServerRefused is recorded on the server's span of a call (the
 	// span in the handler's context, if any: otelgrpc's server span, say)
 	// that the Server refused before its handler ran, with AttrReason one
