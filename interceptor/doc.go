@@ -47,18 +47,26 @@
 // # Retry loops outside the suite
 //
 // A client library may retry in an interceptor installed outside the
-// suite (etcd's clientv3 does, up to 100 times), as may go-grpc-middleware's
-// retry or the caller's own loop: each try enters the suite as a call. The
-// Client remembers failed calls by their context's Done channel (or the
-// context, when it has none), route and request message, for 5 s; a call
-// that matches one is the same logical call coming back. It deposits
-// nothing into the budget, its first attempt is a retry (a token from the
-// budget, the breaker's say), and when that retry is refused it fails at
-// once, before anything is sent, with the last try's status, annotated.
-// A try of a method that may not be repeated is still sent at most once,
-// and only with a token; a retry_with_key method's tries share one key.
-// Tries with a new request message or a new cancellable context each (a
-// per-try timeout) are not recognised, nor are streams.
+// suite (etcd's clientv3 does, up to 100 times; others back off up to a
+// minute), as may go-grpc-middleware's retry or the caller's own loop:
+// each try enters the suite as a call. The Client remembers failed calls
+// by their context's Done channel (or the context, when it has none),
+// route and request content, until that context is done (at most 10
+// minutes after the last try that was sent); a call that matches one is
+// the same logical call coming back. It deposits nothing into the budget,
+// its first attempt is a retry (a token from the budget, the breaker's
+// say), and when that retry is refused it fails at once, before anything
+// is sent, with the last try's status, annotated. A refused try extends
+// nothing; while a target that has served nothing lately refuses such
+// tries, one is sent every half a second as a probe, and the first success
+// of any call of the route forgets the failures remembered until then. A
+// try of a method that may not be repeated is still sent at most once, and
+// only with a token; a retry_with_key method's tries share one key. Tries
+// with new request content or a new cancellable context each (a per-try
+// timeout) are calls of their own, as are streams. A loop that returns
+// only its context's error hides the refusal from RefusedBy:
+// RecordRefusals records it on the context. docs/clients.md has the
+// details.
 //
 // # The service config
 //
