@@ -338,13 +338,16 @@ func (a *attemptCreds) prepare(c *call, at *attempt) {
 	}
 }
 
-// reset prepares a for a new call.
+// reset prepares a for a new call (nil: none, as in the pool).
 func (a *attemptCreds) reset(c *call, cs *callSettings) {
-	a.client, a.deadline, a.user, a.prio = c.client, time.Time{}, nil, c.prio.p
-	if c.dl.ok {
-		a.deadline = c.dl.at
+	a.client, a.deadline, a.user, a.prio = nil, time.Time{}, nil, priority.Default
+	if c != nil {
+		a.client, a.prio = c.client, c.prio.p
+		if c.dl.ok {
+			a.deadline = c.dl.at
+		}
 	}
-	if cs.hasCreds {
+	if cs != nil && cs.hasCreds {
 		a.user = cs.userCreds.Creds
 	}
 	a.last, a.avoid, a.repick, a.guard, a.refused = nil, nil, 0, false, false

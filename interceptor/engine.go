@@ -980,7 +980,7 @@ func noteRefusal(ctx context.Context, cl *Client, r *route, span trace.Span, e R
 func refusalHook(cl *Client, r *route, e RefusalEvent) {
 	if cl.o.hooks.OnRefusal != nil {
 		e.Method, e.Target = r.method, r.target
-		cl.onRefusal(e)
+		callHook(cl, "OnRefusal", cl.o.hooks.OnRefusal, e)
 	}
 }
 
@@ -994,7 +994,7 @@ func (c *call) wouldRefuse(reason Reason) {
 // scheduled records a retry decision.
 func (c *call) scheduled(v verdict) {
 	if c.client.o.hooks.OnRetry != nil {
-		c.client.onRetry(RetryEvent{Method: c.route.method, Target: c.route.target, Attempt: c.tally.sent + 1, Delay: v.delay, Err: v.err})
+		callHook(c.client, "OnRetry", c.client.o.hooks.OnRetry, RetryEvent{Method: c.route.method, Target: c.route.target, Attempt: c.tally.sent + 1, Delay: v.delay, Err: v.err})
 	}
 	if !c.recording {
 		return

@@ -80,44 +80,17 @@ func (c *Client) hookPanicked(hook string, v any) {
 		"hook", hook, "panic", v, "stack", string(debug.Stack()))
 }
 
-// onRetry calls Hooks.OnRetry, if set, recovering a panic.
-func (c *Client) onRetry(e RetryEvent) {
-	h := c.o.hooks.OnRetry
+// callHook calls the hook h named name with e, if h is set, recovering
+// and logging a panic (see Hooks): a hook that runs inside the breaker
+// (OnBreakerChange) or half-way through a decision must not leave a panic
+// behind.
+func callHook[E any](c *Client, name string, h func(E), e E) {
 	if h == nil {
 		return
 	}
 	defer func() {
 		if v := recover(); v != nil {
-			c.hookPanicked("OnRetry", v)
-		}
-	}()
-	h(e)
-}
-
-// onRefusal calls Hooks.OnRefusal, if set, recovering a panic.
-func (c *Client) onRefusal(e RefusalEvent) {
-	h := c.o.hooks.OnRefusal
-	if h == nil {
-		return
-	}
-	defer func() {
-		if v := recover(); v != nil {
-			c.hookPanicked("OnRefusal", v)
-		}
-	}()
-	h(e)
-}
-
-// onBreakerChange calls Hooks.OnBreakerChange, if set, recovering a
-// panic: it runs inside the breaker, which must not see it (see Hooks).
-func (c *Client) onBreakerChange(e BreakerEvent) {
-	h := c.o.hooks.OnBreakerChange
-	if h == nil {
-		return
-	}
-	defer func() {
-		if v := recover(); v != nil {
-			c.hookPanicked("OnBreakerChange", v)
+			c.hookPanicked(name, v)
 		}
 	}()
 	h(e)

@@ -236,7 +236,7 @@ func (c *Client) newBreaker(k routeKey, known bool) *routeBreaker {
 			if user != nil {
 				user(name, from, to)
 			}
-			c.onBreakerChange(BreakerEvent{Target: k.target, Method: k.method, From: from, To: to})
+			callHook(c, "OnBreakerChange", c.o.hooks.OnBreakerChange, BreakerEvent{Target: k.target, Method: k.method, From: from, To: to})
 		}
 	}
 	rb.b = breaker.New(cfg)

@@ -38,6 +38,11 @@ func (c *Client) unaryInterceptor(w *svcconfig.Watch) grpc.UnaryClientIntercepto
 func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, w *svcconfig.Watch) error {
 	st := unaryPool.Get().(*unaryState)
 	defer st.release()
+	return st.call(c, ctx, method, req, reply, cc, invoker, opts, w)
+}
+
+// call runs a unary call of c with st as its state.
+func (st *unaryState) call(c *Client, ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, w *svcconfig.Watch) error {
 	k := &st.k
 	*k = call{client: c, route: c.routeOf(targetOf(cc), method)}
 	k.outer.req = req
@@ -111,21 +116,27 @@ var unaryPool = sync.Pool{New: func() any {
 }}
 
 func (s *unaryState) release() {
-	// The call and the attempt are set afresh before use (unary, open);
-	// only what would keep the caller's objects alive in the pool is
-	// dropped here.
+	s.clear()
+	unaryPool.Put(s)
+}
+
+// clear drops what would keep the caller's objects alive in the pool. The
+// call and the attempt are set afresh before use (unary, open).
+func (s *unaryState) clear() {
 	k := &s.k
-	k.ctx, k.span, k.lastErr, k.cc, k.avoid, k.failedOn = nil, nil, nil, nil, nil, nil
+	k.client, k.route, k.rule, k.cc, k.ctx, k.span, k.lastErr = nil, nil, nil, nil, nil, nil, nil
+	k.avoid, k.failedOn, k.watch, k.throttle = nil, nil, nil, nil
 	k.outer, k.grpc = outerTry{}, grpcWatch{}
-	s.a.ctx, s.a.cancel, s.a.span, s.a.pt, s.a.peerp = nil, nil, nil, nil, nil
-	s.req, s.reply, s.cc, s.invoker, s.cs, s.trp = nil, nil, nil, nil, callSettings{}, nil
+	s.a = attempt{}
+	s.method, s.req, s.reply, s.cc, s.invoker, s.cs, s.trp = "", nil, nil, nil, nil, callSettings{}, nil
 	s.tr, s.hdr, s.peer = nil, nil, peer.Peer{}
-	s.creds.user = nil
+	s.creds.reset(nil, nil)
+	clear(s.creds.md)
+	s.creds.addr = nil
 	clear(s.opts)
 	s.opts = s.opts[:0]
 	clear(s.withCred)
 	s.withCred = s.withCred[:0]
-	unaryPool.Put(s)
 }
 
 // prepare fills s.opts with the options every attempt of c is sent with:
