@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/internal/svcconfig"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -127,7 +128,9 @@ func (s *unaryState) clear() {
 	k.client, k.route, k.rule, k.cc, k.ctx, k.span, k.lastErr = nil, nil, nil, nil, nil, nil, nil
 	k.avoid, k.failedOn, k.watch, k.throttle = nil, nil, nil, nil
 	k.outer, k.grpc = outerTry{}, grpcWatch{}
-	s.a = attempt{}
+	a := &s.a
+	a.ctx, a.cancel, a.span, a.pt, a.peerp, a.creds, a.guarded = nil, nil, nil, nil, nil, nil, nil
+	a.ticket = breaker.Ticket{}
 	s.method, s.req, s.reply, s.cc, s.invoker, s.cs, s.trp = "", nil, nil, nil, nil, callSettings{}, nil
 	s.tr, s.hdr, s.peer = nil, nil, peer.Peer{}
 	s.creds.reset(nil, nil)
