@@ -93,10 +93,16 @@ type verdict struct {
 	// best is the rival the suite is compared with: the one with the
 	// highest ok % among those within the bound (then the least load).
 	best *fleetsim.Result
-	// win: the suite's ok % is above best's by more than gridSlack, or
-	// its load below best's by more than gridLoadSlack at an ok % no
-	// lower than best's by more than gridSlack.
-	win bool
+	// win: the suite is better than best (see better); lose: best is
+	// better than the suite; neither: a tie.
+	win, lose bool
+}
+
+// better reports whether a (load, ok %) is better than b: its ok % is
+// higher by more than gridSlack, or its load lower by more than
+// gridLoadSlack at an ok % no lower by more than gridSlack.
+func better(al, ao, bl, bo float64) bool {
+	return ao > bo+gridSlack || (al < bl-gridLoadSlack && ao >= bo-gridSlack)
 }
 
 // String is the verdict as the README's grid prints it.
@@ -106,8 +112,10 @@ func (v verdict) String() string {
 		return "DOMINATED by " + v.dominatedBy
 	case v.win:
 		return "stormguard"
+	case v.lose:
+		return "rival: " + v.best.Name
 	}
-	return "rival: " + v.best.Name
+	return "tie: " + v.best.Name
 }
 
 // judge returns the verdict of a cell whose last row is the suite's.
@@ -128,7 +136,7 @@ func judge(rows []*fleetsim.Result) verdict {
 		}
 	}
 	bl, bo := v.best.Window.Load(), v.best.Window.OKPercent()
-	v.win = so > bo+gridSlack || (sl < bl-gridLoadSlack && so >= bo-gridSlack)
+	v.win, v.lose = better(sl, so, bl, bo), better(bl, bo, sl, so)
 	return v
 }
 

@@ -5,8 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
+	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -23,6 +26,7 @@ type options struct {
 	backends int
 	workers  int
 	queue    int
+	capacity float64
 	service  time.Duration
 	rtt      time.Duration
 	failure  string
@@ -43,9 +47,13 @@ type options struct {
 	sweep    bool
 	grid     bool
 	memory   bool
+	cpuprof  string
 }
 
 func main() {
+	// The clients' state is most of the heap and lives for the whole run:
+	// collect less often than the default while it is built.
+	debug.SetGCPercent(400)
 	o, err := parseFlags(os.Args[1:], os.Stderr)
 	if err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
@@ -53,7 +61,19 @@ func main() {
 		}
 		os.Exit(2)
 	}
+	if o.cpuprof != "" {
+		f, err := os.Create(o.cpuprof)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "stormsim:", err)
+			os.Exit(2)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if err := run(o, os.Stdout); err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "stormsim:", err)
 		os.Exit(2)
 	}
@@ -68,8 +88,9 @@ func parseFlags(args []string, errOut io.Writer) (options, error) {
 	fs.StringVar(&o.mix, "mix", "", "a fleet of groups instead of -clients and -rate: NxR,NxR,... (e.g. 10x50,5000x0.1)")
 	fs.Float64Var(&o.jitter, "jitter", 1, "each call is due at a random share in [0, jitter) of its client's period after its slot (0: strictly periodic, as the storm lab's fleet)")
 	fs.IntVar(&o.backends, "backends", 3, "backends behind the target (M)")
-	fs.IntVar(&o.workers, "workers", 8, "workers per backend (0: as many as needed, answers after -service)")
-	fs.IntVar(&o.queue, "queue", 256, "queue per backend (full: UNAVAILABLE at once)")
+	fs.IntVar(&o.workers, "workers", 0, "workers per backend (0: enough for -capacity)")
+	fs.IntVar(&o.queue, "queue", 0, "queue per backend, full: UNAVAILABLE at once (0: 32 per worker)")
+	fs.Float64Var(&o.capacity, "capacity", 2.4, "with -workers 0: the target serves this many times the fleet's calls a second")
 	fs.DurationVar(&o.service, "service", 10*time.Millisecond, "service time of a request (±25%)")
 	fs.DurationVar(&o.rtt, "rtt", time.Millisecond, "network round trip (±50%)")
 	fs.StringVar(&o.failure, "failure", "independent", "failure mode: healthy, independent, backend-dead, outage, capacity-drop, latency-tail, throttling")
@@ -90,6 +111,7 @@ func parseFlags(args []string, errOut io.Writer) (options, error) {
 	fs.BoolVar(&o.sweep, "sweep", false, "sweep the suite's settings (budget ratio, burst, attempts) on this scenario")
 	fs.BoolVar(&o.grid, "grid", false, "run the README's grid (failure modes × fleet shapes, every rival against the suite) and print it with its verdicts")
 	fs.BoolVar(&o.memory, "memory", false, "measure each policy's state memory per client")
+	fs.StringVar(&o.cpuprof, "cpuprofile", "", "write a CPU profile of the run to this `file`")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: go run ./examples/stormsim [flags]\n\n"+
 			"Simulates a fleet of clients calling one target on a virtual clock, with every\n"+
@@ -129,6 +151,14 @@ func (o options) config() (fleetsim.Config, error) {
 			Start: o.from, End: o.from + o.length},
 		Duration: time.Duration(o.seconds * float64(time.Second)),
 		Deadline: o.deadline, Settle: o.settle, Seed: o.seed,
+	}
+	if cfg.Backends.Workers == 0 {
+		// Enough workers for capacity × the fleet's calls a second.
+		perBackend := o.capacity * cfg.Rate() * o.service.Seconds() / float64(max(o.backends, 1))
+		cfg.Backends.Workers = max(1, int(math.Ceil(perBackend)))
+	}
+	if cfg.Backends.Queue == 0 {
+		cfg.Backends.Queue = 32 * cfg.Backends.Workers
 	}
 	cfg.Client = fleetsim.PolicyNone()
 	return cfg, cfg.Validate()

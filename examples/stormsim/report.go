@@ -84,7 +84,7 @@ func newReport(cfg fleetsim.Config, res []*fleetsim.Result, wall time.Duration) 
 			Series: seriesJSON{StepS: r.Step.Seconds(), Calls: r.Calls, OK: r.OK, Sent: r.Sent, Handled: r.HandledAt},
 			result: r,
 		}
-		if r.Recovery >= 0 {
+		if r.Ended && r.Recovery >= 0 {
 			s := r.Recovery.Seconds()
 			row.RecoveryS = &s
 		}
@@ -134,13 +134,15 @@ func count(n int) string {
 	return s
 }
 
-// recovery formats a recovery time.
-func recovery(d time.Duration) string {
+// recovery formats a run's recovery time.
+func recovery(r *fleetsim.Result) string {
 	switch {
-	case d < 0:
+	case !r.Ended:
+		return "-"
+	case r.Recovery < 0:
 		return "never"
 	default:
-		return fmt.Sprintf("%.1fs", d.Seconds())
+		return fmt.Sprintf("%.1fs", r.Recovery.Seconds())
 	}
 }
 
@@ -150,12 +152,12 @@ func (rep *report) writeText(w io.Writer) {
 	fmt.Fprintf(w, "Over the failure's calls: load = attempts sent ÷ calls, at handler = attempts past the server policy ÷ calls; after = from %v into it; burst = (attempts − 1.10 × calls) ÷ clients; max retries = the most one client sent; recovery = from the failure's end until every 100 ms step has ≥ 90%% of its calls ok.\n\n",
 		rep.cfg.Settle)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "row\tload\tat handler\tok %\tload after\tok % after\tburst/client\tmax retries\trecovery\trefused first/retry\tserver refused\twasted\twall\t")
+	fmt.Fprintln(tw, "row\tload\tat handler\tok %\tload after\tat handler after\tok % after\tburst/client\tmax retries\trecovery\trefused first/retry\tserver refused\twasted\twall\t")
 	for _, row := range rep.Rows {
 		r := row.result
-		fmt.Fprintf(tw, "%s\t%.3f×\t%.3f×\t%.1f\t%.3f×\t%.1f\t%+.2f\t%d\t%s\t%d/%d\t%d\t%d\t%.2fs\t\n",
-			r.Name, r.Window.Load(), r.Window.HandlerLoad(), r.Window.OKPercent(), r.After.Load(), r.After.OKPercent(),
-			r.BurstPerClient, r.MaxRetries, recovery(r.Recovery), r.RefusedFirst, r.RefusedRetry, r.ServerRefused, r.Wasted, r.Wall.Seconds())
+		fmt.Fprintf(tw, "%s\t%.3f×\t%.3f×\t%.1f\t%.3f×\t%.3f×\t%.1f\t%+.2f\t%d\t%s\t%d/%d\t%d\t%d\t%.2fs\t\n",
+			r.Name, r.Window.Load(), r.Window.HandlerLoad(), r.Window.OKPercent(), r.After.Load(), r.After.HandlerLoad(), r.After.OKPercent(),
+			r.BurstPerClient, r.MaxRetries, recovery(r), r.RefusedFirst, r.RefusedRetry, r.ServerRefused, r.Wasted, r.Wall.Seconds())
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\n%d row(s) in %.2fs of wall time.\n", len(rep.Rows), rep.Wall.Seconds())
@@ -177,7 +179,7 @@ func (rep *report) writeCSV(w io.Writer) error {
 	for _, row := range rep.Rows {
 		r := row.result
 		rec := ""
-		if r.Recovery >= 0 {
+		if r.Ended && r.Recovery >= 0 {
 			rec = f(r.Recovery.Seconds())
 		}
 		wd := r.Window

@@ -61,7 +61,7 @@ func runSweep(w io.Writer, cfg fleetsim.Config) error {
 			mark = " (defaults)"
 		}
 		fmt.Fprintf(tw, "%g\t%d\t%d%s\t%.3f×\t%.1f\t%.3f×\t%+.2f\t%d\t%s\t\n", s.ratio, s.burst, s.attempts, mark,
-			r.Window.Load(), r.Window.OKPercent(), r.After.Load(), r.BurstPerClient, r.MaxRetries, recovery(r.Recovery))
+			r.Window.Load(), r.Window.OKPercent(), r.After.Load(), r.BurstPerClient, r.MaxRetries, recovery(r))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -25,8 +25,8 @@ const (
 	// CapacityDrop: every request takes Failure.Factor times the service
 	// time, so the backends serve 1/Factor of their capacity.
 	CapacityDrop
-	// LatencyTail: a share Failure.P of the requests take Failure.Factor
-	// times the service time.
+	// LatencyTail: a share Failure.P of each backend's requests (exactly:
+	// one in 1/P) take Failure.Factor times the service time.
 	LatencyTail
 	// Throttling: each backend serves at most Failure.Limit requests a
 	// second (a token bucket of a tenth of a second's worth) and answers
@@ -58,8 +58,8 @@ func ParseMode(s string) (Mode, error) {
 // Failure is what goes wrong, and when.
 type Failure struct {
 	Mode Mode
-	// P is the probability an attempt fails (Independent) or is slow
-	// (LatencyTail).
+	// P is the probability an attempt fails (Independent), or the share of
+	// requests that are slow (LatencyTail).
 	P float64
 	// Factor multiplies the service time (CapacityDrop; LatencyTail's slow
 	// requests).
@@ -77,12 +77,14 @@ type Failure struct {
 // each, each sending its next call Think after its last one ended, Calls
 // calls in all per client).
 //
-// An open-loop client's k-th call is due at phase + k/Rate, plus, with
-// Jitter, a random share in [0, Jitter) of a period: with Jitter 1 each
-// client makes one call in each period, at a random time in it. Without
-// it (the storm lab's fleet), every client calls at the same phase of
-// every period, and a server whose answers depend on when requests come
-// (a rate limit) answers the same clients alike period after period.
+// An open-loop client's k-th call is due in the k-th period (1/Rate) of
+// the run, at its phase (a seeded share of the period) moved on by a
+// random share in [0, Jitter) of a period, wrapped around within the
+// period: with Jitter 1 each client makes one call in each period, at a
+// random time in it. Without jitter (the storm lab's fleet), every client
+// calls at the same phase of every period, and a server whose answers
+// depend on when requests come (a rate limit) answers the same clients
+// alike period after period.
 type Group struct {
 	Clients int
 	Rate    float64
@@ -127,10 +129,14 @@ type Config struct {
 	Client *ClientPolicy
 	Server *ServerPolicy
 	// Draw, if set, replaces the run's hashed draw of whether attempt a of
-	// call k of client i fails (Independent) or is slow (LatencyTail): it
-	// returns a number in [0, 1), compared with Failure.P. The storm lab's
+	// call k of client i fails (Independent): it returns a number in
+	// [0, 1), compared with Failure.P. The storm lab's
 	// cells use it to draw as the lab does.
 	Draw func(client, k, attempt int, due time.Duration) float64
+	// Probe, if set, is called once at ProbeAt with every client's state
+	// (tests read what the library's structures hold then).
+	Probe   func(clients []Client, now time.Time)
+	ProbeAt time.Duration
 }
 
 // Defaults applied by Run to zero Config fields.
@@ -187,7 +193,7 @@ func (c *Config) Validate() error {
 	switch {
 	case n == 0:
 		return errors.New("no clients")
-	case n > MaxClients:
+	case n > MaxClients || n > clientMask+1:
 		return fmt.Errorf("%d clients, want at most %d", n, MaxClients)
 	case c.Backends.M > MaxBackends:
 		return fmt.Errorf("%d backends, want at most %d", c.Backends.M, MaxBackends)

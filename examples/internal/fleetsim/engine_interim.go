@@ -3,8 +3,6 @@ package fleetsim
 import (
 	"math/rand/v2"
 	"time"
-
-	"github.com/stormguard/stormguard/internal/window"
 )
 
 // INTERIM: the pieces of the suite's client below are transcribed from
@@ -43,12 +41,16 @@ type interimEngine struct {
 	rand        *rand.Rand
 	maxAttempts int
 	base, cap   time.Duration
-	outcomes    *window.Counter // served, failed
+	// outcomes counts the target's attempts served and failed in the
+	// last epSlots slots of epSlotWidth (the endpoint table's windows,
+	// summed): slot[i] counts for second secs[i].
+	ok, failed [epSlots]int32
+	secs       [epSlots]int64
 }
 
 func newInterimEngine(e *Env, maxAttempts int) interimEngine {
 	return interimEngine{roundRobin: newRoundRobin(e), rand: e.Rand, maxAttempts: maxAttempts,
-		base: defaultBase, cap: defaultMax, outcomes: window.New(epSlots, 2, epSlotWidth)}
+		base: defaultBase, cap: defaultMax, secs: [epSlots]int64{-1, -1, -1, -1}}
 }
 
 // failure reports whether a code counts against the target (the
@@ -58,17 +60,28 @@ func failure(c Code) bool { return c != OK }
 
 // record counts an attempt's outcome in the target's table.
 func (g *interimEngine) record(now time.Time, failed bool) {
-	kind := 0
-	if failed {
-		kind = 1
+	sec := now.UnixNano() / int64(epSlotWidth)
+	i := sec % epSlots
+	if g.secs[i] != sec {
+		g.secs[i], g.ok[i], g.failed[i] = sec, 0, 0
 	}
-	g.outcomes.Add(now.UnixNano(), kind, 1)
+	if failed {
+		g.failed[i]++
+	} else {
+		g.ok[i]++
+	}
 }
 
 // servedNothing is the engine's servedNothing: the target's last 3 to 4 s
 // hold at least minServedNothing attempts, all failed.
-func (g *interimEngine) servedNothing(now time.Time, least int64) bool {
-	ok, failed := g.outcomes.Counts(now.UnixNano())
+func (g *interimEngine) servedNothing(now time.Time, least int32) bool {
+	sec := now.UnixNano() / int64(epSlotWidth)
+	var ok, failed int32
+	for i := range epSlots {
+		if s := g.secs[i]; s > sec-epSlots && s <= sec {
+			ok, failed = ok+g.ok[i], failed+g.failed[i]
+		}
+	}
 	return ok == 0 && failed >= least
 }
 

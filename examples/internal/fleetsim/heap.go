@@ -1,5 +1,7 @@
 package fleetsim
 
+import "math"
+
 // The kinds of event.
 const (
 	evArrive   uint8 = iota // a closed-loop worker's next call is due: idx = client
@@ -7,7 +9,6 @@ const (
 	evReply                 // an attempt's reply reaches its client: idx = call
 	evDone                  // a worker finished a request: idx = call, aux = backend
 	evDeadline              // a call's deadline: idx = call
-	evOpen                  // a jittered open-loop call is due: idx = client, aux = its number
 )
 
 // event is one thing due at a virtual time. Events at the same time run
@@ -68,4 +69,12 @@ func (q *queue) pop() event {
 		i = m
 	}
 	return top
+}
+
+// top returns when the next event is due (MaxInt64: none).
+func (q *queue) top() int64 {
+	if len(q.ev) == 0 {
+		return math.MaxInt64
+	}
+	return q.ev[0].at
 }

@@ -16,6 +16,7 @@ const (
 // call slots), its throttle bucket and its server policy.
 type backend struct {
 	busy   int
+	served int64 // requests started, for the latency tail's share
 	q      []int32
 	head   int
 	n      int
@@ -153,6 +154,7 @@ func (s *sim) at(t int64) time.Time { return base.Add(time.Duration(t)) }
 // loop runs the events and the open-loop arrivals in time order until
 // none is left.
 func (s *sim) loop() {
+	probe := s.cfg.Probe != nil
 	for {
 		ta, src := int64(math.MaxInt64), -1
 		for i, so := range s.sources {
@@ -160,19 +162,15 @@ func (s *sim) loop() {
 				ta, src = t, i
 			}
 		}
+		if next := min(ta, s.q.top()); probe && next >= int64(s.cfg.ProbeAt) {
+			probe = false
+			s.cfg.Probe(s.clients, s.at(int64(s.cfg.ProbeAt)))
+		}
 		switch {
 		case len(s.q.ev) > 0 && s.q.ev[0].at <= ta:
 			s.handle(s.q.pop())
 		case src >= 0:
-			so := s.sources[src]
-			client, k := so.next()
-			if so.jitter > 0 {
-				// Due later, by its jitter: the event comes after every
-				// call whose nominal time is earlier has been drawn.
-				at := ta + int64(draw(s.cfg.Seed, saltJitter, client, k, 0)*so.jitter*float64(so.period))
-				s.q.push(event{at: at, kind: evOpen, idx: int32(client), aux: int32(k)})
-				continue
-			}
+			client, k := s.sources[src].next()
 			s.arrive(ta, client, k)
 		default:
 			return
@@ -181,12 +179,8 @@ func (s *sim) loop() {
 }
 
 func (s *sim) handle(e event) {
-	switch e.kind {
-	case evArrive:
+	if e.kind == evArrive {
 		s.arriveClosed(e.at, int(e.idx))
-		return
-	case evOpen:
-		s.arrive(e.at, int(e.idx), int(e.aux))
 		return
 	}
 	c := &s.calls[e.idx]
@@ -289,17 +283,16 @@ func (s *sim) atServer(c *Call, now int64) {
 	}
 }
 
-// The salts of the kernel's draws: whether an attempt fails, whether it
-// is slow, its service time, a call's jitter.
+// The salts of the kernel's draws: whether an attempt fails, its service
+// time, a call's jitter.
 const (
 	saltFail uint64 = iota
-	saltSlow
 	saltService
 	saltJitter
 )
 
 // draw is the call's draw for its current attempt (saltFail: does it
-// fail; saltSlow: is it slow).
+// fail).
 func (s *sim) draw(c *Call, salt uint64) float64 {
 	if s.cfg.Draw != nil && salt == saltFail {
 		return s.cfg.Draw(c.Client, c.K, c.Attempts, c.Due)
@@ -336,7 +329,7 @@ func (s *sim) serve(c *Call, bk *backend, now int64) {
 // start starts serving the attempt at now, on a worker of its backend
 // (worker) or on none (the backends' workers are unbounded).
 func (s *sim) start(c *Call, now int64, worker bool) {
-	d := s.serviceTime(c, now)
+	d := s.serviceTime(c, &s.backends[c.backend], now)
 	if d <= 0 {
 		s.finish(c, now, worker)
 		return
@@ -351,8 +344,12 @@ func (s *sim) start(c *Call, now int64, worker bool) {
 	s.q.push(event{at: now + d, kind: evDone, idx: c.idx, gen: c.gen, aux: aux})
 }
 
-// serviceTime is how long the attempt takes a worker, starting at now.
-func (s *sim) serviceTime(c *Call, now int64) int64 {
+// serviceTime is how long the attempt takes a worker of bk, starting at
+// now. In a latency tail, exactly a share P of each backend's requests
+// are slow (every request that takes the count of slow ones to the next
+// whole number), so that the tail costs every policy the same capacity
+// whichever of its attempts are served.
+func (s *sim) serviceTime(c *Call, bk *backend, now int64) int64 {
 	d := float64(s.cfg.Backends.Service)
 	if d == 0 {
 		return 0
@@ -360,11 +357,14 @@ func (s *sim) serviceTime(c *Call, now int64) int64 {
 	d *= 0.75 + 0.5*draw(s.cfg.Seed, saltService, c.Client, c.K, c.Attempts)
 	f := &s.cfg.Failure
 	if now >= int64(f.Start) && now < int64(f.End) {
-		switch {
-		case f.Mode == CapacityDrop:
+		switch f.Mode {
+		case CapacityDrop:
 			d *= f.Factor
-		case f.Mode == LatencyTail && s.draw(c, saltSlow) < f.P:
-			d *= f.Factor
+		case LatencyTail:
+			if n := bk.served; math.Floor(float64(n+1)*f.P) > math.Floor(float64(n)*f.P) {
+				d *= f.Factor
+			}
+			bk.served++
 		}
 	}
 	return int64(d)

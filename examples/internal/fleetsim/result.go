@@ -41,9 +41,11 @@ type Result struct {
 	// part in which they were due.
 	Window, First, After, All Window
 	// Recovery is the time from the failure's end until every later step
-	// had at least RecoveredShare of its calls succeed; -1: never (or no
-	// failure that ends within the run).
+	// had at least RecoveredShare of its calls succeed; -1: never. Ended
+	// says whether the failure ended within the run (else Recovery means
+	// nothing).
 	Recovery time.Duration
+	Ended    bool
 	// BurstPerClient is the attempts sent over the failure beyond 1.10×
 	// its calls, per client of the fleet; MaxRetries the most retries one
 	// client sent over the failure.
@@ -168,6 +170,7 @@ func (m *meter) result(cfg *Config) *Result {
 		r.MaxRetries = max(r.MaxRetries, int(m.pcSent[i]-m.pcCalls[i]))
 	}
 	if cfg.Failure.Mode != Healthy && cfg.Failure.End < cfg.Duration {
+		r.Ended = true
 		r.Recovery = m.recovery(int64(cfg.Failure.End), int64(cfg.Duration))
 	}
 	return r

@@ -103,3 +103,7 @@ func (s *suiteClient) Send(c *Call, now time.Time) bool {
 }
 
 func (s *suiteClient) End(*Call, time.Time, bool) {}
+
+// Credit returns what the client's budget holds at now, in retries (its
+// Stats' Credit: negative while it is owed).
+func (s *suiteClient) Credit(now time.Time) float64 { return s.budget.StatsAt(now).Credit }
