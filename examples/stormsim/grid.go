@@ -140,6 +140,10 @@ func judge(rows []*fleetsim.Result) verdict {
 	return v
 }
 
+// overBound reports whether a row's load over the failure is above the
+// bound (as printed, to two decimals).
+func overBound(r *fleetsim.Result) bool { return r.Window.Load() >= gridBound+0.005 }
+
 // runGridCells runs every cell of the grid.
 func runGridCells() ([]*cell, error) {
 	rows, err := fleetsim.SelectRows("grid")
@@ -209,14 +213,21 @@ func writeGrid(w io.Writer, cells []*cell) {
 		}
 	}
 	fmt.Fprintf(w, "\n**Verdicts**\n\n| failure | fleet | stormguard | best rival within %.2f× | verdict |\n| --- | --- | --- | --- | --- |\n", gridBound)
-	wins := 0
+	wins, over := 0, 0
 	for _, c := range cells {
 		s, b := c.rows[len(c.rows)-1], c.verdict.best
-		fmt.Fprintf(w, "| %s | %s | %.2f×, %.1f%% | %s: %.2f×, %.1f%% | %s |\n", c.mode, c.shape,
-			s.Window.Load(), s.Window.OKPercent(), b.Name, b.Window.Load(), b.Window.OKPercent(), c.verdict)
+		mark := ""
+		if overBound(s) {
+			mark = " (over 1.10×)"
+		}
+		fmt.Fprintf(w, "| %s | %s | %.2f×, %.1f%%%s | %s: %.2f×, %.1f%% | %s |\n", c.mode, c.shape,
+			s.Window.Load(), s.Window.OKPercent(), mark, b.Name, b.Window.Load(), b.Window.OKPercent(), c.verdict)
 		if c.verdict.win {
 			wins++
+			if overBound(s) {
+				over++
+			}
 		}
 	}
-	fmt.Fprintf(w, "\nThe suite is better than the best rival within %.2f× in %d of %d cells.\n", gridBound, wins, len(cells))
+	fmt.Fprintf(w, "\nThe suite is better than the best rival within %.2f× in %d of %d cells, %d of them at a load over 1.10×.\n", gridBound, wins, len(cells), over)
 }

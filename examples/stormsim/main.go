@@ -47,6 +47,7 @@ type options struct {
 	sweep    bool
 	grid     bool
 	memory   bool
+	lab      bool
 	cpuprof  string
 }
 
@@ -111,6 +112,7 @@ func parseFlags(args []string, errOut io.Writer) (options, error) {
 	fs.BoolVar(&o.sweep, "sweep", false, "sweep the suite's settings (budget ratio, burst, attempts) on this scenario")
 	fs.BoolVar(&o.grid, "grid", false, "run the README's grid (failure modes × fleet shapes, every rival against the suite) and print it with its verdicts")
 	fs.BoolVar(&o.memory, "memory", false, "measure each policy's state memory per client")
+	fs.BoolVar(&o.lab, "lab", false, "run the cells the model shares with the storm lab and print the model's figures beside the lab's")
 	fs.StringVar(&o.cpuprof, "cpuprofile", "", "write a CPU profile of the run to this `file`")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: go run ./examples/stormsim [flags]\n\n"+
@@ -184,6 +186,8 @@ func run(o options, w io.Writer) error {
 	switch {
 	case o.memory:
 		return runMemory(w)
+	case o.lab:
+		return runLab(w)
 	case o.grid:
 		return runGrid(w, o)
 	}

@@ -21,6 +21,9 @@ func runMemory(w io.Writer) error {
 	for _, p := range append(fleetsim.Rivals(), fleetsim.PolicySuite()) {
 		fmt.Fprintf(tw, "%s\t%.0f\t\n", p.Name, fleetsim.StateBytes(p, memoryClients, 3))
 	}
-	fmt.Fprintf(tw, "%s\t%d\t\n", "the kernel (phases, counters, the client's slot)", fleetsim.KernelBytesPerClient)
+	b, br := fleetsim.LibraryBytes(memoryClients, 3)
+	fmt.Fprintf(tw, "%s\t%.0f\t\n", "  of which budget.Budget", b)
+	fmt.Fprintf(tw, "%s\t%.0f\t\n", "  of which breaker.Breaker", br)
+	fmt.Fprintf(tw, "%s\t%d\t\n", "the kernel (the client's slot, phase, counters)", fleetsim.KernelBytesPerClient)
 	return tw.Flush()
 }

@@ -11,13 +11,13 @@ import (
 
 // The chart's geometry, in SVG user units.
 const (
-	svgW      = 900.0
+	svgW      = 1000.0
 	svgPanelH = 220.0
 	svgLeft   = 60.0
 	svgRight  = 250.0
 	svgTop    = 70.0
 	svgGap    = 60.0
-	svgPoints = 600 // at most this many points per line
+	svgPoints = 300 // at most this many points per line
 )
 
 // palette is colour-blind-safe (Okabe-Ito, then greys).
