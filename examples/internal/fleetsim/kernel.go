@@ -22,6 +22,7 @@ type backend struct {
 	n      int
 	tokens float64
 	last   int64
+	primed bool // the throttle bucket has been filled
 	srv    Server
 }
 
@@ -42,8 +43,8 @@ func (b *backend) dequeue() int32 {
 // was one.
 func (b *backend) take(now int64, limit float64) bool {
 	burst := max(1, limit/10)
-	if b.last == 0 && b.tokens == 0 {
-		b.tokens = burst
+	if !b.primed {
+		b.primed, b.tokens, b.last = true, burst, now
 	}
 	b.tokens = min(burst, b.tokens+float64(now-b.last)*limit/1e9)
 	b.last = now
@@ -113,7 +114,7 @@ func newSim(cfg Config) *sim {
 	for i := range s.backends {
 		b := &s.backends[i]
 		if cfg.Backends.Workers > 0 {
-			b.q = make([]int32, max(cfg.Backends.Queue, 1))
+			b.q = make([]int32, cfg.Backends.Queue)
 		}
 		if cfg.Server != nil {
 			b.srv = cfg.Server.New(&s.env, i)

@@ -1,8 +1,10 @@
 package fleetsim
 
 import (
+	"cmp"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 )
@@ -86,14 +88,20 @@ func RunRows(cfg Config, rows []Row) ([]*Result, error) {
 	return res, err
 }
 
-// RunAll runs the configurations, GOMAXPROCS at a time, and returns
-// their results in order (and the first error).
+// RunAll runs the configurations, GOMAXPROCS at a time, the dearest first
+// (so that the last to finish is not a long one started late), and
+// returns their results in order (and the first error).
 func RunAll(cfgs []Config) ([]*Result, error) {
 	out := make([]*Result, len(cfgs))
 	errs := make([]error, len(cfgs))
+	order := make([]int, len(cfgs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(cost(&cfgs[b]), cost(&cfgs[a])) })
 	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
 	var wg sync.WaitGroup
-	for i := range cfgs {
+	for _, i := range order {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
@@ -109,4 +117,21 @@ func RunAll(cfgs []Config) ([]*Result, error) {
 		}
 	}
 	return out, nil
+}
+
+// cost estimates a run's work: its calls, the suite's client counted four
+// times (its budget and breaker cost most of a call's time in a large
+// fleet).
+func cost(c *Config) float64 {
+	w := 1.0
+	if c.Client != nil && c.Client.Key == "suite" {
+		w = 4
+	}
+	calls := c.Rate() * c.Duration.Seconds()
+	for _, g := range c.Groups {
+		if g.Workers > 0 {
+			calls += float64(g.Clients * g.Calls)
+		}
+	}
+	return w * calls
 }
