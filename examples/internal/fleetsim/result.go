@@ -73,14 +73,18 @@ type Result struct {
 // the step to count as recovered.
 const RecoveredShare = 0.9
 
+// perClient counts a client's calls due in the failure, and their
+// attempts.
+type perClient struct{ calls, sent int32 }
+
 // meter counts a run as it goes.
 type meter struct {
 	step             int64
-	from, settle, to int64 // the failure window, by due time
-	calls, ok        []int // by due step
-	sentDue, handDue []int // by due step
-	sentAt, handAt   []int // by the step they happened in
-	pcCalls, pcSent  []int32
+	from, settle, to int64       // the failure window, by due time
+	calls, ok        []int       // by due step
+	sentDue, handDue []int       // by due step
+	sentAt, handAt   []int       // by the step they happened in
+	pc               []perClient // by client
 	codes            [4]int
 	refusedFirst     int
 	refusedRetry     int
@@ -94,7 +98,7 @@ func newMeter(cfg *Config, clients int) *meter {
 	m := &meter{
 		step: int64(cfg.Step), calls: make([]int, n), ok: make([]int, n), sentDue: make([]int, n), handDue: make([]int, n),
 		sentAt: make([]int, n), handAt: make([]int, n), clients: clients,
-		pcCalls: make([]int32, clients), pcSent: make([]int32, clients),
+		pc: make([]perClient, clients),
 	}
 	m.from, m.to = 0, int64(cfg.Duration)
 	if f := cfg.Failure; f.Mode != Healthy {
@@ -111,7 +115,7 @@ func (m *meter) in(c *Call) bool { return c.due >= m.from && c.due < m.to }
 func (m *meter) call(c *Call) {
 	m.calls[m.idx(c.due)]++
 	if m.in(c) {
-		m.pcCalls[c.Client]++
+		m.pc[c.Client].calls++
 	}
 }
 
@@ -119,7 +123,7 @@ func (m *meter) sent(c *Call, now int64) {
 	m.sentDue[m.idx(c.due)]++
 	m.sentAt[m.idx(now)]++
 	if m.in(c) {
-		m.pcSent[c.Client]++
+		m.pc[c.Client].sent++
 	}
 }
 
@@ -166,8 +170,8 @@ func (m *meter) result(cfg *Config) *Result {
 	}
 	w := r.Window
 	r.BurstPerClient = (float64(w.Sent) - 1.1*float64(w.Calls)) / float64(max(m.clients, 1))
-	for i := range m.pcSent {
-		r.MaxRetries = max(r.MaxRetries, int(m.pcSent[i]-m.pcCalls[i]))
+	for _, pc := range m.pc {
+		r.MaxRetries = max(r.MaxRetries, int(pc.sent-pc.calls))
 	}
 	if cfg.Failure.Mode != Healthy && cfg.Failure.End < cfg.Duration {
 		r.Ended = true
