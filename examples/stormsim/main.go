@@ -104,7 +104,7 @@ func parseFlags(args []string, errOut io.Writer) (options, error) {
 	fs.Float64Var(&o.seconds, "seconds", 60, "simulated seconds of calls")
 	fs.DurationVar(&o.deadline, "deadline", 2*time.Second, "every call's deadline")
 	fs.DurationVar(&o.settle, "settle", fleetsim.DefaultSettle, "the failure's first part, left out of the 'after' figures")
-	fs.StringVar(&o.rows, "rows", "all", "rows, comma-separated: none, grpc, grpc-throttle, aws, aws-2026, envoy, finagle, sre, suite, suite-client, grpc-suiteserver; all; grid")
+	fs.StringVar(&o.rows, "rows", "default", "rows, comma-separated: none, grpc, grpc-throttle, aws, aws-2026, envoy, finagle, sre, suite, suite-client, grpc-suiteserver; grid (the rivals and suite); default (grid and grpc-suiteserver); all")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the run's random choices")
 	fs.BoolVar(&o.json, "json", false, "print the results as JSON (series included) instead of tables")
 	fs.StringVar(&o.csv, "csv", "", "also write the table as CSV to this `file`")

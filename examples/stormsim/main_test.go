@@ -27,10 +27,10 @@ func runArgs(t *testing.T, args ...string) string {
 	return out.String()
 }
 
-// TestTable prints a row per policy, the suite's among them.
+// TestTable prints a row per policy by default, the suite's among them.
 func TestTable(t *testing.T) {
 	out := runArgs(t, "-clients", "100", "-rate", "2", "-seconds", "20", "-from", "5s", "-for", "10s")
-	for _, want := range []string{"no retries", "grpc-go + retryThrottling", "AWS SDK standard, 2026", "Envoy", "Finagle", "SRE", "stormguard defaults", "stormguard client, plain server"} {
+	for _, want := range []string{"no retries", "grpc-go + retryThrottling", "AWS SDK standard, 2026", "Envoy", "Finagle", "SRE", "stormguard defaults", "grpc-go retryPolicy, stormguard server"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no row %q in\n%s", want, out)
 		}

@@ -41,14 +41,17 @@ func Rows() []Row {
 }
 
 // SelectRows returns the rows named by keys (comma-separated; "all": all
-// of them; "grid": the rivals and the suite's defaults).
+// of them; "grid": the rivals and the suite's defaults; "" or "default":
+// those and grpc-go's clients behind the suite's server).
 func SelectRows(keys string) ([]Row, error) {
 	all := Rows()
 	switch keys {
-	case "", "all":
+	case "all":
 		return all, nil
 	case "grid":
 		return all[:len(Rivals())+1], nil
+	case "", "default":
+		return append(all[:len(Rivals())+1:len(Rivals())+1], all[len(Rivals())+2]), nil
 	}
 	var out []Row
 	for _, k := range strings.Split(keys, ",") {
