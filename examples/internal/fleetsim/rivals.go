@@ -60,17 +60,25 @@ func (*noRetries) End(*Call, time.Time, bool)               {}
 type grpcClient struct {
 	roundRobin
 	rand     *rand.Rand
-	throttle *grpcThrottle
+	throttle *GRPCThrottle
 	// initial, maxBackoff are the policy's initialBackoff and maxBackoff
 	// (multiplier 2).
 	initial, maxBackoff time.Duration
 }
 
-// grpcThrottle is grpc-go's retryThrottler (clientconn.go), transcribed:
+// GRPCThrottle is grpc-go's retryThrottler (clientconn.go), transcribed:
 // tokens start at maxTokens; each failed attempt with a retryable code
 // takes one (not below 0) and no retry follows while maxTokens/2 or fewer
 // are left; each successful RPC gives tokenRatio back (up to maxTokens).
-type grpcThrottle struct{ tokens, max, thresh, ratio float64 }
+// The storm lab's capacity model runs it too. A nil *GRPCThrottle
+// throttles nothing.
+type GRPCThrottle struct{ tokens, max, thresh, ratio float64 }
+
+// NewGRPCThrottle returns grpc-go's throttle of retryThrottling
+// {maxTokens, tokenRatio}, full.
+func NewGRPCThrottle(maxTokens, tokenRatio float64) *GRPCThrottle {
+	return &GRPCThrottle{tokens: maxTokens, max: maxTokens, thresh: maxTokens / 2, ratio: tokenRatio}
+}
 
 // The retryThrottling of the storm lab's grpc-go row and of gRFC A6's
 // example: {maxTokens: 10, tokenRatio: 0.1}, per channel (one per client
@@ -80,7 +88,9 @@ const (
 	grpcTokenRatio = 0.1
 )
 
-func (t *grpcThrottle) throttle() bool {
+// Throttle counts a failed attempt with a retryable code and reports
+// whether no retry may follow.
+func (t *GRPCThrottle) Throttle() bool {
 	if t == nil {
 		return false
 	}
@@ -88,7 +98,8 @@ func (t *grpcThrottle) throttle() bool {
 	return t.tokens <= t.thresh
 }
 
-func (t *grpcThrottle) successfulRPC() {
+// SuccessfulRPC counts a call that succeeded.
+func (t *GRPCThrottle) SuccessfulRPC() {
 	if t != nil {
 		t.tokens = min(t.tokens+t.ratio, t.max)
 	}
@@ -116,7 +127,7 @@ func PolicyGRPCWith(throttled bool, initial, maxBackoff time.Duration) *ClientPo
 func newGRPCClient(e *Env, throttled bool, initial, maxBackoff time.Duration) *grpcClient {
 	c := &grpcClient{roundRobin: newRoundRobin(e), rand: e.Rand, initial: initial, maxBackoff: maxBackoff}
 	if throttled {
-		c.throttle = &grpcThrottle{tokens: grpcMaxTokens, max: grpcMaxTokens, thresh: grpcMaxTokens / 2, ratio: grpcTokenRatio}
+		c.throttle = NewGRPCThrottle(grpcMaxTokens, grpcTokenRatio)
 	}
 	return c
 }
@@ -127,14 +138,14 @@ func (g *grpcClient) End(*Call, time.Time, bool)  {}
 
 func (g *grpcClient) Settle(c *Call, _ time.Time, o Outcome) Verdict {
 	if o.Code == OK {
-		g.throttle.successfulRPC()
+		g.throttle.SuccessfulRPC()
 		return Verdict{}
 	}
 	if o.Pushback != NoPushback && o.Pushback < 0 {
-		g.throttle.throttle() // grpc-go: "this counts as a failure for throttling"
+		g.throttle.Throttle() // grpc-go: "this counts as a failure for throttling"
 		return Verdict{}
 	}
-	if o.Code != Unavailable || g.throttle.throttle() || c.Attempts >= rivalAttempts {
+	if o.Code != Unavailable || g.throttle.Throttle() || c.Attempts >= rivalAttempts {
 		return Verdict{}
 	}
 	if o.Pushback != NoPushback {
