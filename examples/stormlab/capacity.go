@@ -8,6 +8,7 @@ import (
 
 	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/budget"
+	"github.com/stormguard/stormguard/examples/internal/fleetsim"
 )
 
 // The capacity-drop model of "Implementing Retry Budgets to Prevent Retry
@@ -100,23 +101,6 @@ func simulateCapacity(c capClient, setTick func(int)) capResult {
 	return r
 }
 
-// grpcThrottle is grpc-go's retryThrottler (clientconn.go), transcribed:
-// tokens start at maxTokens; a failed attempt takes one (not below 0) and
-// stops retrying when maxTokens/2 or fewer are left; a successful RPC adds
-// tokenRatio (up to maxTokens).
-type grpcThrottle struct{ tokens, max, thresh, ratio float64 }
-
-func newGRPCThrottle(maxTokens, ratio float64) *grpcThrottle {
-	return &grpcThrottle{tokens: maxTokens, max: maxTokens, thresh: maxTokens / 2, ratio: ratio}
-}
-
-func (t *grpcThrottle) throttle() bool {
-	t.tokens = max(t.tokens-1, 0)
-	return t.tokens <= t.thresh
-}
-
-func (t *grpcThrottle) successfulRPC() { t.tokens = min(t.tokens+t.ratio, t.max) }
-
 // capPolicy builds p's client in the model, on a clock that setTick moves.
 func capPolicy(p policy) (capClient, func(int)) {
 	start := time.Unix(1_700_000_000, 0)
@@ -132,8 +116,8 @@ func capPolicy(p policy) (capClient, func(int)) {
 		// No backoff matters within a tick: grpc-go's retryPolicy is the
 		// same 3 attempts as the suite without budget and breaker.
 	case grpcThrottled:
-		t := newGRPCThrottle(10, 0.1)
-		c.failed, c.succeeded = t.throttle, t.successfulRPC
+		t := fleetsim.NewGRPCThrottle(10, 0.1) // the fleet simulator's transcription of grpc-go's throttle
+		c.failed, c.succeeded = t.Throttle, t.SuccessfulRPC
 	case suiteBudget, suiteDefaults:
 		b := budget.New(budget.Config{})
 		c.request = func() { b.DepositAt(clock()) }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
+	"github.com/stormguard/stormguard/examples/internal/fleetsim"
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
@@ -126,10 +126,9 @@ func (s fleetShape) validate() error {
 func (s fleetShape) period() time.Duration { return time.Duration(float64(time.Second) / s.rate) }
 
 // offset is when client i's first call is due after the start: a seeded
-// uniform in [0, period), the same in every row.
-func (s fleetShape) offset(i int) time.Duration {
-	return time.Duration(rand.New(rand.NewPCG(labSeed, uint64(i))).Float64() * float64(s.period()))
-}
+// uniform in [0, period), the same in every row, and the same as the fleet
+// simulator's (fleetsim.Phase).
+func (s fleetShape) offset(i int) time.Duration { return fleetsim.Phase(labSeed, i, s.period()) }
 
 // askedRate is the fleet's calls per second.
 func (s fleetShape) askedRate() float64 { return float64(s.clients) * s.rate }

@@ -9,13 +9,14 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/stormguard/stormguard/examples/internal/fleetsim"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
 // labSeed seeds every random choice of the lab that decides an outcome
 // (which attempts fail or are slow), so that runs are comparable.
-const labSeed = 2026
+const labSeed = fleetsim.LabSeed
 
 // scenario is one experiment of the lab.
 type scenario struct {

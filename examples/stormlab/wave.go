@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"hash/fnv"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -12,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/stormguard/stormguard/examples/internal/fleetsim"
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 )
@@ -166,15 +165,11 @@ func inStep(n int, s origin.Script) origin.Script {
 
 // uniform returns a number in [0, 1) fixed by the seed, the request id and
 // the attempt: the lab's seeded random choice, the same in every run and
-// whatever order the attempts arrive in.
+// whatever order the attempts arrive in. It is the fleet simulator's
+// (fleetsim.LabUniform), so that the simulator's cells shared with the lab
+// fail the same attempts of the same calls.
 func uniform(seed uint64, id string, attempt int) float64 {
-	h := fnv.New64a()
-	fmt.Fprintf(h, "%d/%s/%d", seed, id, attempt)
-	x := h.Sum64() // mixed (splitmix64's finalizer): FNV's high bits are weak for short keys
-	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
-	x = (x ^ x>>27) * 0x94d049bb133111eb
-	x ^= x >> 31
-	return float64(x>>11) / (1 << 53)
+	return fleetsim.LabUniform(seed, id, attempt)
 }
 
 // failWithProbability fails each attempt with Unavailable with probability

@@ -1,0 +1,5 @@
+//go:build race
+
+package fleetsim
+
+const raceEnabled = true

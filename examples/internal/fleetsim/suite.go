@@ -1,0 +1,109 @@
+package fleetsim
+
+import (
+	"time"
+
+	"github.com/stormguard/stormguard/breaker"
+	"github.com/stormguard/stormguard/budget"
+)
+
+// suiteClient is the suite's client (interceptor.NewClient() as it comes)
+// for one target: the library's retry budget and breaker decide, driven
+// with the model's times; the engine's rules around them are the interim
+// engine's (engine_interim.go).
+type suiteClient struct {
+	interimEngine
+	budget  *budget.Budget
+	breaker *breaker.Breaker
+}
+
+// SuiteOptions shape the suite's client: a budget Config, an attempt
+// limit and a backoff (RetryPolicy's MaxAttempts, BackoffBase and
+// BackoffMax; 0: the defaults).
+type SuiteOptions struct {
+	Budget                  budget.Config
+	MaxAttempts             int
+	BackoffBase, BackoffMax time.Duration
+}
+
+// PolicySuite is the suite's client with its defaults.
+func PolicySuite() *ClientPolicy { return PolicySuiteWith(SuiteOptions{}) }
+
+// PolicySuiteWith is the suite's client with the given budget and attempt
+// limit.
+func PolicySuiteWith(o SuiteOptions) *ClientPolicy {
+	attempts := o.MaxAttempts
+	if attempts <= 0 {
+		attempts = defaultAttempts
+	}
+	return &ClientPolicy{Key: "suite", Name: "stormguard defaults", MaxAttempts: attempts, MarksRetries: true,
+		New: func(e *Env, _ int) Client {
+			g := newInterimEngine(e, attempts)
+			if o.BackoffBase > 0 {
+				g.base = o.BackoffBase
+			}
+			if o.BackoffMax > 0 {
+				g.cap = max(o.BackoffMax, g.base)
+			}
+			return &suiteClient{
+				interimEngine: g,
+				budget:        budget.New(o.Budget),
+				breaker:       breaker.New(breaker.Config{Rand: e.Rand.Float64}),
+			}
+		}}
+}
+
+// Begin deposits the call in the budget and asks the breaker for its
+// first attempt. An open breaker refuses it (the engine, when it knows
+// endpoints that served nothing, lets such an attempt through to its pick
+// and refuses it there only if it picks one of them; with no fail-over in
+// the interim engine, every endpoint is alike).
+func (s *suiteClient) Begin(c *Call, now time.Time) bool {
+	s.budget.DepositAt(now)
+	t, err := s.breaker.AdmitAt(now)
+	if err != nil {
+		return false
+	}
+	c.ticket = t
+	return true
+}
+
+// Settle reports the attempt's outcome to the breaker and the target's
+// table, and decides as the engine's decide does: the rules, then whether
+// the retry could be paid for now (the breaker open, the target dead for
+// sure, the budget's PeekAt), so that no backoff is waited for a retry
+// that would be refused.
+func (s *suiteClient) Settle(c *Call, now time.Time, o Outcome) Verdict {
+	failed := failure(o.Code)
+	c.ticket.DoneAt(failed, now)
+	s.record(now, failed)
+	if o.Code == OK {
+		return Verdict{}
+	}
+	d, ok := s.rules(c, now, o)
+	if !ok || s.breaker.RetryAfterAt(now) > 0 || s.servedNothing(now, minDeadForSure) || !s.budget.PeekAt(now) {
+		return Verdict{}
+	}
+	return Verdict{Retry: true, Delay: d}
+}
+
+// Send is the engine's gate for a retry that is due: the breaker, the
+// target having served nothing lately, then a token from the budget.
+func (s *suiteClient) Send(c *Call, now time.Time) bool {
+	t, err := s.breaker.AdmitAt(now)
+	if err != nil {
+		return false
+	}
+	if s.servedNothing(now, minServedNothing) || !s.budget.WithdrawAt(now) {
+		t.Ignore()
+		return false
+	}
+	c.ticket, c.budgeted = t, true
+	return true
+}
+
+func (s *suiteClient) End(*Call, time.Time, bool) {}
+
+// Credit returns what the client's budget holds at now, in retries (its
+// Stats' Credit: negative while it is owed).
+func (s *suiteClient) Credit(now time.Time) float64 { return s.budget.StatsAt(now).Credit }
