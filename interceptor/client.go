@@ -75,7 +75,8 @@ func NewClient(opts ...ClientOption) *Client {
 			opt.applyClient(&o)
 		}
 	}
-	o.backoffMax = max(o.backoffMax, o.backoffBase)
+	o.backoffBase = min(o.backoffBase, MaxBackoff)
+	o.backoffMax = min(max(o.backoffMax, o.backoffBase), MaxBackoff)
 	c := &Client{o: o}
 	c.routes.Max = maxRoutes
 	c.endpoints.Max = maxRoutes

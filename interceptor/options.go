@@ -30,6 +30,13 @@ const (
 	defaultReplayLimit = 256 << 10
 )
 
+// MaxBackoff is the longest backoff before a retry, whatever sets it
+// (RetryPolicy, or a service config's retryPolicy: its initialBackoff and
+// maxBackoff are lowered to it), as MaxPushback is the longest delay taken
+// from a server: a call without a deadline never waits more than a minute
+// for its next attempt on a configuration's word.
+const MaxBackoff = time.Minute
+
 // A ClientOption configures a Client. Options are sealed: create them with
 // the With... functions of this package.
 type ClientOption interface{ applyClient(*clientOptions) }
@@ -85,7 +92,8 @@ type RetryPolicy struct {
 	// BackoffBase and BackoffMax bound the backoff between attempts: the
 	// n-th retry waits a random time in [d/2, d] with d = min(BackoffMax,
 	// BackoffBase·2ⁿ⁻¹): 50 ms and 1 s by default. A BackoffMax below
-	// BackoffBase is raised to it. A server's grpc-retry-pushback-ms, or
+	// BackoffBase is raised to it, and both are lowered to MaxBackoff (one
+	// minute). A server's grpc-retry-pushback-ms, or
 	// the retry_delay of a google.rpc.RetryInfo in its status, replaces the
 	// backoff (the longer of the two when both come); a delay beyond
 	// MaxPushback, or one that does not fit in the call's deadline, means
