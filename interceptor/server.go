@@ -59,7 +59,7 @@ func NewServer(opts ...ServerOption) *Server {
 	if !o.budgetSet {
 		reg = budget.NewRegistry(budget.Config{})
 	}
-	s.rb = newServerBudgets(reg, reg.Ratio()) // nil for a nil reg
+	s.rb = newServerBudgets(reg) // nil for a nil reg
 	if !o.dedupeSet {
 		s.dedupe = dedupe.NewServer(dedupe.Config{})
 	}
@@ -152,17 +152,17 @@ func (s *Server) admitAndHandle(ctx context.Context, req any, method string, han
 	p, _ := priority.FromContext(ctx)
 	t, err := s.admit(ctx, method, retry, p)
 	if err != nil {
-		mb.done(time.Now(), err) // a refusal on arrival: the method fails its callers
+		mb.DoneAt(time.Now(), serverFailure(err)) // a refusal on arrival: the method fails its callers
 		s.refused(ctx, method, admissionReason(err))
 		return nil, err
 	}
-	if mb != nil && !mb.admit(time.Now(), retry, retry && isBudgeted(ctx)) {
+	if !mb.AdmitAt(time.Now(), retry) && !(retry && isBudgeted(ctx)) {
 		t.Discard()
 		s.refused(ctx, method, serverRetryBudget)
 		return nil, refuseRetry(ctx)
 	}
 	defer func() {
-		mb.done(time.Now(), err)
+		mb.DoneAt(time.Now(), serverFailure(err))
 		s.release(ctx, t, err)
 	}()
 	return handler(ctx, req)
@@ -187,12 +187,12 @@ func (s *Server) Stream() grpc.StreamServerInterceptor {
 		m := &refusalMarker{}
 		ctx = context.WithValue(ctx, markerKey{}, m)
 		mb := s.rb.forMethod(info.FullMethod)
-		if retry := isRetry(ctx); mb != nil && !mb.admit(time.Now(), retry, retry && isBudgeted(ctx)) {
+		if retry := isRetry(ctx); !mb.AdmitAt(time.Now(), retry) && !(retry && isBudgeted(ctx)) {
 			s.refused(ctx, info.FullMethod, serverRetryBudget)
 			return refuseRetry(ctx)
 		}
 		ss = &serverStream{ServerStream: ss, ctx: ctx}
-		defer func() { mb.done(time.Now(), err) }()
+		defer func() { mb.DoneAt(time.Now(), serverFailure(err)) }()
 		if dedupe != nil {
 			err = dedupe(srv, ss, info, handler)
 			s.refusedByDedupe(ctx, info.FullMethod, err)
