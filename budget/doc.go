@@ -85,7 +85,7 @@
 // retries it gets are fail-overs from other servers, and cost nothing.
 //
 //	m := budget.NewMethod(budgets.For(method))
-//	if !m.AdmitAt(now, isRetry) {
+//	if !m.AdmitAt(now, isRetry, clientConn) {
 //		return errOverBudget // before the method runs; say "do not retry"
 //	}
 //	err := run()

@@ -84,7 +84,7 @@ func ExampleMethod() {
 
 	// 100 first attempts arrive, and the method fails them all.
 	for range 100 {
-		m.AdmitAt(now, false)
+		m.AdmitAt(now, false, 0)
 		m.DoneAt(now, true)
 	}
 	// Their callers retry every one: the budget admits the two retries of
@@ -92,7 +92,7 @@ func ExampleMethod() {
 	// attempts, which the next first attempts repay.
 	admitted := 0
 	for range 100 {
-		if m.AdmitAt(now, true) {
+		if m.AdmitAt(now, true, 0) {
 			admitted++
 		}
 	}

@@ -20,7 +20,7 @@ func (m *methodAt) now() time.Time { return base.Add(m.at) }
 // calls sends n first attempts, each ending as failed says.
 func (m *methodAt) calls(n int, failed bool) {
 	for range n {
-		m.AdmitAt(m.now(), false)
+		m.AdmitAt(m.now(), false, 0)
 		m.DoneAt(m.now(), failed)
 	}
 }
@@ -29,7 +29,7 @@ func (m *methodAt) calls(n int, failed bool) {
 func (m *methodAt) retries(n int) int {
 	got := 0
 	for range n {
-		if m.AdmitAt(m.now(), true) {
+		if m.AdmitAt(m.now(), true, 0) {
 			got++
 		}
 	}
@@ -106,7 +106,7 @@ func TestMethodZeroAndNil(t *testing.T) {
 		t.Fatalf("zero Method admitted %d retries, want 7 (2 of credit, a loan of 5)", got)
 	}
 	var null *budget.Method
-	if !null.AdmitAt(base, true) || null.FailingAt(base) {
+	if !null.AdmitAt(base, true, 0) || null.FailingAt(base) {
 		t.Fatal("a nil Method refuses or fails")
 	}
 	null.DoneAt(base, true)
@@ -123,7 +123,7 @@ func TestMethodConcurrentUse(t *testing.T) {
 	b := budget.New(budget.Config{Burst: -1})
 	m := budget.NewMethod(b)
 	for range 100 {
-		m.AdmitAt(base, false)
+		m.AdmitAt(base, false, 0)
 		m.DoneAt(base, true)
 	}
 	var wg sync.WaitGroup
@@ -131,7 +131,7 @@ func TestMethodConcurrentUse(t *testing.T) {
 	for range 8 {
 		wg.Go(func() {
 			for range 100 {
-				if m.AdmitAt(base, true) {
+				if m.AdmitAt(base, true, 0) {
 					admitted.Add(1)
 				}
 				m.DoneAt(base, true)
@@ -141,5 +141,42 @@ func TestMethodConcurrentUse(t *testing.T) {
 	wg.Wait()
 	if st := b.StatsAt(base); admitted.Load() != int64(st.Granted) || st.Granted > 2+10 {
 		t.Fatalf("admitted %d, granted %+v", admitted.Load(), st)
+	}
+}
+
+// A fleet's first failures: 100 clients, each its own Budget, would lend
+// themselves 5 retries each at the start of a failure; the Method lends
+// as much (Burst per client that sent it a first attempt in the last
+// second, at most one retry per first attempt of the last second), so
+// that those retries are not refused here. One client sending as many
+// first attempts is lent what its own Budget would lend it: 10% of the
+// last second's.
+func TestMethodLendsAsTheFleetsBudgetsWould(t *testing.T) {
+	for _, tc := range []struct {
+		clients, perClient, want int
+	}{
+		{100, 5, 2 + 500},
+		{1, 500, 2 + 50},
+		{10, 50, 2 + 50},    // Burst × 10 = 50: as 10% of the last second's
+		{1000, 1, 2 + 1000}, // Burst × 1000, at most one per first attempt
+	} {
+		m := &methodAt{Method: budget.NewMethod(budget.New(budget.Config{}))}
+		for i := range tc.perClient {
+			for c := range tc.clients {
+				m.at = time.Duration(i*tc.clients+c) * time.Millisecond / time.Duration(tc.clients*tc.perClient)
+				m.AdmitAt(m.now(), false, uint64(c)+1)
+				m.DoneAt(m.now(), true)
+			}
+		}
+		got := 0
+		for range 2 * tc.clients * tc.perClient {
+			if m.AdmitAt(m.now(), true, 1) {
+				got++
+			}
+		}
+		// The sketch counts clients to within a few percent.
+		if lo, hi := tc.want-tc.want/20, tc.want+tc.want/20; got < lo || got > hi {
+			t.Errorf("%d clients × %d first attempts: %d retries admitted, want about %d", tc.clients, tc.perClient, got, tc.want)
+		}
 	}
 }

@@ -424,6 +424,7 @@ type serverOptions struct {
 	budgets     *budget.Registry                        // the retry budgets per method
 	budgetSet   bool                                    // WithServerBudget was given (budgets nil: off)
 	priorityCap func(context.Context) priority.Priority // WithPriorityCap
+	trust       *budgetTrust                            // WithTrustedBudgets; nil: nobody
 
 	// meterProvider is WithServerTelemetry's; nil: the global one.
 	meterProvider metric.MeterProvider
@@ -448,20 +449,24 @@ func WithServerTelemetry(t Telemetry) ServerOption {
 // WithServerBudget sets the server's retry budget: per method, the retries
 // and hedges the server serves are paid for by the first attempts it
 // serves (the first attempts of every client, so it bounds a fleet whose
-// clients it does not control). While the method fails more than the
-// budget's ratio of its recent calls, a retry or hedge the method's budget
-// cannot pay for is refused at once (Unavailable, semconv.ErrorReasonRetryBudget,
-// grpc-retry-pushback-ms: -1), before the handler runs. The default is
-// budget.NewRegistry(budget.Config{}): 10%. nil turns it off.
+// clients it does not control; see budget.Method). While the method fails
+// more than the budget's ratio of its recent calls, a retry or hedge the
+// method's budget cannot pay for is refused at once (Unavailable,
+// semconv.ErrorReasonRetryBudget, grpc-retry-pushback-ms: -1), before the
+// handler runs. At the start of a failure it lends what its clients'
+// own budgets would lend them: the budget's Burst for each client
+// connection that sent a first attempt lately, at most one retry per
+// first attempt of the last second, repaid by the first attempts that
+// follow. The default is budget.NewRegistry(budget.Config{}): 10%, a
+// Burst of 5. nil turns it off.
 //
-// Whether an attempt is a retry is the caller's word (its
-// grpc-previous-rpc-attempts metadata): a client that hides it is served
-// as a first attempt, and pays for others' retries. The suite's clients
-// also say that their own budgets bound their retries (semconv.BudgetedKey):
-// those are counted, and served even when the server's budget is spent,
-// so that the two budgets do not both charge them; the retries of other
-// clients get what is left. A client that lies about either gets no more
-// than it would from a server without the budget.
+// Every retry and hedge is charged, whoever sends it and whatever its
+// headers say: the suite's clients say when their own budget paid for a
+// retry (semconv.BudgetedKey), but that buys nothing unless the caller is
+// one WithTrustedBudgets names. Whether an attempt is a retry is the
+// caller's word (its grpc-previous-rpc-attempts metadata): a client that
+// hides it is served as a first attempt, and pays for others' retries; it
+// gets no more than it would from a server without the budget.
 func WithServerBudget(r *budget.Registry) ServerOption {
 	return serverOptionFunc(func(o *serverOptions) { o.budgets, o.budgetSet = r, true })
 }

@@ -156,7 +156,7 @@ func (s *Server) admitAndHandle(ctx context.Context, req any, method string, han
 		s.refused(ctx, method, admissionReason(err))
 		return nil, err
 	}
-	if !mb.AdmitAt(time.Now(), retry) && !(retry && isBudgeted(ctx)) {
+	if !s.admitRetry(ctx, mb, retry) {
 		t.Discard()
 		s.refused(ctx, method, serverRetryBudget)
 		return nil, refuseRetry(ctx)
@@ -187,7 +187,7 @@ func (s *Server) Stream() grpc.StreamServerInterceptor {
 		m := &refusalMarker{}
 		ctx = context.WithValue(ctx, markerKey{}, m)
 		mb := s.rb.forMethod(info.FullMethod)
-		if retry := isRetry(ctx); !mb.AdmitAt(time.Now(), retry) && !(retry && isBudgeted(ctx)) {
+		if !s.admitRetry(ctx, mb, isRetry(ctx)) {
 			s.refused(ctx, info.FullMethod, serverRetryBudget)
 			return refuseRetry(ctx)
 		}

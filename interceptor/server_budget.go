@@ -2,12 +2,16 @@ package interceptor
 
 import (
 	"context"
+	"hash/maphash"
+	"net"
+	"time"
 
 	"github.com/stormguard/stormguard/semconv"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/stormguard/stormguard/budget"
@@ -59,8 +63,43 @@ func (s *serverBudgets) forMethod(method string) *budget.Method {
 	return s.m.LoadOrCreate(method, s.newMethod)
 }
 
+// admitRetry asks the method's budget about an attempt arriving with ctx
+// (a retry, or a hedge, when retry says so): a first attempt pays for the
+// retries to come; a retry or hedge is charged while the method fails,
+// whoever sends it, and refused when the budget cannot pay, unless a
+// caller the Server trusts says its own budget paid for it
+// (WithTrustedBudgets).
+func (s *Server) admitRetry(ctx context.Context, mb *budget.Method, retry bool) bool {
+	if mb == nil {
+		return true
+	}
+	if !retry {
+		return mb.AdmitAt(time.Now(), false, clientOf(ctx))
+	}
+	return mb.AdmitAt(time.Now(), true, 0) || s.paidByTrusted(ctx)
+}
+
+// clientSeed keys clientOf's hash.
+var clientSeed = maphash.MakeSeed()
+
+// clientOf tells apart the clients of a method, for its budget's loans
+// (see budget.Method): a hash of the caller's address, which is one per
+// client connection over TCP. Callers whose addresses are alike (a Unix
+// socket, an in-memory listener) are one client.
+func clientOf(ctx context.Context) uint64 {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return 0
+	}
+	if a, ok := p.Addr.(*net.TCPAddr); ok {
+		return maphash.Bytes(clientSeed, a.IP) ^ uint64(a.Port)<<48
+	}
+	return maphash.String(clientSeed, p.Addr.String())
+}
+
 // isBudgeted reports whether a retry arriving with ctx says its client's
-// own budget bounds it (the caller's word, as its attempt number is).
+// own budget paid for it (the caller's word: it buys nothing unless the
+// caller is trusted).
 func isBudgeted(ctx context.Context) bool {
 	vs := metadata.ValueFromIncomingContext(ctx, semconv.BudgetedKey)
 	return len(vs) == 1 && vs[0] == "1"
