@@ -19,3 +19,6 @@ func OverloadOf(s *Server) *overload.Guard { return s.ov.guard }
 // Propagates reports whether a refusal for r makes the Server answer
 // grpc-retry-pushback-ms: -1.
 func Propagates(r Reason) bool { return r.propagates() }
+
+// Seal returns this process's seal, which marks the refusals it made.
+func Seal() string { return seal }

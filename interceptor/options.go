@@ -377,7 +377,8 @@ func WithTargetName(name func(target string) string) ClientOption {
 
 // WithoutRefusalMarker keeps the message of a status whose retry was
 // refused as the server sent it. By default it ends with a marker,
-// " [stormguard: retry refused: budget]", so that RefusedBy can tell why
+// " [stormguard: retry refused: budget #<seal>]" (the seal is this
+// process's: see RefusedBy), so that RefusedBy can tell why
 // even through a client that keeps only a status's code and message (etcd's
 // clientv3 does). A client that maps known messages to errors of its own
 // (clientv3's rpctypes, for "etcdserver: no leader") does not recognise a

@@ -94,7 +94,7 @@ func TestTargetNameSharesBudgetAndBreaker(t *testing.T) {
 	assert.Equal(t, 1, first, "the second client's first call was not retried: the shared breaker")
 	assert.Equal(t, sent+1, o.Total(), "its second call was refused by the shared breaker")
 	assert.Equal(t, interceptor.ReasonBreaker, interceptor.RefusedBy(err))
-	assert.Equal(t, "stormguard: circuit breaker open for /echo.v1.EchoService/Put on etcd", status.Convert(err).Message(), "the error names the dependency")
+	assert.Equal(t, "stormguard: circuit breaker open for /echo.v1.EchoService/Put on etcd [stormguard #"+interceptor.Seal()+"]", status.Convert(err).Message(), "the error names the dependency")
 	var names []string
 	for _, ts := range guard.Targets() {
 		names = append(names, ts.Target)

@@ -90,7 +90,13 @@ func (s *Server) pushback(ctx context.Context, m *refusalMarker, err error) {
 	if err == nil || s.o.noPushback {
 		return
 	}
-	if m.set.Load() || RefusedBy(err).propagates() {
+	if m.set.Load() {
+		_ = grpc.SetTrailer(ctx, dontRetry)
+		return
+	}
+	// A refused call's error the handler returns: this process's, or one
+	// forwarded from further down.
+	if local, forwarded := refusalsIn(err); local.propagates() || forwarded.propagates() {
 		_ = grpc.SetTrailer(ctx, dontRetry)
 	}
 }
@@ -112,7 +118,9 @@ func (s *Server) pushback(ctx context.Context, m *refusalMarker, err error) {
 //     or hedge it cannot pay for is refused at once, with "do not retry";
 //  4. the handler.
 //
-// A failure caused by refused retries downstream gets don't-retry pushback.
+// A failure caused by refused retries downstream gets don't-retry pushback,
+// and a refusal this process's Client made is sent up without its seal: a
+// refusal made down the chain (see RefusedDownstream).
 func (s *Server) Unary() grpc.UnaryServerInterceptor {
 	var dedupe grpc.UnaryServerInterceptor
 	if s.dedupe != nil {
@@ -139,7 +147,7 @@ func (s *Server) Unary() grpc.UnaryServerInterceptor {
 			resp, err = s.admitAndHandle(ctx, req, info.FullMethod, handler)
 		}
 		s.pushback(ctx, m, err)
-		return resp, err
+		return resp, unseal(err)
 	}
 }
 
@@ -200,7 +208,7 @@ func (s *Server) Stream() grpc.StreamServerInterceptor {
 			err = handler(srv, ss)
 		}
 		s.pushback(ctx, m, err)
-		return err
+		return unseal(err)
 	}
 }
 

@@ -203,12 +203,16 @@ const (
 	// ErrorReasonCircuitOpen: the call was not sent because the breaker
 	// of its method on its target is open (code Unavailable, with a
 	// RetryInfo saying how long it stays open; the metadata keys "target"
-	// and "method" name the breaker).
+	// and "method" name the breaker, and "seal" is the refusing process's:
+	// see interceptor.RefusedBy).
 	ErrorReasonCircuitOpen = "CIRCUIT_OPEN"
 	// ErrorReasonRetryRefused: the status is the last attempt's code and
-	// message (the message ending with the refusal marker, see interceptor.RefusedBy);
-	// a retry was refused, and the metadata key "refused_by" says why
-	// (budget, breaker, deadline or pushback).
+	// message (the message ending with the refusal marker, see
+	// interceptor.RefusedBy); a retry was refused, and the metadata key
+	// "refused_by" says why (budget, breaker, deadline, pushback or
+	// throttle). The key "seal" is the refusing process's; a server
+	// forwarding the status up the chain drops it (a refusal made down the
+	// chain: interceptor.RefusedDownstream).
 	ErrorReasonRetryRefused = "RETRY_REFUSED"
 )
 
