@@ -502,7 +502,7 @@ func (c *call) open(a *attempt, kind attemptKind, mode attemptMode) (Reason, err
 	rt := c.route.tel
 	ao := rt.attemptOpts(kind)
 	if c.recording {
-		actx, a.span = c.client.tel.tracer.Start(actx, ao.spanName, ao.span...)
+		actx, a.span = c.client.tel.tracer.Start(actx, c.route.tel.attemptSpanName(), ao.span...)
 		a.span.SetAttributes(semconv.AttrPreviousAttempts.Int(c.tally.prior + c.tally.sent))
 	}
 	if p := c.client.o.propagators; p != nil {
