@@ -274,10 +274,15 @@ func (b *Budget) WithdrawAt(now time.Time) bool {
 	return b.withdraw(b.rel(offset(now)))
 }
 
-func (b *Budget) withdraw(t int64) bool {
+func (b *Budget) withdraw(t int64) bool { return b.withdrawFor(t, 0) }
+
+// withdrawFor is withdraw on behalf of fleet clients (see limit; 0: one).
+func (b *Budget) withdrawFor(t, fleet int64) bool {
 	b.mu.Lock()
 	t = b.advance(t)
+	b.fleet = fleet
 	ok := b.grantable(t)
+	b.fleet = 0
 	b.ask++ // asked for in the current slot
 	b.settle(ok)
 	b.mu.Unlock()

@@ -179,16 +179,7 @@ func (b *Budget) withdrawForFleet(now time.Time, clients int64) bool {
 	if b == nil {
 		return true
 	}
-	t := b.rel(offset(now))
-	b.mu.Lock()
-	t = b.advance(t)
-	b.fleet = clients
-	ok := b.grantable(t)
-	b.fleet = 0
-	b.ask++ // asked for in the current slot
-	b.settle(ok)
-	b.mu.Unlock()
-	return ok
+	return b.withdrawFor(b.rel(offset(now)), clients)
 }
 
 // clientSketch estimates how many distinct clients were seen in the
