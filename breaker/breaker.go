@@ -108,9 +108,16 @@ func (b *Breaker) init(c Config) {
 }
 
 // noteOK records a success at now while the breaker has no window (see
-// win).
+// win): the start of now's bucket, which is all the window would have
+// kept of it, so that the successes of one bucket after the first cost a
+// load each.
 func (b *Breaker) noteOK(now time.Duration) {
-	v := int64(now) + 1
+	w := b.s.width
+	bucket := now / w
+	if now < 0 && bucket*w != now {
+		bucket-- // round towards −∞, as the window does
+	}
+	v := int64(bucket*w) + 1
 	for old := b.lastOK.Load(); old < v && !b.lastOK.CompareAndSwap(old, v); old = b.lastOK.Load() {
 	}
 }
