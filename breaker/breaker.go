@@ -43,9 +43,14 @@ type Breaker struct {
 	// sees, as an offset from procEpoch; its window's buckets start then.
 	origin window.Origin
 	// win counts the attempts and failures of the closed state, in
-	// windowBuckets buckets: set by New, or under mu on first use of a zero
-	// Breaker; a success is counted without mu.
-	win atomic.Pointer[window.Counter]
+	// windowBuckets buckets; a success is counted without mu. With a
+	// FailureRatio below 1 it is made by init; with 1 (lazy), at the first
+	// failure (under mu), since until then the only thing the breaker
+	// needs to know is its latest success, lastOK (the instant plus one; 0:
+	// none), with which the window starts.
+	win    atomic.Pointer[window.Counter]
+	lazy   atomic.Bool
+	lastOK atomic.Int64
 
 	// Set by New before the Breaker is shared; never written afterwards.
 	target string
@@ -94,8 +99,41 @@ var procEpoch = time.Now()
 // init applies c. Called by New, or under mu on first use of a zero Breaker.
 func (b *Breaker) init(c Config) {
 	b.s = c.settings()
-	b.win.Store(window.New(windowBuckets, 2, b.s.width))
+	if b.s.ratio < 1 {
+		b.win.Store(window.New(windowBuckets, 2, b.s.width))
+	} else {
+		b.lazy.Store(true)
+	}
 	b.inited = true
+}
+
+// noteOK records a success at now while the breaker has no window (see
+// win): the start of now's bucket, which is all the window would have
+// kept of it, so that the successes of one bucket after the first cost a
+// load each.
+func (b *Breaker) noteOK(now time.Duration) {
+	w := b.s.width
+	bucket := now / w
+	if now < 0 && bucket*w != now {
+		bucket-- // round towards −∞, as the window does
+	}
+	v := int64(bucket*w) + 1
+	for old := b.lastOK.Load(); old < v && !b.lastOK.CompareAndSwap(old, v); old = b.lastOK.Load() {
+	}
+}
+
+// window returns the closed state's window, making it (from the latest
+// success) if it is not made yet. b.mu is held.
+func (b *Breaker) window() *window.Counter {
+	if win := b.win.Load(); win != nil {
+		return win
+	}
+	win := window.New(windowBuckets, 2, b.s.width)
+	if ok := b.lastOK.Load(); ok != 0 {
+		win.Add(ok-1, kindAttempt, 1)
+	}
+	b.win.Store(win)
+	return win
 }
 
 // lock takes mu and initialises a zero Breaker on first use.
@@ -261,16 +299,7 @@ func (b *Breaker) report(gen uint64, failed, ignored bool, now time.Duration) {
 	if closed && ignored {
 		return
 	}
-	if win := b.win.Load(); closed && !failed && win != nil {
-		// The common case takes no lock. (Were the breaker to go
-		// through a whole open/half-open/closed cycle between the check
-		// of gen above and this count, the stale success would land in
-		// the new window: a benign race that can only delay opening by
-		// one success.)
-		win.Add(int64(now), kindAttempt, 1)
-		if b.consec.Load() != 0 {
-			b.consec.Store(0)
-		}
+	if closed && !failed && b.countOK(now) {
 		return
 	}
 	b.lock()
@@ -281,12 +310,12 @@ func (b *Breaker) report(gen uint64, failed, ignored bool, now time.Duration) {
 	}
 	switch State(w & stateMask) {
 	case StateClosed:
-		win := b.win.Load()
-		win.Add(int64(now), kindAttempt, 1)
 		if !failed {
-			b.consec.Store(0)
+			b.countOK(now)
 			break
 		}
+		win := b.window()
+		win.Add(int64(now), kindAttempt, 1)
 		win.Add(int64(now), kindFailure, 1)
 		b.consec.Add(1)
 		if b.tripped(now) {
@@ -306,6 +335,31 @@ func (b *Breaker) report(gen uint64, failed, ignored bool, now time.Duration) {
 		}
 	}
 	b.unlock()
+}
+
+// countOK counts a success of the closed state at now, without the lock,
+// and reports whether it could (not on a zero Breaker's first report). The
+// common case takes no lock. (Were the breaker to go through a whole
+// open/half-open/closed cycle between the check of the generation and this
+// count, the stale success would land in the new window: a benign race
+// that can only delay opening by one success. So can a success counted
+// twice, once as the latest and once in the window made meanwhile.)
+func (b *Breaker) countOK(now time.Duration) bool {
+	win := b.win.Load()
+	if win == nil {
+		if !b.lazy.Load() {
+			return false
+		}
+		b.noteOK(now)
+		win = b.win.Load() // made meanwhile by a failure: count it there too
+	}
+	if win != nil {
+		win.Add(int64(now), kindAttempt, 1)
+	}
+	if b.consec.Load() != 0 {
+		b.consec.Store(0)
+	}
+	return true
 }
 
 // unlock releases mu and delivers any queued state changes.
@@ -362,7 +416,7 @@ func (b *Breaker) tripped(now time.Duration) bool {
 	if b.s.consecutive > 0 && b.consec.Load() >= b.s.consecutive {
 		return true
 	}
-	a, f := b.win.Load().Counts(int64(now))
+	a, f := b.window().Counts(int64(now))
 	return a >= b.s.minAttempts && float64(f)/float64(a) >= b.s.ratio
 }
 
@@ -402,7 +456,10 @@ func (b *Breaker) toOpen(now time.Duration, probeFailed bool) {
 
 // toClosed closes the breaker with fresh counts.
 func (b *Breaker) toClosed() {
-	b.win.Load().Reset()
+	if win := b.win.Load(); win != nil {
+		win.Reset()
+	}
+	b.lastOK.Store(0)
 	b.consec.Store(0)
 	b.rounds = 0
 	b.setState(StateClosed)
@@ -495,7 +552,11 @@ func (b *Breaker) openUntilAt(now time.Duration) time.Time {
 type Stats struct {
 	State State
 	// Attempts and Failures are the outcomes counted in the current Window
-	// (only while closed: every state change clears them).
+	// (only while closed: every state change clears them). A Breaker whose
+	// FailureRatio is 1 (the default) counts, until its first failure, only
+	// its latest success (Attempts 1 while it is in the Window): it opens
+	// only when every attempt of its Window failed, for which the latest
+	// success says all there is to know, and it keeps no Window until then.
 	Attempts, Failures int64
 	// ConsecutiveFailures is the current run of failures while closed.
 	ConsecutiveFailures int64
@@ -531,7 +592,11 @@ func (b *Breaker) stats(now time.Duration) Stats {
 	}
 	switch st {
 	case StateClosed:
-		s.Attempts, s.Failures = b.win.Load().Counts(int64(now))
+		if win := b.win.Load(); win != nil {
+			s.Attempts, s.Failures = win.Counts(int64(now))
+		} else if ok := b.lastOK.Load(); ok != 0 && now-time.Duration(ok-1) < b.s.window {
+			s.Attempts = 1 // the latest success: all a breaker without failures keeps
+		}
 		s.ConsecutiveFailures = b.consec.Load()
 	case StateOpen:
 		s.OpenUntil = b.toTime(b.openUntilD())

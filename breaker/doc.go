@@ -57,4 +57,13 @@
 // time it is given. OnStateChange runs outside any lock, one call at a time
 // and in the order of the transitions, so a callback may call back into its
 // Breaker.
+//
+// # Cost
+//
+// On a closed Breaker, Admit and the report of a success take no lock and
+// do not allocate. A Breaker whose FailureRatio is 1 (the default) makes
+// its window at its first failure: until then it needs to know only its
+// latest success, so a Breaker of a method that never fails costs about
+// 250 bytes (with its window, about 600), and decides exactly as one
+// that counted every success.
 package breaker

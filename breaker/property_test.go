@@ -30,9 +30,13 @@ func snapshot(b *Breaker) snap {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	w := b.word.Load()
-	win := b.win.Load()
-	a, f := win.Counts(math.MinInt64) // the window ending at its newest bucket
-	head, _ := win.Latest()
+	var a, f, head int64
+	if win := b.win.Load(); win != nil {
+		a, f = win.Counts(math.MinInt64) // the window ending at its newest bucket
+		head, _ = win.Latest()
+	} else if ok := b.lastOK.Load(); ok != 0 {
+		a, head = 1, ok-1 // no failure yet: the latest success is all it keeps
+	}
 	return snap{w >> 2, State(w & stateMask), head, a, f, b.consec.Load(), b.inflight, b.probeOK, b.rounds, b.openUntilD()}
 }
 

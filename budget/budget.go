@@ -155,6 +155,10 @@ type Budget struct {
 
 	requests, granted, lent, refused uint64
 
+	// fleet is, during a withdrawal a Method makes, the number of
+	// clients it saw lately (see limit); 0 otherwise.
+	fleet int64
+
 	// short counts the deposits of the last ShortWindow; judge the
 	// deposits and the withdrawals asked for of the last JudgeWindow. Both
 	// are made by setup. The deposits and asks of the current slot (that
@@ -270,10 +274,15 @@ func (b *Budget) WithdrawAt(now time.Time) bool {
 	return b.withdraw(b.rel(offset(now)))
 }
 
-func (b *Budget) withdraw(t int64) bool {
+func (b *Budget) withdraw(t int64) bool { return b.withdrawFor(t, 0) }
+
+// withdrawFor is withdraw on behalf of fleet clients (see limit; 0: one).
+func (b *Budget) withdrawFor(t, fleet int64) bool {
 	b.mu.Lock()
 	t = b.advance(t)
+	b.fleet = fleet
 	ok := b.grantable(t)
+	b.fleet = 0
 	b.ask++ // asked for in the current slot
 	b.settle(ok)
 	b.mu.Unlock()
@@ -394,13 +403,21 @@ func (b *Budget) judgedUnder() bool {
 }
 
 // limit is the most the Budget may be owed: Burst, or Ratio × the deposits
-// of the last ShortWindow if that is more. b.mu must be held.
+// of the last ShortWindow if that is more; for a withdrawal on behalf of
+// a fleet (b.fleet clients, see Method), Burst per client if that is more
+// still, but at most one retry per deposit of the last ShortWindow. b.mu
+// must be held.
 func (b *Budget) limit() int64 {
-	hi, lo := bits.Mul64(uint64(b.shortDep+b.dep), uint64(b.per))
+	deps := b.shortDep + b.dep
+	hi, lo := bits.Mul64(uint64(deps), uint64(b.per))
 	if hi != 0 || lo > math.MaxInt64/2 {
 		return math.MaxInt64 / 2
 	}
-	return max(b.burst, int64(lo))
+	l := max(b.burst, int64(lo))
+	if b.fleet > 1 {
+		l = max(l, min(satmath.Mul(b.fleet, b.burst), satmath.Mul(deps, unit), math.MaxInt64/2))
+	}
+	return l
 }
 
 // PeekAt reports whether WithdrawAt(now) would be granted, without taking

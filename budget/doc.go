@@ -75,6 +75,22 @@
 // floor of retries per second cannot give such a bound, are in the
 // package's design notes, budget/README.md.
 //
+// # A server's budget
+//
+// A Method is the budget a server applies to one of its methods: the
+// first attempts it admits pay for the retries and hedges it admits, so
+// that what reaches the method is bounded whatever its callers run (their
+// own budgets, or none). It refuses retries only while the method fails
+// more than Ratio of its recent calls (MethodWindow): while it serves, the
+// retries it gets are fail-overs from other servers, and cost nothing.
+//
+//	m := budget.NewMethod(budgets.For(method))
+//	if !m.AdmitAt(now, isRetry, clientConn) {
+//		return errOverBudget // before the method runs; say "do not retry"
+//	}
+//	err := run()
+//	m.DoneAt(time.Now(), failedTheCaller(err))
+//
 // # Time
 //
 // A Budget needs the time to place deposits in its windows and to age its
@@ -95,8 +111,9 @@
 //
 // Deposit takes no lock while its slot does not change (one atomic add);
 // Withdraw and Stats take one short mutex-protected critical section. None
-// allocates. Deposit, Withdraw and Stats read the monotonic clock once;
-// the At forms do not read it. No method starts a goroutine; there is no
-// background work: windows are moved forward lazily by the calls
-// themselves.
+// allocates; nor do a Method's AdmitAt and DoneAt (DoneAt takes no lock,
+// AdmitAt only the Budget's). Deposit, Withdraw and Stats read the
+// monotonic clock once; the At forms do not read it. No method starts a
+// goroutine; there is no background work: windows are moved forward
+// lazily by the calls themselves.
 package budget

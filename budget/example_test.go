@@ -76,3 +76,27 @@ func ExampleBudget_WithdrawAt() {
 	// [true true true true true false false false]
 	// owed 4.2 retries
 }
+
+func ExampleMethod() {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	budgets := budget.NewRegistry(budget.Config{}) // one Budget per method
+	m := budget.NewMethod(budgets.For("/shop.v1.Orders/Get"))
+
+	// 100 first attempts arrive, and the method fails them all.
+	for range 100 {
+		m.AdmitAt(now, false, 0)
+		m.DoneAt(now, true)
+	}
+	// Their callers retry every one: the budget admits the two retries of
+	// credit it banks at most, and lends 10% of the last second's first
+	// attempts, which the next first attempts repay.
+	admitted := 0
+	for range 100 {
+		if m.AdmitAt(now, true, 0) {
+			admitted++
+		}
+	}
+	fmt.Println("failing:", m.FailingAt(now), "retries admitted:", admitted)
+	// Output:
+	// failing: true retries admitted: 12
+}

@@ -67,6 +67,11 @@ type attempt struct {
 	// and the budget pays then, or it is not sent (see attemptCreds). It
 	// is counted as sent after its pick.
 	free bool
+	// paid: the gates withdrew this retry or hedge from the budget (a nil
+	// budget grants without paying; in shadow mode the budget enforces
+	// nothing): with a budget and out of shadow mode, it is sent marked
+	// as paid (semconv.BudgetedKey).
+	paid bool
 }
 
 // end reports an attempt's outcome: to the breaker, the latency tracker and
@@ -262,6 +267,12 @@ func (a *attemptCreds) GetRequestMetadata(ctx context.Context, uri ...string) (m
 	}
 	if a.prio != priority.Default {
 		a.md[semconv.PriorityKey] = a.prio.String()
+	}
+	if a.paid && a.budget != nil && !a.client.o.shadow {
+		// A fail-over retry with nowhere to go, which the budget paid for
+		// at this pick: marked as paid, as open marks the retries the
+		// budget paid for before they were sent.
+		a.md[semconv.BudgetedKey] = "1"
 	}
 	return a.md, nil
 }

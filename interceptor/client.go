@@ -48,7 +48,10 @@ type Client struct {
 	// routeCache is routes' direct-mapped front (see routeOf).
 	routeCache [routeCacheSize]atomic.Pointer[route]
 	endpoints  cowmap.Map[string, *endpoints] // per canonical target
-	returns    atomic.Pointer[returnTable]    // failed calls, made on the first failure (see outer.go)
+	// otherTel holds, per target name, the metrics of the routes of the
+	// methods the protobuf registry does not know (see otherMetricsOf).
+	otherTel cowmap.Map[string, *routeMetrics]
+	returns  atomic.Pointer[returnTable] // failed calls, made on the first failure (see outer.go)
 	// lastFailed is when (UnixNano, on the Client's clock) a call last
 	// failed: the table is looked at only for returnWindow after.
 	lastFailed atomic.Int64
@@ -75,10 +78,12 @@ func NewClient(opts ...ClientOption) *Client {
 			opt.applyClient(&o)
 		}
 	}
-	o.backoffMax = max(o.backoffMax, o.backoffBase)
+	o.backoffBase = min(o.backoffBase, MaxBackoff)
+	o.backoffMax = min(max(o.backoffMax, o.backoffBase), MaxBackoff)
 	c := &Client{o: o}
 	c.routes.Max = maxRoutes
 	c.endpoints.Max = maxRoutes
+	c.otherTel.Max = maxRoutes
 	c.grpcRetry.Max = maxRoutes
 	c.resolver = idempotency.NewResolver(idempotency.ResolverConfig{Idempotent: o.idempotent})
 	c.checkMarks()

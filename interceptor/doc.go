@@ -26,9 +26,13 @@
 // A refused retry returns the last attempt's status code and message;
 // refusals by the budget, the breaker, the deadline or a pushback carry an
 // ErrorInfo and end the message with a marker, " [stormguard: retry
-// refused: budget]", that survives clients which keep only the message
-// (RefusedBy reads either). A call refused by an open breaker fails at once
-// with Unavailable, ErrorInfo CIRCUIT_OPEN and a RetryInfo.
+// refused: budget #<seal>]", that survives clients which keep only the
+// message (RefusedBy reads either). A call refused by an open breaker fails
+// at once with Unavailable, ErrorInfo CIRCUIT_OPEN and a RetryInfo. The
+// seal, drawn at random when the process starts, is what RefusedBy checks:
+// it reports only refusals this process made, never one a server claims.
+// A Server forwards its handler's refused call without the seal, so that
+// the callers above read it with RefusedDownstream.
 //
 // # Doing no harm
 //

@@ -23,6 +23,7 @@ import (
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
+	"github.com/stormguard/stormguard/semconv"
 )
 
 // backends serves one origin per script on 127.0.0.1 and returns them and a
@@ -100,18 +101,27 @@ func TestOneBackendDeadInterceptorsAlone(t *testing.T) {
 			okBare := workload(t, echov1.NewEchoServiceClient(cc), calls, workers)
 			deadBare := bare[0].Total()
 
-			guard := interceptor.NewClient(append(noopProviders(), fast)...)
+			reg := budget.NewRegistry(budget.Config{})
+			guard := interceptor.NewClient(append(noopProviders(), fast, interceptor.WithBudget(reg))...)
 			suite, cc := backends(t, scripts, guard.DialOptions()...)
 			ok := workload(t, echov1.NewEchoServiceClient(cc), calls, workers)
 			dead := suite[0].Total()
-			total := 0
+			total, marked := 0, 0
 			for _, o := range suite {
 				total += o.Total()
+				for _, c := range o.Calls() {
+					if len(c.Metadata.Get(semconv.BudgetedKey)) > 0 {
+						marked++
+					}
+				}
 			}
-			t.Logf("no retries: %d/%d ok, dead backend %d; suite: %d/%d ok, dead backend %d (%.2fx), load %.2fx",
-				okBare, calls, deadBare, ok, calls, dead, float64(dead)/float64(deadBare), float64(total)/calls)
+			var granted uint64
+			reg.Range(func(_ string, b *budget.Budget) bool { granted += b.Stats().Granted; return true })
+			t.Logf("no retries: %d/%d ok, dead backend %d; suite: %d/%d ok, dead backend %d (%.2fx), load %.2fx; %d retries marked paid, %d paid",
+				okBare, calls, deadBare, ok, calls, dead, float64(dead)/float64(deadBare), float64(total)/calls, marked, granted)
 			assert.GreaterOrEqual(t, ok, calls*97/100)
 			assert.LessOrEqual(t, float64(dead), 1.10*float64(deadBare))
+			assert.LessOrEqual(t, uint64(marked), granted, "a fail-over the budget did not pay for is not marked paid")
 		})
 	}
 }
@@ -312,6 +322,13 @@ func TestFailoverWithNowhereToGoIsPaid(t *testing.T) {
 	t.Logf("%d calls, %d ok: %d requests reached the failing endpoint (%.2fx), the budget granted %d retries", calls, ok, sent, float64(sent)/calls, paid)
 	assert.Zero(t, ok)
 	assert.LessOrEqual(t, uint64(sent), calls+paid, "every retry was paid")
+	marked := 0
+	for _, c := range last.Calls()[before:] {
+		if len(c.Metadata.Get(semconv.BudgetedKey)) > 0 {
+			marked++
+		}
+	}
+	assert.Equal(t, sent-calls, marked, "every retry says it was paid for (those paid at their pick too)")
 
 	// The gone endpoint comes back (at its address, as a restarted
 	// member): once grpc has reconnected and it serves, a retry after a

@@ -492,16 +492,19 @@ func (c *call) open(a *attempt, kind attemptKind, mode attemptMode) (Reason, err
 	}
 	actx := c.ctx
 	if n := c.tally.prior + c.tally.sent; n > 0 {
-		// The marker says the suite's budget paid for (or bounds) this
-		// retry or hedge, so that a stormguard server does not charge it
-		// to its own budget again (see WithServerBudget).
-		actx = metadata.AppendToOutgoingContext(actx, semconv.PreviousAttemptsKey, strconv.Itoa(n), semconv.BudgetedKey, "1")
+		actx = metadata.AppendToOutgoingContext(actx, semconv.PreviousAttemptsKey, strconv.Itoa(n))
+		if a.paid && c.route.budget != nil && !c.client.o.shadow {
+			// The budget paid for this retry or hedge: a stormguard
+			// server that trusts this client need not charge it to its
+			// own budget again (see WithTrustedBudgets).
+			actx = metadata.AppendToOutgoingContext(actx, semconv.BudgetedKey, "1")
+		}
 	}
 	actx = c.attemptContext(actx, a, now, mode)
 	rt := c.route.tel
 	ao := rt.attemptOpts(kind)
 	if c.recording {
-		actx, a.span = c.client.tel.tracer.Start(actx, ao.spanName, ao.span...)
+		actx, a.span = c.client.tel.tracer.Start(actx, c.route.tel.attemptSpanName(), ao.span...)
 		a.span.SetAttributes(semconv.AttrPreviousAttempts.Int(c.tally.prior + c.tally.sent))
 	}
 	if p := c.client.o.propagators; p != nil {
@@ -564,14 +567,18 @@ func (c *call) gate(a *attempt, now time.Time) (Reason, error) {
 		return ReasonThrottle, nil
 	case a.probe: // a probe of a locked route (outer.go): nobody pays
 	case a.kind == kindRetry && c.pay == payPrepaid:
+		a.paid = true // withdrawn at its per-attempt timeout (perTry)
 	case a.kind == kindRetry && c.pay == payFailover:
 		a.free = true // the budget pays at the pick if it cannot fail over
 	case a.kind == kindHedge:
 		if !c.route.budget.HedgeAt(now) { // a nil budget grants
 			return ReasonBudget, nil
 		}
+		a.paid = true
 	case !c.route.budget.WithdrawAt(now): // a nil budget grants
 		return ReasonBudget, nil
+	default:
+		a.paid = true
 	}
 	return "", nil
 }

@@ -350,3 +350,46 @@ func TestKeyCallOptionByPointer(t *testing.T) {
 		&idempotency.KeyCallOption{Key: "order-42"}))
 	assert.Equal(t, []string{"order-42"}, inv.attempts()[0].md.Get(idempotency.MetadataKey))
 }
+
+// A retry or hedge says its client's budget paid for it
+// (semconv.BudgetedKey) only when an enforcing budget did: not without a
+// budget, not in shadow mode (where the budget decides nothing), and a
+// first attempt never.
+func TestBudgetedMarkerOnlyWhenTheBudgetPaid(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		opts   []interceptor.ClientOption
+		hedge  bool
+		marked bool
+	}{
+		{"retry paid by the budget", nil, false, true},
+		{"retry without a budget", []interceptor.ClientOption{interceptor.WithBudget(nil)}, false, false},
+		{"retry in shadow mode", []interceptor.ClientOption{interceptor.WithShadowMode()}, false, false},
+		{"hedge paid by the budget", nil, true, true},
+		{"hedge without a budget", []interceptor.ClientOption{interceptor.WithBudget(nil)}, true, false},
+		{"hedge in shadow mode", []interceptor.ClientOption{interceptor.WithShadowMode()}, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				inv := &invoker{script: failFirstN(1)}
+				opts := append(noopProviders(), fast)
+				if tc.hedge {
+					inv.script = func(n int) reply { return reply{block: n == 1} }
+					opts = append(opts, interceptor.WithHedging(10*time.Millisecond, 2))
+				}
+				ic := interceptor.NewClient(append(opts, tc.opts...)...).Unary()
+				err := ic(t.Context(), put, &echov1.PutRequest{}, &echov1.PutResponse{}, dialPassthrough(t), inv.invoke)
+				require.NoError(t, err)
+				calls := inv.attempts()
+				require.Len(t, calls, 2)
+				assert.Empty(t, calls[0].md.Get(semconv.BudgetedKey), "a first attempt")
+				assert.Equal(t, []string{"1"}, calls[1].md.Get(semconv.PreviousAttemptsKey))
+				if tc.marked {
+					assert.Equal(t, []string{"1"}, calls[1].md.Get(semconv.BudgetedKey))
+				} else {
+					assert.Empty(t, calls[1].md.Get(semconv.BudgetedKey), "nobody paid for it")
+				}
+			})
+		})
+	}
+}

@@ -198,9 +198,11 @@ func ExampleNewServer() {
 	defer conn.Close()
 	var trailer metadata.MD
 	_, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{}, grpc.Trailer(&trailer))
-	fmt.Println(status.Code(err), interceptor.RefusedBy(err), trailer.Get(semconv.PushbackKey))
+	// The refusal was the middle service's, not this caller's: RefusedBy
+	// reports nothing, RefusedDownstream what the middle service said.
+	fmt.Println(status.Code(err), interceptor.RefusedDownstream(err), interceptor.RefusedBy(err) == "", trailer.Get(semconv.PushbackKey))
 	// Output:
-	// Unavailable budget [-1]
+	// Unavailable budget true [-1]
 }
 
 // WithHooks reports each decision to the application, here as log/slog

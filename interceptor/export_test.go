@@ -47,3 +47,6 @@ func chainLen(e *returned) (n int) {
 
 // ForgetAll drops every failed call c remembers.
 func ForgetAll(c *Client) { c.returns.Store(nil) }
+
+// Seal returns this process's seal, which marks the refusals it made.
+func Seal() string { return seal }

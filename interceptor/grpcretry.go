@@ -1,6 +1,7 @@
 package interceptor
 
 import (
+	"strconv"
 	"sync/atomic"
 	"weak"
 
@@ -29,10 +30,17 @@ import (
 //
 //   - a failure that grpc-go would have retried, had its retries been on
 //     (a code of the retryPolicy, in a response that carried no header, no
-//     grpc-retry-pushback-ms, with attempts left and the call's context
-//     alive), after exactly one attempt of grpc-go's, says they are off;
-//   - more than one attempt of grpc-go's within one attempt of the suite
-//     says they are on.
+//     grpc-retry-pushback-ms or one grpc-go waits for, with attempts left
+//     and the call's context alive), says they are off;
+//   - otherwise, more than one attempt of grpc-go's within one attempt of
+//     the suite says they are on.
+//
+// A transparent retry (grpc-go sends a stream again that the server
+// refused, REFUSED_STREAM, or that a closing connection never sent: gRFC
+// A6 has it retried whether retries are on or off) also asks the call
+// credentials: so a failure that grpc-go would have retried says they are
+// off after any number of its tries that leaves the policy attempts, and
+// only more tries with no such failure say they are on.
 //
 // The latest evidence wins. Until there is any, the suite assumes they are
 // on and sends one attempt per call: a fresh ClientConn's first retryable
@@ -40,7 +48,7 @@ import (
 // suite at once. Either reading can be briefly wrong, and is corrected by
 // the next call that says otherwise: grpc-go's retry throttling
 // (retryThrottling) refuses a retry like retries that are off, and a
-// transparent retry looks like a retry.
+// transparent retry of a call that then succeeds looks like a retry.
 type grpcRetries struct {
 	off atomic.Bool
 }
@@ -78,13 +86,37 @@ func (c *call) noteGRPCRetries(a *attempt, calls int32, err error, hdr, tr metad
 		c.grpc.mc = c.route.readMethodConfig(c.cc, c.client.now(), c.watch)
 	}
 	switch {
+	case err != nil && c.grpcWouldRetry(a, calls, err, hdr, tr, req):
+		w.off.Store(true)
 	case calls > 1:
 		w.off.Store(false)
-	case calls == 1 && err != nil && hdr == nil && a.ctx.Err() == nil && c.grpc.mc.grpcRetry &&
-		len(tr[semconv.PushbackKey]) == 0 && c.grpc.mc.grpcAttempts > 1 && c.grpc.mc.grpcCodes.Has(status.Code(err)):
-		if m, ok := req.(proto.Message); ok && proto.Size(m) > retryBuffer {
-			return
-		}
-		w.off.Store(true)
 	}
+}
+
+// grpcWouldRetry reports whether grpc-go, its retries on, would have
+// retried the failure err that attempt a ended with, after calls tries of
+// its own: a code of the retryPolicy, in a response without a header,
+// with no pushback or one grpc-go waits for (one value, 0 or more), the
+// call's context alive, a request within grpc-go's retry buffer, and
+// attempts left. calls counts grpc-go's transparent retries too (a stream
+// the server refused, or that a closing connection never sent: gRFC A6
+// retries it whether retries are on or off), which do not count against
+// the policy's attempts: a failure after one is evidence like a failure
+// after a single try, as long as the tries leave attempts.
+func (c *call) grpcWouldRetry(a *attempt, calls int32, err error, hdr, tr metadata.MD, req any) bool {
+	mc := c.grpc.mc
+	if calls < 1 || hdr != nil || a.ctx.Err() != nil || !mc.grpcRetry || int(calls) >= mc.grpcAttempts || !mc.grpcCodes.Has(status.Code(err)) {
+		return false
+	}
+	switch ps := tr[semconv.PushbackKey]; len(ps) {
+	case 0:
+	case 1:
+		if ms, perr := strconv.Atoi(ps[0]); perr != nil || ms < 0 {
+			return false // grpc-go stops at it
+		}
+	default:
+		return false
+	}
+	m, ok := req.(proto.Message)
+	return !ok || proto.Size(m) <= retryBuffer
 }

@@ -1,19 +1,26 @@
 package interceptor_test
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/stormguard/stormguard/interceptor"
@@ -200,4 +207,125 @@ func TestGRPCRetryPolicyIsNotMultiplied(t *testing.T) {
 	_, err = echov1.NewEchoServiceClient(cc2).Put(t.Context(), &echov1.PutRequest{RequestId: "c"})
 	assert.Equal(t, codes.Unavailable, status.Code(err))
 	assert.Equal(t, 3, o.CountID(put, "c"), "the suite's 3 attempts")
+}
+
+// refusingServer is grpc-go's test HTTP/2 server (test/end2end_test.go's
+// httpServer), as its TestRetryStats uses it: it answers the streams of
+// one connection from a script of raw responses, in turn, after refusing
+// the streams refuse names with RST_STREAM REFUSED_STREAM, which grpc-go
+// retries transparently (gRFC A6: the server never saw them), whether its
+// own retries are on or off. No grpc server can be made to refuse a given
+// stream on purpose; servers do it when they restart or shed connections.
+type refusingServer struct {
+	refuse    func(streamID uint32) bool
+	responses [][][]string // per stream answered: header blocks, the last one ending the stream
+	payload   []bool       // per stream answered: a 0-byte message after its first block
+}
+
+func (s *refusingServer) serve(t *testing.T, lis net.Listener) {
+	go func() {
+		conn, err := lis.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		if _, err = io.ReadFull(conn, make([]byte, len(http2.ClientPreface))); err != nil {
+			return
+		}
+		w := bufio.NewWriter(conn)
+		fr := http2.NewFramer(w, bufio.NewReader(conn))
+		if fr.WriteSettingsAck() != nil || w.Flush() != nil {
+			return
+		}
+		for n := 0; ; n = (n + 1) % len(s.responses) {
+			sid, err := s.nextStream(fr, w)
+			if err != nil {
+				return
+			}
+			blocks := s.responses[n]
+			for i, block := range blocks {
+				var buf bytes.Buffer
+				enc := hpack.NewEncoder(&buf)
+				for j := 0; j+1 < len(block); j += 2 {
+					_ = enc.WriteField(hpack.HeaderField{Name: block[j], Value: block[j+1]})
+				}
+				_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: sid, BlockFragment: buf.Bytes(), EndStream: i == len(blocks)-1, EndHeaders: true})
+				if i == 0 && s.payload[n] {
+					_ = fr.WriteData(sid, false, []byte{0, 0, 0, 0, 0})
+				}
+				_ = w.Flush()
+			}
+		}
+	}()
+}
+
+// nextStream reads frames until a stream's request has ended, refuses it
+// if s.refuse says so, and returns the first one it does not refuse.
+func (s *refusingServer) nextStream(fr *http2.Framer, w *bufio.Writer) (uint32, error) {
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			return 0, err
+		}
+		switch f.(type) {
+		case *http2.HeadersFrame, *http2.DataFrame:
+			if !f.Header().Flags.Has(http2.FlagDataEndStream) {
+				continue // FlagHeadersEndStream is the same bit
+			}
+		default:
+			continue
+		}
+		sid := f.Header().StreamID
+		if s.refuse == nil || !s.refuse(sid) {
+			return sid, nil
+		}
+		_ = fr.WriteRSTStream(sid, http2.ErrCodeRefusedStream)
+		_ = w.Flush()
+	}
+}
+
+// grpc-go's TestRetryStats, ported onto the README's by-hand install
+// (grpc.WithDisableRetry, guard.Unary()): the server refuses the first
+// stream (REFUSED_STREAM: grpc-go retries it transparently, its own
+// retries off or on), then answers UNAVAILABLE with a 10 ms pushback, then
+// OK. grpc-go's transparent retry is not one of its retries: the suite,
+// which retries when grpc-go's retries are off, retries after 10 ms and
+// the call succeeds, as through DialOptions and as grpc-go alone with its
+// retries on.
+func TestGRPCRetryStatsByHand(t *testing.T) {
+	const cfg = `{"methodConfig": [{"name": [{"service": "echo.v1.EchoService"}],
+	  "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.01s", "maxBackoff": "0.01s",
+	    "backoffMultiplier": 1.0, "retryableStatusCodes": ["UNAVAILABLE"]}}]}`
+	for name, dial := range map[string]func(g *interceptor.Client) []grpc.DialOption{
+		"by hand": func(g *interceptor.Client) []grpc.DialOption {
+			return []grpc.DialOption{grpc.WithDisableRetry(), grpc.WithChainUnaryInterceptor(g.Unary()), grpc.WithChainStreamInterceptor(g.Stream())}
+		},
+		"DialOptions":               func(g *interceptor.Client) []grpc.DialOption { return g.DialOptions() },
+		"grpc-go alone, retries on": func(*interceptor.Client) []grpc.DialOption { return nil },
+	} {
+		t.Run(name, func(t *testing.T) {
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			defer lis.Close()
+			srv := &refusingServer{
+				refuse: func(sid uint32) bool { return sid == 1 },
+				responses: [][][]string{
+					{{":status", "200", "content-type", "application/grpc", "grpc-status", "14",
+						"grpc-message", "unavailable retry", "grpc-retry-pushback-ms", "10"}},
+					{{":status", "200", "content-type", "application/grpc"}, {"grpc-status", "0"}},
+				},
+				payload: []bool{false, true},
+			}
+			srv.serve(t, lis)
+			guard := interceptor.NewClient(append(noopProviders(), fast)...)
+			cc, err := grpc.NewClient(lis.Addr().String(), append([]grpc.DialOption{
+				grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(cfg)}, dial(guard)...)...)
+			require.NoError(t, err)
+			defer cc.Close()
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			_, err = echov1.NewEchoServiceClient(cc).Put(ctx, &echov1.PutRequest{RequestId: "r"})
+			assert.NoError(t, err, "refused, then unavailable with a pushback, then OK")
+		})
+	}
 }

@@ -127,14 +127,20 @@ func TestHedgingStopsWhenTheCallerCancels(t *testing.T) {
 	// goleak in TestMain checks that no attempt goroutine outlived the call.
 }
 
+// A hedge the budget cannot pay for is not sent: the first attempt runs on
+// to the deadline alone. In a synctest bubble, so that the first attempt
+// reaches the origin before the deadline however busy the machine is (on
+// real time, a 50 ms deadline on a loaded machine could pass first).
 func TestHedgeRefusedByBudget(t *testing.T) {
-	e := newEnv(t, firstAttemptStalls, interceptor.WithHedging(time.Millisecond, 2),
-		interceptor.WithBudget(budget.NewRegistry(budgetNoBurst())))
-	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
-	defer cancel()
-	_, err := e.echo.Put(ctx, &echov1.PutRequest{RequestId: "b"})
-	assert.Equal(t, codes.DeadlineExceeded, status.Code(err))
-	assert.Equal(t, 1, e.origin.Total(), "no token, no hedge")
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, firstAttemptStalls, interceptor.WithHedging(time.Millisecond, 2),
+			interceptor.WithBudget(budget.NewRegistry(budgetNoBurst())))
+		ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+		defer cancel()
+		_, err := e.echo.Put(ctx, &echov1.PutRequest{RequestId: "b"})
+		assert.Equal(t, codes.DeadlineExceeded, status.Code(err))
+		assert.Equal(t, 1, e.origin.Total(), "no token, no hedge")
+	})
 }
 
 // A long tail: 5% of first attempts take 300 ms, the rest 1 ms. Adaptive

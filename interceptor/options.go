@@ -30,6 +30,13 @@ const (
 	defaultReplayLimit = 256 << 10
 )
 
+// MaxBackoff is the longest backoff before a retry, whatever sets it
+// (RetryPolicy, or a service config's retryPolicy: its initialBackoff and
+// maxBackoff are lowered to it), as MaxPushback is the longest delay taken
+// from a server: a call without a deadline never waits more than a minute
+// for its next attempt on a configuration's word.
+const MaxBackoff = time.Minute
+
 // A ClientOption configures a Client. Options are sealed: create them with
 // the With... functions of this package.
 type ClientOption interface{ applyClient(*clientOptions) }
@@ -85,7 +92,8 @@ type RetryPolicy struct {
 	// BackoffBase and BackoffMax bound the backoff between attempts: the
 	// n-th retry waits a random time in [d/2, d] with d = min(BackoffMax,
 	// BackoffBase·2ⁿ⁻¹): 50 ms and 1 s by default. A BackoffMax below
-	// BackoffBase is raised to it. A server's grpc-retry-pushback-ms, or
+	// BackoffBase is raised to it, and both are lowered to MaxBackoff (one
+	// minute). A server's grpc-retry-pushback-ms, or
 	// the retry_delay of a google.rpc.RetryInfo in its status, replaces the
 	// backoff (the longer of the two when both come); a delay beyond
 	// MaxPushback, or one that does not fit in the call's deadline, means
@@ -369,7 +377,8 @@ func WithTargetName(name func(target string) string) ClientOption {
 
 // WithoutRefusalMarker keeps the message of a status whose retry was
 // refused as the server sent it. By default it ends with a marker,
-// " [stormguard: retry refused: budget]", so that RefusedBy can tell why
+// " [stormguard: retry refused: budget #<seal>]" (the seal is this
+// process's: see RefusedBy), so that RefusedBy can tell why
 // even through a client that keeps only a status's code and message (etcd's
 // clientv3 does). A client that maps known messages to errors of its own
 // (clientv3's rpctypes, for "etcdserver: no leader") does not recognise a
@@ -416,6 +425,7 @@ type serverOptions struct {
 	budgets     *budget.Registry                        // the retry budgets per method
 	budgetSet   bool                                    // WithServerBudget was given (budgets nil: off)
 	priorityCap func(context.Context) priority.Priority // WithPriorityCap
+	trust       *budgetTrust                            // WithTrustedBudgets; nil: nobody
 
 	// meterProvider is WithServerTelemetry's; nil: the global one.
 	meterProvider metric.MeterProvider
@@ -440,20 +450,24 @@ func WithServerTelemetry(t Telemetry) ServerOption {
 // WithServerBudget sets the server's retry budget: per method, the retries
 // and hedges the server serves are paid for by the first attempts it
 // serves (the first attempts of every client, so it bounds a fleet whose
-// clients it does not control). While the method fails more than the
-// budget's ratio of its recent calls, a retry or hedge the method's budget
-// cannot pay for is refused at once (Unavailable, semconv.ErrorReasonRetryBudget,
-// grpc-retry-pushback-ms: -1), before the handler runs. The default is
-// budget.NewRegistry(budget.Config{}): 10%. nil turns it off.
+// clients it does not control; see budget.Method). While the method fails
+// more than the budget's ratio of its recent calls, a retry or hedge the
+// method's budget cannot pay for is refused at once (Unavailable,
+// semconv.ErrorReasonRetryBudget, grpc-retry-pushback-ms: -1), before the
+// handler runs. At the start of a failure it lends what its clients'
+// own budgets would lend them: the budget's Burst for each client
+// connection that sent a first attempt lately, at most one retry per
+// first attempt of the last second, repaid by the first attempts that
+// follow. The default is budget.NewRegistry(budget.Config{}): 10%, a
+// Burst of 5. nil turns it off.
 //
-// Whether an attempt is a retry is the caller's word (its
-// grpc-previous-rpc-attempts metadata): a client that hides it is served
-// as a first attempt, and pays for others' retries. The suite's clients
-// also say that their own budgets bound their retries (semconv.BudgetedKey):
-// those are counted, and served even when the server's budget is spent,
-// so that the two budgets do not both charge them; the retries of other
-// clients get what is left. A client that lies about either gets no more
-// than it would from a server without the budget.
+// Every retry and hedge is charged, whoever sends it and whatever its
+// headers say: the suite's clients say when their own budget paid for a
+// retry (semconv.BudgetedKey), but that buys nothing unless the caller is
+// one WithTrustedBudgets names. Whether an attempt is a retry is the
+// caller's word (its grpc-previous-rpc-attempts metadata): a client that
+// hides it is served as a first attempt, and pays for others' retries; it
+// gets no more than it would from a server without the budget.
 func WithServerBudget(r *budget.Registry) ServerOption {
 	return serverOptionFunc(func(o *serverOptions) { o.budgets, o.budgetSet = r, true })
 }

@@ -140,7 +140,7 @@ func (c *Client) newRoute(k routeKey) *route {
 		target:     target,
 		policy:     p,
 		perAttempt: p.PerAttemptTimeout,
-		tel:        newRouteTelemetry(method, target, p.Known, c.o.instrumented),
+		tel:        newRouteTelemetry(method, target, p.Known, c.o.instrumented, c.otherMetricsOf(target, p.Known)),
 		respType:   protoreg.ResponseType(method),
 		rule: retryRule{
 			maxAttempts: c.o.maxAttempts,
@@ -184,6 +184,20 @@ func (c *Client) newRoute(k routeKey) *route {
 		r.lat = newLatency(c.hedgeQ)
 	}
 	return r
+}
+
+// otherMetricsOf returns the metrics that the routes to target of the
+// methods the protobuf registry does not know share (their attributes say
+// "_OTHER"), made on first use; nil for a known method, whose route makes
+// its own, and past maxRoutes targets.
+func (c *Client) otherMetricsOf(target string, known bool) *routeMetrics {
+	if known {
+		return nil
+	}
+	m, _ := c.otherTel.LoadOrCreateIfRoom(target, func(string) *routeMetrics {
+		return newRouteMetrics("", target, false, c.o.instrumented)
+	})
+	return m
 }
 
 // dependency returns what a ClientConn's target is called (in telemetry,

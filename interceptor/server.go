@@ -59,7 +59,7 @@ func NewServer(opts ...ServerOption) *Server {
 	if !o.budgetSet {
 		reg = budget.NewRegistry(budget.Config{})
 	}
-	s.rb = newServerBudgets(reg, reg.Ratio()) // nil for a nil reg
+	s.rb = newServerBudgets(reg) // nil for a nil reg
 	if !o.dedupeSet {
 		s.dedupe = dedupe.NewServer(dedupe.Config{})
 	}
@@ -90,7 +90,13 @@ func (s *Server) pushback(ctx context.Context, m *refusalMarker, err error) {
 	if err == nil || s.o.noPushback {
 		return
 	}
-	if m.set.Load() || RefusedBy(err).propagates() {
+	if m.set.Load() {
+		_ = grpc.SetTrailer(ctx, dontRetry)
+		return
+	}
+	// A refused call's error the handler returns: this process's, or one
+	// forwarded from further down.
+	if local, forwarded := refusalsIn(err); local.propagates() || forwarded.propagates() {
 		_ = grpc.SetTrailer(ctx, dontRetry)
 	}
 }
@@ -112,7 +118,9 @@ func (s *Server) pushback(ctx context.Context, m *refusalMarker, err error) {
 //     or hedge it cannot pay for is refused at once, with "do not retry";
 //  4. the handler.
 //
-// A failure caused by refused retries downstream gets don't-retry pushback.
+// A failure caused by refused retries downstream gets don't-retry pushback,
+// and a refusal this process's Client made is sent up without its seal: a
+// refusal made down the chain (see RefusedDownstream).
 func (s *Server) Unary() grpc.UnaryServerInterceptor {
 	var dedupe grpc.UnaryServerInterceptor
 	if s.dedupe != nil {
@@ -139,7 +147,7 @@ func (s *Server) Unary() grpc.UnaryServerInterceptor {
 			resp, err = s.admitAndHandle(ctx, req, info.FullMethod, handler)
 		}
 		s.pushback(ctx, m, err)
-		return resp, err
+		return resp, unseal(err)
 	}
 }
 
@@ -152,17 +160,17 @@ func (s *Server) admitAndHandle(ctx context.Context, req any, method string, han
 	p, _ := priority.FromContext(ctx)
 	t, err := s.admit(ctx, method, retry, p)
 	if err != nil {
-		mb.done(time.Now(), err) // a refusal on arrival: the method fails its callers
+		mb.DoneAt(time.Now(), serverFailure(err)) // a refusal on arrival: the method fails its callers
 		s.refused(ctx, method, admissionReason(err))
 		return nil, err
 	}
-	if mb != nil && !mb.admit(time.Now(), retry, retry && isBudgeted(ctx)) {
+	if !s.admitRetry(ctx, mb, retry) {
 		t.Discard()
 		s.refused(ctx, method, serverRetryBudget)
 		return nil, refuseRetry(ctx)
 	}
 	defer func() {
-		mb.done(time.Now(), err)
+		mb.DoneAt(time.Now(), serverFailure(err))
 		s.release(ctx, t, err)
 	}()
 	return handler(ctx, req)
@@ -187,12 +195,12 @@ func (s *Server) Stream() grpc.StreamServerInterceptor {
 		m := &refusalMarker{}
 		ctx = context.WithValue(ctx, markerKey{}, m)
 		mb := s.rb.forMethod(info.FullMethod)
-		if retry := isRetry(ctx); mb != nil && !mb.admit(time.Now(), retry, retry && isBudgeted(ctx)) {
+		if !s.admitRetry(ctx, mb, isRetry(ctx)) {
 			s.refused(ctx, info.FullMethod, serverRetryBudget)
 			return refuseRetry(ctx)
 		}
 		ss = &serverStream{ServerStream: ss, ctx: ctx}
-		defer func() { mb.done(time.Now(), err) }()
+		defer func() { mb.DoneAt(time.Now(), serverFailure(err)) }()
 		if dedupe != nil {
 			err = dedupe(srv, ss, info, handler)
 			s.refusedByDedupe(ctx, info.FullMethod, err)
@@ -200,7 +208,7 @@ func (s *Server) Stream() grpc.StreamServerInterceptor {
 			err = handler(srv, ss)
 		}
 		s.pushback(ctx, m, err)
-		return err
+		return unseal(err)
 	}
 }
 

@@ -3,6 +3,7 @@ package interceptor_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
@@ -184,26 +186,180 @@ func TestServerBudgetServesRetriesWhileTheMethodServes(t *testing.T) {
 	assert.Equal(t, 200, o.Total())
 }
 
-// A retry that says its client's own budget bounds it (the suite's clients
-// do) is served even when the server's budget is spent: the two budgets do
-// not both charge it. It is still counted: the retries of other clients
-// get what is left.
-func TestServerBudgetServesRetriesTheClientBudgeted(t *testing.T) {
+// A header buys nothing: a retry that says its client's own budget paid
+// for it (semconv.BudgetedKey) is charged to the server's budget like any
+// other, and refused once the budget is spent, as it would be without the
+// header.
+func TestServerBudgetChargesMarkedRetries(t *testing.T) {
 	o := origin.New(origin.Always(codes.Unavailable))
 	echo, _, _ := guarded(t, o)
-	for i := range 20 {
+	for i := range 20 { // first attempts: the method fails all of them
 		_, _ = echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
 	}
-	for i := range 20 { // budgeted retries: all served, and they spend the budget
+	for i := range 20 { // 20 first attempts pay for 2, the budget lends 5
 		ctx := metadata.AppendToOutgoingContext(t.Context(), semconv.PreviousAttemptsKey, "1", semconv.BudgetedKey, "1")
 		_, _ = echo.Put(ctx, &echov1.PutRequest{RequestId: fmt.Sprint(i)})
 	}
-	assert.Equal(t, 40, o.Total())
-	ctx := metadata.AppendToOutgoingContext(t.Context(), semconv.PreviousAttemptsKey, "1")
-	var tr metadata.MD
-	_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: "other"}, grpc.Trailer(&tr))
-	assert.Equal(t, []string{"-1"}, tr.Get(semconv.PushbackKey), "another client's retry finds the budget spent: %v", err)
-	assert.Equal(t, 40, o.Total())
+	assert.Equal(t, 20+2+5, o.Total(), "the marked retries got what unmarked ones get")
+}
+
+// A caller the server trusts (WithTrustedBudgets, by an identity it
+// cannot forge: here its bearer token) has the retries its own budget paid
+// for served when the server's budget cannot pay for them; they are still
+// withdrawn, so that other callers' retries get what is left. The marker
+// from anyone else, and a trusted caller's unmarked retries, are charged.
+func TestServerBudgetTrustedCallers(t *testing.T) {
+	withToken := func(ctx context.Context, token string) context.Context {
+		return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+	}
+	trusted := dedupe.DefaultIdentity(metadata.NewIncomingContext(t.Context(), metadata.Pairs("authorization", "Bearer ops")))
+	o := origin.New(origin.Always(codes.Unavailable))
+	echo, _, _ := guarded(t, o, interceptor.WithTrustedBudgets(nil, trusted))
+	for i := range 20 { // 20 first attempts pay for 2, the budget lends 5
+		_, _ = echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
+	}
+	retry := func(ctx context.Context, marked bool) bool {
+		kv := []string{semconv.PreviousAttemptsKey, "1"}
+		if marked {
+			kv = append(kv, semconv.BudgetedKey, "1")
+		}
+		n := o.Total()
+		_, _ = echo.Put(metadata.AppendToOutgoingContext(ctx, kv...), &echov1.PutRequest{RequestId: "r"})
+		return o.Total() > n
+	}
+	served := 0
+	for range 20 {
+		if retry(withToken(t.Context(), "ops"), true) {
+			served++
+		}
+	}
+	assert.Equal(t, 20, served, "the trusted caller's paid retries are all served")
+	assert.False(t, retry(t.Context(), false), "they spent the budget: another caller's retry is refused")
+	assert.False(t, retry(withToken(t.Context(), "guess"), true), "the marker from a caller not trusted buys nothing")
+	assert.False(t, retry(t.Context(), true), "nor from one without identity")
+	assert.False(t, retry(withToken(t.Context(), "ops"), false), "the trusted caller's unmarked retry is charged")
+}
+
+// The server's budget lends a fleet what the fleet's own budgets would
+// lend: Burst (5) for each client connection that sent it a first attempt
+// lately, at most one retry per first attempt of the last second. Twenty
+// clients, each on its own connection, each failing 5 first attempts and
+// then retrying each: their 100 retries are served (90 at least: the
+// server counts its clients to within a few percent), as their own
+// budgets would have paid for them. Through one connection, the same first
+// attempts are lent what one client's budget lends itself: 10 (10% of the
+// last second's).
+func TestServerBudgetLendsPerClientConnection(t *testing.T) {
+	run := func(conns int) (served int) {
+		synctest.Test(t, func(t *testing.T) {
+			o := origin.New(origin.Always(codes.Unavailable))
+			s := interceptor.NewServer()
+			l := origin.Bufconn()
+			l.Listener = &addressed{Listener: l.Listener}
+			srv := origin.Serve(l, o, grpc.ChainUnaryInterceptor(s.Unary()))
+			defer srv.Stop()
+			clients := make([]echov1.EchoServiceClient, conns)
+			for i := range clients {
+				cc, err := l.Dial()
+				require.NoError(t, err)
+				defer cc.Close()
+				clients[i] = echov1.NewEchoServiceClient(cc)
+			}
+			for i := range 100 {
+				_, _ = clients[i%conns].Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
+				time.Sleep(time.Millisecond)
+			}
+			for i := range 100 {
+				ctx := metadata.AppendToOutgoingContext(t.Context(), semconv.PreviousAttemptsKey, "1")
+				_, _ = clients[i%conns].Put(ctx, &echov1.PutRequest{RequestId: fmt.Sprint(i)})
+			}
+			served = o.Total() - 100
+		})
+		return served
+	}
+	fleet, one := run(20), run(1)
+	t.Logf("retries served: 20 connections %d of 100, one connection %d of 100", fleet, one)
+	// The server counts its clients to within a few percent (two of
+	// twenty may share a bit of its sketch).
+	assert.GreaterOrEqual(t, fleet, 90, "each connection lent its 5")
+	assert.Equal(t, 2+10, one, "one connection: two of credit and 10% of the last second's first attempts")
+}
+
+// addressed gives each connection it accepts a TCP address of its own, as
+// the clients of a server over TCP have, so that a bufconn server tells
+// its clients apart.
+type addressed struct {
+	net.Listener
+	next atomic.Int32
+}
+
+func (l *addressed) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return addressedConn{c, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: int(l.next.Add(1))}}, nil
+}
+
+type addressedConn struct {
+	net.Conn
+	remote net.Addr
+}
+
+func (c addressedConn) RemoteAddr() net.Addr { return c.remote }
+
+// forgers are grpc-go clients with their own retry policy (3 attempts, no
+// budget) that send on every attempt every header a suite server reads
+// that could buy a retry something: "my budget paid for it", and the
+// highest priority.
+func forgers() ([]grpc.DialOption, func()) {
+	forge := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		ctx = metadata.AppendToOutgoingContext(ctx, semconv.BudgetedKey, "1", semconv.PriorityKey, "critical")
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	opts, done := grpcRetryClients()
+	return append(opts, grpc.WithChainUnaryInterceptor(forge)), done
+}
+
+// A fleet of clients that forge every header gets, at the handler, no more
+// than a fleet that sends none (TestServerBudgetBoundsAFleetItDoesNotControl):
+// from 5 s on at most 1.10× its calls, and over the whole failure at most
+// that plus the budget's start-up allowance.
+func TestServerBudgetForgedHeadersBuyNothing(t *testing.T) {
+	n := 40
+	if raceEnabled {
+		n = 15
+	}
+	calls, handled, callsAfter, handledAfter, _ := serveFleet(t, n, 5, 0.5, 20*time.Second, forgers)
+	t.Logf("forgers: %d calls, %d at the handler (%.3f×); from 5 s on %.3f×",
+		calls, handled, float64(handled)/float64(calls), float64(handledAfter)/float64(callsAfter))
+	assert.LessOrEqual(t, float64(handledAfter), 1.10*float64(callsAfter)+2)
+	assert.LessOrEqual(t, float64(handled), 1.10*float64(calls)+2+max(5, 0.1*float64(n)*5))
+}
+
+// The suite's clients say a retry was paid for only when an enforcing
+// budget paid for it: without a budget, or in shadow mode (the way to roll
+// the suite out), their retries are charged to the server's budget, which
+// then bounds them as it bounds any client's.
+func TestServerBudgetChargesRetriesNobodyPaidFor(t *testing.T) {
+	n := 40
+	if raceEnabled {
+		n = 15
+	}
+	for name, opt := range map[string]interceptor.ClientOption{
+		"no budget":   interceptor.WithBudget(nil),
+		"shadow mode": interceptor.WithShadowMode(),
+	} {
+		t.Run(name, func(t *testing.T) {
+			calls, handled, callsAfter, handledAfter, _ := serveFleet(t, n, 5, 0.5, 20*time.Second, func() ([]grpc.DialOption, func()) {
+				guard := interceptor.NewClient(append(noopProviders(), opt)...)
+				return guard.DialOptions(), func() { _ = guard.Close() }
+			})
+			t.Logf("%d calls, %d at the handler (%.3f×); from 5 s on %.3f×",
+				calls, handled, float64(handled)/float64(calls), float64(handledAfter)/float64(callsAfter))
+			assert.LessOrEqual(t, float64(handledAfter), 1.10*float64(callsAfter)+2)
+		})
+	}
 }
 
 // The attempt number is the caller's word: what a client that hides it

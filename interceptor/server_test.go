@@ -131,7 +131,8 @@ func TestServerPushbackForPropagatedRefusal(t *testing.T) {
 	var tr metadata.MD
 	_, err = echov1.NewEchoServiceClient(cc).Get(t.Context(), &echov1.GetRequest{}, grpc.Trailer(&tr))
 	assert.Equal(t, codes.Unavailable, status.Code(err))
-	assert.Equal(t, interceptor.ReasonBudget, interceptor.RefusedBy(err), "the detail crosses the wire")
+	assert.Equal(t, interceptor.Reason(""), interceptor.RefusedBy(err), "not a refusal of the caller's")
+	assert.Equal(t, interceptor.ReasonBudget, interceptor.RefusedDownstream(err), "the detail crosses the wire, as the server's word")
 	assert.Equal(t, []string{"-1"}, tr.Get(semconv.PushbackKey))
 }
 
@@ -180,7 +181,7 @@ func TestServerPushbackFollowsTheRefusalTable(t *testing.T) {
 			defer cc.Close()
 			var tr metadata.MD
 			_, err = echov1.NewEchoServiceClient(cc).Get(t.Context(), &echov1.GetRequest{}, grpc.Trailer(&tr))
-			assert.Equal(t, tt.reason, interceptor.RefusedBy(err))
+			assert.Equal(t, tt.reason, interceptor.RefusedDownstream(err))
 			assert.Equal(t, tt.want, tr.Get(semconv.PushbackKey))
 			assert.Equal(t, tt.want != nil, interceptor.Propagates(tt.reason))
 		})

@@ -48,7 +48,8 @@ func (c *call) applyServiceConfig(mc *methodConfig) {
 
 // ruleFrom returns the rule the service config's policy mp gives the
 // route's method: a retryPolicy's attempts (capped at the suite's limit,
-// not grpc-go's 5), backoff and retryable codes, and no hedging; or a
+// not grpc-go's 5), backoff (capped at MaxBackoff) and retryable codes,
+// and no hedging; or a
 // hedgingPolicy's attempts, delay (0: every attempt at once, as gRFC A6
 // says) and non-fatal codes, after which a failed attempt is retried.
 // What the policy does not say (the per-attempt timeout) stays the
@@ -61,7 +62,8 @@ func (r *route) ruleFrom(mp *svcconfig.Method) *retryRule {
 		rp := mp.Retry
 		rl.maxAttempts = clampAttempts(rp.MaxAttempts)
 		rl.retryable = idempotency.Codes(rp.RetryableStatusCodes...)
-		rl.backoffBase, rl.backoffMax = rp.InitialBackoff, max(rp.MaxBackoff, rp.InitialBackoff)
+		rl.backoffBase = min(rp.InitialBackoff, MaxBackoff)
+		rl.backoffMax = min(max(rp.MaxBackoff, rp.InitialBackoff), MaxBackoff)
 		rl.backoffMult = rp.BackoffMultiplier
 		rl.hedge, rl.hedgeDelay, rl.maxHedges = false, 0, 0
 	case mp.Hedging != nil:

@@ -384,3 +384,34 @@ func TestServiceConfigWithinTheBudget(t *testing.T) {
 		assert.Greater(t, total, calls, "some retries were paid for")
 	})
 }
+
+// A service config's backoff is capped at MaxBackoff, as a server's
+// pushback is at MaxPushback: an initialBackoff of two days does not make
+// a call without a deadline wait days before its retry.
+func TestServiceConfigBackoffIsCapped(t *testing.T) {
+	cfg := serviceConfigOf("", map[string]string{
+		"Notify": retryPolicyJSON(3, "172800s", "172800s", 2, "UNAVAILABLE"),
+	})
+	synctest.Test(t, func(t *testing.T) {
+		o := origin.New(scriptedFailures)
+		l := origin.Bufconn()
+		defer origin.Serve(l, o).Stop()
+		guard := interceptor.NewClient(append(noopProviders(), interceptor.WithDefaultServiceConfig(cfg), interceptor.WithBudget(nil))...)
+		cc, err := grpc.NewClient(l.Target, l.ConnectOptions(guard.DialOptions()...)...)
+		require.NoError(t, err)
+		defer cc.Close()
+		echo := echov1.NewEchoServiceClient(cc)
+		for i := range 3 { // the target serves
+			_, err = echo.Get(context.Background(), &echov1.GetRequest{RequestId: fmt.Sprint("0-u-warm", i)})
+			require.NoError(t, err)
+		}
+		start := time.Now()
+		_, err = echo.Notify(context.Background(), &echov1.NotifyRequest{RequestId: "2-u-a"}) // no deadline
+		require.NoError(t, err)
+		require.Equal(t, 3, o.CountID(notify, "2-u-a"))
+		took := time.Since(start)
+		t.Logf("two retries took %v", took)
+		assert.LessOrEqual(t, took, 2*interceptor.MaxBackoff)
+		assert.GreaterOrEqual(t, took, interceptor.MaxBackoff, "each retry waited in [MaxBackoff/2, MaxBackoff]")
+	})
+}

@@ -49,7 +49,17 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 		cancel()
 		return nil, err
 	}
-	s.stop = context.AfterFunc(k.ctx, s.callerLeft)
+	// When the caller's context is already done, AfterFunc runs callerLeft
+	// at once, on its own goroutine, which may finish the stream before
+	// stop is stored: stop is stored under mu, and called here if so.
+	stop := context.AfterFunc(k.ctx, s.callerLeft)
+	s.mu.Lock()
+	s.stop = stop
+	finished := s.finished
+	s.mu.Unlock()
+	if finished {
+		stop()
+	}
 	return s, nil
 }
 
@@ -59,7 +69,6 @@ type clientStream struct {
 	k        *call
 	ctx      context.Context // the call's
 	cancel   context.CancelFunc
-	stop     func() bool // stops the AfterFunc watching ctx
 	desc     *grpc.StreamDesc
 	cc       *grpc.ClientConn
 	method   string
@@ -73,6 +82,7 @@ type clientStream struct {
 	latest    *streamAttempt // the attempt the engine last sent
 
 	mu        sync.Mutex
+	stop      func() bool // stops the AfterFunc watching ctx; nil until it is set
 	cur       *streamAttempt
 	committed bool
 	buf       []any // client messages to replay
@@ -316,7 +326,7 @@ func (s *clientStream) finish(err error) {
 	}
 	s.finished, s.finalErr = true, err
 	s.buf, s.pending = nil, nil
-	a := s.cur
+	a, stop := s.cur, s.stop
 	if a != nil {
 		close(a.done)
 	}
@@ -329,8 +339,8 @@ func (s *clientStream) finish(err error) {
 		s.k.end(a.attempt, callErr, false)
 	}
 	s.k.endCall(callErr)
-	if s.stop != nil {
-		s.stop()
+	if stop != nil {
+		stop()
 	}
 	s.cancel()
 }

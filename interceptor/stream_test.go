@@ -10,6 +10,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -500,4 +501,23 @@ func failFirstAttemptDuring(t *testing.T, s grpc.ClientStream, attempt func(int)
 	recvDone := make(chan error, 1)
 	go func() { recvDone <- s.RecvMsg(&echov1.ChatResponse{}) }()
 	return recvDone
+}
+
+// A caller whose context is done by the time its stream is handed over
+// (a deadline that passes as the stream opens) gets a finished stream:
+// the watcher of the caller's context, which then runs at once on a
+// goroutine of its own, and the code that installs it do not race.
+func TestStreamCallerGoneAsItOpens(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		streamer := func(actx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
+			cancel() // the caller leaves while grpc opens the stream
+			return newFakeStream(actx), nil
+		}
+		c := interceptor.NewClient(append(noopProviders(), interceptor.WithBudget(nil))...)
+		s, err := c.Stream()(ctx, &grpc.StreamDesc{ServerStreams: true}, dialPassthrough(t), list, streamer)
+		require.NoError(t, err)
+		synctest.Wait() // the watcher has finished the stream
+		assert.Equal(t, codes.Canceled, status.Code(s.RecvMsg(&echov1.ListResponse{})))
+	})
 }

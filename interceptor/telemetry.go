@@ -249,12 +249,22 @@ const (
 	otherMethodA66     = "other"
 )
 
-// routeTelemetry holds what a route's calls record with: attribute sets
-// and option slices, built on first use and then shared, so that a call
-// records spans and metrics without building any, and a route that only
-// ever sees OK costs only what OK needs.
+// routeTelemetry is what a route's calls record with: the names of its
+// spans, and its metrics' attribute sets and option slices (routeMetrics).
 type routeTelemetry struct {
-	name     string // span name: "pkg.Svc/Method"
+	name string // span name: "pkg.Svc/Method"
+	*routeMetrics
+	attemptName lazy[string] // "Attempt.pkg.Svc/Method", made when a span needs it
+}
+
+// routeMetrics holds what a route's calls record metrics with: attribute
+// sets and option slices, built on first use and then shared, so that a
+// call records spans and metrics without building any, and a route that
+// only ever sees OK costs only what OK needs. The methods the protobuf
+// registry does not know are recorded as one ("_OTHER"): their routes to
+// one target share one routeMetrics, so that a proxy forwarding
+// caller-chosen names pays for it once (see Client.otherMetrics).
+type routeMetrics struct {
 	base     []attribute.KeyValue
 	a66      []attribute.KeyValue
 	callSpan []trace.SpanStartOption
@@ -268,32 +278,50 @@ type routeTelemetry struct {
 }
 
 type attemptOptions struct {
-	span     []trace.SpanStartOption
-	metric   []metric.AddOption
-	spanName string
+	span   []trace.SpanStartOption
+	metric []metric.AddOption
 }
 
-func newRouteTelemetry(method, target string, known, instrumented bool) *routeTelemetry {
+// newRouteTelemetry returns the telemetry of the route of method to target
+// (its name: see WithTargetName). m is its metrics, when they are shared
+// (a method the registry does not know); nil makes them.
+func newRouteTelemetry(method, target string, known, instrumented bool, m *routeMetrics) *routeTelemetry {
 	name := strings.TrimPrefix(method, "/")
-	semName, a66Name := name, name
+	if instrumented {
+		name = "Sent." + name // gRFC A72: the call span above instrumented attempts
+	}
+	if m == nil {
+		m = newRouteMetrics(method, target, known, instrumented)
+	}
+	return &routeTelemetry{name: name, routeMetrics: m}
+}
+
+// newRouteMetrics makes the metrics of method's routes to target; for a
+// method the registry does not know, of every such method's.
+func newRouteMetrics(method, target string, known, instrumented bool) *routeMetrics {
+	semName := strings.TrimPrefix(method, "/")
+	a66Name := semName
 	if !known {
 		semName, a66Name = otherMethodSemconv, otherMethodA66
 	}
-	rt := &routeTelemetry{
-		name: name,
+	m := &routeMetrics{
 		base: append([]attribute.KeyValue{otelconv.RPCSystemNameGRPC, otelconv.RPCMethod(semName)}, targetAttrs(target)...),
 		a66:  []attribute.KeyValue{attrGRPCMethod.String(a66Name), attrGRPCTarget.String(target)},
 	}
 	kind := trace.SpanKindClient
 	if instrumented {
-		rt.name = "Sent." + name // gRFC A72: the call span above instrumented attempts
 		kind = trace.SpanKindInternal
 	}
-	rt.callSpan = []trace.SpanStartOption{trace.WithSpanKind(kind), trace.WithAttributes(rt.base...)}
-	return rt
+	m.callSpan = []trace.SpanStartOption{trace.WithSpanKind(kind), trace.WithAttributes(m.base...)}
+	return m
 }
 
-func (rt *routeTelemetry) attemptOpts(k attemptKind) *attemptOptions {
+// attemptSpanName returns the name of the route's attempt spans.
+func (rt *routeTelemetry) attemptSpanName() string {
+	return *rt.attemptName.get(func() string { return "Attempt." + strings.TrimPrefix(rt.name, "Sent.") })
+}
+
+func (rt *routeMetrics) attemptOpts(k attemptKind) *attemptOptions {
 	return rt.attempt[k].get(func() attemptOptions {
 		attrs := []attribute.KeyValue{
 			semconv.AttrAttemptKind.String(k.String()),
@@ -301,36 +329,35 @@ func (rt *routeTelemetry) attemptOpts(k attemptKind) *attemptOptions {
 			semconv.AttrTransparentRetry.Bool(false),
 		}
 		return attemptOptions{
-			span:     []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...)},
-			metric:   addOpts(rt.base, semconv.AttrAttemptKind.String(k.String())),
-			spanName: "Attempt." + strings.TrimPrefix(rt.name, "Sent."),
+			span:   []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...)},
+			metric: addOpts(rt.base, semconv.AttrAttemptKind.String(k.String())),
 		}
 	})
 }
 
-func (rt *routeTelemetry) callOpts(c grpccodes.Code) []metric.AddOption {
+func (rt *routeMetrics) callOpts(c grpccodes.Code) []metric.AddOption {
 	i := codeIndex(c)
 	return *rt.calls[i].get(func() []metric.AddOption {
 		return addOpts(rt.base, otelconv.RPCResponseStatusCode(codename.Name(grpccodes.Code(i))))
 	})
 }
 
-func (rt *routeTelemetry) durationOpts(c grpccodes.Code) []metric.RecordOption {
+func (rt *routeMetrics) durationOpts(c grpccodes.Code) []metric.RecordOption {
 	i := codeIndex(c)
 	return *rt.duration[i].get(func() []metric.RecordOption {
 		return recordOpts(rt.a66, attrGRPCStatus.String(codename.Name(grpccodes.Code(i))))
 	})
 }
 
-func (rt *routeTelemetry) perCallOpts() []metric.RecordOption {
+func (rt *routeMetrics) perCallOpts() []metric.RecordOption {
 	return *rt.perCall.get(func() []metric.RecordOption { return recordOpts(rt.a66) })
 }
 
-func (rt *routeTelemetry) refusalOpts(r Reason) []metric.AddOption {
+func (rt *routeMetrics) refusalOpts(r Reason) []metric.AddOption {
 	return rt.refusals.get(r, func() []metric.AddOption { return addOpts(rt.base, semconv.AttrReason.String(string(r))) })
 }
 
-func (rt *routeTelemetry) wouldRefuseOpts(r Reason) []metric.AddOption {
+func (rt *routeMetrics) wouldRefuseOpts(r Reason) []metric.AddOption {
 	return rt.would.get(r, func() []metric.AddOption { return addOpts(rt.base, semconv.AttrReason.String(string(r))) })
 }
 

@@ -88,7 +88,7 @@ func TestBudgetRefusalKeepsOriginalStatus(t *testing.T) {
 	_, err := e.echo.Put(t.Context(), &echov1.PutRequest{RequestId: "x"})
 	st := status.Convert(err)
 	assert.Equal(t, codes.Unavailable, st.Code())
-	assert.Equal(t, "origin down: x [stormguard: retry refused: budget]", st.Message())
+	assert.Equal(t, "origin down: x [stormguard: retry refused: budget #"+interceptor.Seal()+"]", st.Message())
 	assert.Equal(t, interceptor.ReasonBudget, interceptor.RefusedBy(err))
 	assert.Equal(t, 1, e.origin.Total(), "one deposit at 10% funds no retry and there is no burst")
 	var info *errdetails.ErrorInfo

@@ -187,10 +187,14 @@ const (
 	// before the next attempt (replacing the backoff); a negative, larger
 	// or malformed value, or several values, mean "do not retry".
 	PushbackKey = "grpc-retry-pushback-ms"
-	// BudgetedKey is sent, with the value "1", on every retry and hedge of
-	// the suite's client: its own budget bounds it. A stormguard server
-	// serves such a retry even when its own retry budget is spent (it
-	// still counts it), so that the two budgets do not both charge it.
+	// BudgetedKey is sent, with the value "1", on a retry or hedge of the
+	// suite's client that an enforcing budget paid for (not without a
+	// budget, not in shadow mode, not on a fail-over the budget did not pay
+	// for). It is the client's word: a stormguard server charges the retry
+	// to its own retry budget all the same, unless the caller is one it
+	// trusts by an identity the caller cannot forge
+	// (interceptor.WithTrustedBudgets); then it serves it even when its
+	// budget is spent, so that the two budgets do not both charge it.
 	BudgetedKey = "stormguard-budgeted"
 	// PriorityKey carries a call's priority (package priority), on every
 	// attempt of a call whose priority is not the default: "sheddable" or
@@ -206,12 +210,16 @@ const (
 	// ErrorReasonCircuitOpen: the call was not sent because the breaker
 	// of its method on its target is open (code Unavailable, with a
 	// RetryInfo saying how long it stays open; the metadata keys "target"
-	// and "method" name the breaker).
+	// and "method" name the breaker, and "seal" is the refusing process's:
+	// see interceptor.RefusedBy).
 	ErrorReasonCircuitOpen = "CIRCUIT_OPEN"
 	// ErrorReasonRetryRefused: the status is the last attempt's code and
-	// message (the message ending with the refusal marker, see interceptor.RefusedBy);
-	// a retry was refused, and the metadata key "refused_by" says why
-	// (budget, breaker, deadline or pushback).
+	// message (the message ending with the refusal marker, see
+	// interceptor.RefusedBy); a retry was refused, and the metadata key
+	// "refused_by" says why (budget, breaker, deadline, pushback or
+	// throttle). The key "seal" is the refusing process's; a server
+	// forwarding the status up the chain drops it (a refusal made down the
+	// chain: interceptor.RefusedDownstream).
 	ErrorReasonRetryRefused = "RETRY_REFUSED"
 )
 

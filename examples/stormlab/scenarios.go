@@ -181,7 +181,7 @@ func chainOfThree(ctx context.Context) (*Result, error) {
 				if err != nil {
 					return Row{}, err
 				}
-				out := wave(ctx, callers, callTimeout, put(top))
+				out := wave(ctx, callers, chainTimeout, put(top))
 				row := out.row(p, o.Total())
 				row.WouldRefuse = e.wouldRefuse()
 				return row, nil
