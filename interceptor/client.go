@@ -48,6 +48,7 @@ type Client struct {
 	// routeCache is routes' direct-mapped front (see routeOf).
 	routeCache [routeCacheSize]atomic.Pointer[route]
 	endpoints  cowmap.Map[string, *endpoints] // per canonical target
+	yields     cowmap.Map[string, *yield]     // per canonical target (see yield)
 	returns    atomic.Pointer[returnTable]    // failed calls, made on the first failure (see outer.go)
 	// lastFailed is when (UnixNano, on the Client's clock) a call last
 	// failed: the table is looked at only for returnWindow after.
@@ -79,6 +80,7 @@ func NewClient(opts ...ClientOption) *Client {
 	c := &Client{o: o}
 	c.routes.Max = maxRoutes
 	c.endpoints.Max = maxRoutes
+	c.yields.Max = maxRoutes
 	c.grpcRetry.Max = maxRoutes
 	c.resolver = idempotency.NewResolver(idempotency.ResolverConfig{Idempotent: o.idempotent})
 	c.checkMarks()
