@@ -222,9 +222,11 @@ func WithIdempotent(fullMethods ...string) ClientOption {
 // attempt is sent, budget and breaker permitting, up to maxAttempts in all
 // (0: RetryPolicy.MaxAttempts). Hedges yield to a target that is
 // overloaded (ReasonOverload): while its answers lately said so, or most
-// recent calls ran past the delay, none is sent. Delay 0 is adaptive: about the (1 − 0.75 ×
-// budget ratio) quantile of the method's observed latency, so that hedges
-// use about three quarters of the retry budget. Off by default.
+// recent calls ran past the delay, none is sent. Delay 0 is adaptive:
+// about the (1 − 0.75 × budget ratio) quantile of the method's observed
+// latency, so that hedges use at most about three quarters of the retry
+// budget, and at least twice its median, so that only attempts slow for
+// the method are hedged. Off by default.
 func WithHedging(delay time.Duration, maxAttempts int) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
 		o.hedging = true
