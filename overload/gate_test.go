@@ -162,22 +162,23 @@ func TestCriticalRequestsWaitAheadOfTheOthers(t *testing.T) {
 	}
 }
 
-// TestTheGateUnderConcurrentUse: goroutines admit, wait, leave and end
+// TestTheGateUnderConcurrentUse: goroutines (four times the limit) admit,
+// wait, leave and end
 // requests of one method at once while its limit is engaged; every
 // request that waited is accounted for once (admitted, refused or left),
 // and nothing is left in flight or waiting at the end (run with -race).
 func TestTheGateUnderConcurrentUse(t *testing.T) {
 	c := newClock()
-	m, _ := engaged(t, c, Config{MinLimit: 3})
+	m, limit := engaged(t, c, Config{MinLimit: 3})
 	g := m.g
 	before := g.Stats()
 	var wg sync.WaitGroup
-	for w := range 8 {
+	for w := range 4 * limit { // four times the limit, so that some wait
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(w), 3))
-			for range 300 {
+			for range 100 {
 				now := c.Now()
 				tk, d := m.AdmitAt(now, now.Add(time.Second), true, false)
 				if d.Reason == Queued {

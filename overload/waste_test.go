@@ -136,7 +136,8 @@ func (p *poolModel) wasteShare() float64 { return float64(p.wasted) / float64(ma
 
 // TestAdmissionWastesLittle: a pool whose handler does not watch its
 // context, overloaded (twice its capacity for 6 s; a capacity drop to a
-// third for 2 s; a drop to half for 10 s), its callers' deadlines known:
+// third for 2 s; a drop to half for 10 s, and for 1 s with deadlines of
+// ten service times), its callers' deadlines known:
 // the work done for callers who had already left is at most 5% of the
 // work done, and at least as many requests succeed as without the
 // protection.
@@ -150,6 +151,8 @@ func TestAdmissionWastesLittle(t *testing.T) {
 			from: 2 * time.Second, to: 4 * time.Second, rate: 140, deadline: time.Second, length: 10 * time.Second}},
 		{"half for 10s", poolShape{workers: 4, service: 20 * time.Millisecond, slow: 40 * time.Millisecond,
 			from: 2 * time.Second, to: 12 * time.Second, rate: 180, deadline: 250 * time.Millisecond, length: 16 * time.Second}},
+		{"half for 1s, 200ms deadlines", poolShape{workers: 4, service: 20 * time.Millisecond, slow: 40 * time.Millisecond,
+			from: 2 * time.Second, to: 3 * time.Second, rate: 180, deadline: 200 * time.Millisecond, length: 6 * time.Second}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			clk := newClock()
