@@ -37,8 +37,9 @@ const (
 	yieldSlots = 4
 	yieldSlot  = 250 * time.Millisecond
 	// yieldMinCalls is the least number of recent calls whose share that
-	// ran late is judged.
-	yieldMinCalls = 10
+	// ran late is judged: few, so that a quiet client (a fleet's, a few
+	// calls a second) yields as a busy one does.
+	yieldMinCalls = 4
 )
 
 // Kinds counted in yield.calls.

@@ -63,7 +63,7 @@ func TestYieldRules(t *testing.T) {
 		watched, late int
 		want          bool
 	}{
-		{20, 10, false}, {20, 11, true}, {9, 9, false}, {10, 6, true},
+		{20, 10, false}, {20, 11, true}, {3, 3, false}, {4, 3, true}, {4, 2, false},
 	} {
 		if got := late(c.watched, c.late).yields(t0); got != c.want {
 			t.Errorf("%d of %d calls late: yields %v, want %v", c.late, c.watched, got, c.want)

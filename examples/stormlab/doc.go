@@ -80,16 +80,17 @@
 //     at most 5% of the origin's work. About 7 s; not in -quick; a machine
 //     that cannot keep its schedule is an error;
 //  14. an overload under a mixed fleet: an origin at 90% of its capacity,
-//     behind a proxy's 200 ms upstream timeout, loses half of its capacity
+//     behind a proxy's 300 ms upstream timeout, loses half of its capacity
 //     for 1, 10 and 60 s (in real time), called by 20 clients with their
 //     own ClientConns, half of them grpc-go's retryPolicy (5 attempts, no
 //     throttling) and half the suite's; rows: no server protection (it
 //     must stay down: the scenario is metastable), the suite's server
 //     (also with every client grpc-go's, and with the suite's clients on
-//     a per-attempt timeout), and no retries. With the suite's server,
-//     goodput in the drop must be at least 90% of the reduced capacity,
-//     and every second from 1 s after the drop on must serve 99% of its
-//     calls. About 3 min; not in -quick.
+//     a per-attempt timeout), and no retries. With the suite's server and
+//     its default clients or grpc-go's, goodput in the drop must be at
+//     least 90% of the reduced capacity, and every second from 1 s after
+//     the drop on must serve 99% of its calls; the mixed fleets must do no
+//     harm. About 3 min; not in -quick.
 //
 // Scenarios 1-4 hold every first attempt at the origin until all callers'
 // first attempts have arrived (a wave), and 6 and 8 choose failing or slow

@@ -48,11 +48,12 @@ func wasteCheck(r *Result, row *Row, what string) []Check {
 
 // mixedChecks are the mixed-fleet overload's bounds, for every drop
 // length: the control, the mixed fleet without server protection, does
-// not recover by itself (else the scenario is not metastable); the rows
-// with the suite's server answer callers still waiting at least
-// minDropGoodput of the reduced capacity during the drop, and from
-// maxRecovery99 after it on succeed at least min99 of the time every
-// second; and the suite's clients, with and without a per-attempt
+// not recover by itself (else the scenario is not metastable); with the
+// suite's server, the mixed fleet and the fleet of grpc-go's clients get
+// answers while still waiting for at least minDropGoodput of the reduced
+// capacity during the drop, and from maxRecovery99 after it on succeed at
+// least min99 of the time every second; and the mixed fleets with the
+// suite's server, the suite's clients with and without a per-attempt
 // timeout, do no harm.
 func mixedChecks(r *Result) []Check {
 	var out []Check
@@ -64,7 +65,7 @@ func mixedChecks(r *Result) []Check {
 			add(mixedControl, fmt.Sprintf("overload-mixed %s: the control stays down (metastable)", d), "never",
 				c.Recovery.String(), c.Recovery.never)
 		}
-		for _, p := range []policyKey{mixedSuite, mixedSuitePT, mixedGRPCSuite} {
+		for _, p := range []policyKey{mixedSuite, mixedGRPCSuite} {
 			row := r.row(p, d)
 			if row == nil {
 				continue

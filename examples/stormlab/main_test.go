@@ -536,7 +536,7 @@ func TestMixedChecks(t *testing.T) {
 			row(mixedGRPCSuite, 2000, 0.95, rec(0, false), rec(0.25, false)),
 		}}
 		checks := checkBounds([]*Result{res}, maxTailP99)
-		if len(checks) != 1+3*2+2*2 {
+		if len(checks) != 1+2*2+2*2 {
 			t.Fatalf("%s: %d checks", c.name, len(checks))
 		}
 		for _, ch := range checks {

@@ -170,12 +170,14 @@ func (t *tally) record(offset time.Duration, err error, d time.Duration) {
 }
 
 // windowed returns, per step, the share of the calls sent in it and the
-// k-1 steps after it (as many as there are) that succeeded.
+// k-1 steps after it that succeeded; the last k-1 steps, which have not
+// so many after them, get the last k steps' share.
 func (t *tally) windowed(k int) []float64 {
 	g := make([]float64, len(t.offered))
 	for i := range g {
 		sent, ok := 0, 0
-		for j := i; j < min(i+k, len(t.offered)); j++ {
+		from := max(min(i, len(t.offered)-k), 0)
+		for j := from; j < min(from+k, len(t.offered)); j++ {
 			sent += t.offered[j]
 			ok += t.ok[j]
 		}

@@ -33,8 +33,8 @@ var mixedShape = shape{
 }
 
 // mixedUpstream is the proxy's upstream timeout in front of mixedShape's
-// origin.
-const mixedUpstream = 200 * time.Millisecond
+// origin: 15 service times at full capacity, 7.5 in the drop.
+const mixedUpstream = 300 * time.Millisecond
 
 // upstreamTimeout is a proxy's upstream timeout, in front of the origin's
 // server chain: each attempt gets d at most (as its deadline, which the
