@@ -57,11 +57,17 @@ func overloadedOrigin(start time.Time, shed bool, attempts chan<- time.Duration)
 // (each waits 5 ms between calls) and returns the arrival times of the
 // attempts that were not first attempts.
 func countRetries(t *testing.T, shed bool, opts ...interceptor.ClientOption) []time.Duration {
+	return countRetriesOf(t, shed, 8, 5*time.Millisecond, opts...)
+}
+
+// countRetriesOf is countRetries with callers callers, each waiting think
+// between calls.
+func countRetriesOf(t *testing.T, shed bool, callers int, think time.Duration, opts ...interceptor.ClientOption) []time.Duration {
 	start := time.Now()
 	attempts := make(chan time.Duration, 100_000)
 	e := newEnv(t, overloadedOrigin(start, shed, attempts), opts...)
 	var wg sync.WaitGroup
-	for w := range 8 {
+	for w := range callers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -70,7 +76,7 @@ func countRetries(t *testing.T, shed bool, opts ...interceptor.ClientOption) []t
 				ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 				_, _ = e.echo.Put(ctx, &echov1.PutRequest{RequestId: fmt.Sprint(w, "-", i)})
 				cancel()
-				time.Sleep(5 * time.Millisecond)
+				time.Sleep(think)
 			}
 		}()
 	}
@@ -151,4 +157,17 @@ func TestPerAttemptTimeoutRetriesYieldToAnOverloadedTarget(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestAQuietClientYieldsToo: one caller, five calls a second, with a
+// 20 ms per-attempt timeout, against a plain target that becomes slow for
+// 3 s: from 1 s into it no retry is sent beside a slow attempt.
+func TestAQuietClientYieldsToo(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		retries := countRetriesOf(t, false, 1, 200*time.Millisecond,
+			interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 20 * time.Millisecond}), unbounded)
+		during := in(retries, overloadFrom+time.Second, overloadTo)
+		t.Logf("retries from 1 s into the overload to its end: %d", during)
+		assert.Zero(t, during, "a quiet client's retries reached the overloaded target")
+	})
 }
