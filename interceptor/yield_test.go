@@ -114,26 +114,7 @@ func in(ts []time.Duration, from, to time.Duration) int {
 // or hedge per call (Ratio 1), so that it does not bound the hedges: the
 // yield alone stops them.
 func TestHedgesYieldToAnOverloadedTarget(t *testing.T) {
-	for _, shed := range []bool{true, false} {
-		t.Run(fmt.Sprintf("shed=%v", shed), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				hedges := countRetries(t, shed, interceptor.WithHedging(10*time.Millisecond, 2), unbounded)
-				before := in(hedges, time.Second, overloadFrom)
-				during := in(hedges, overloadFrom+time.Second, overloadTo)
-				after := in(hedges, overloadTo+2*time.Second, yieldRunEnd)
-				t.Logf("hedges: %d in the second before the overload, %d from 1 s into it to its end, %d from 2 s after it",
-					before, during, after)
-				assert.Positive(t, before, "no hedge while healthy")
-				assert.Zero(t, during, "hedges reached the overloaded target")
-				assert.Positive(t, after, "hedging did not come back")
-				if shed {
-					// The first hedge it sheds stops the others at once.
-					assert.LessOrEqual(t, in(hedges, overloadFrom+100*time.Millisecond, overloadTo), 0,
-						"hedges after the target shed one")
-				}
-			})
-		})
-	}
+	testYield(t, "hedges", interceptor.WithHedging(10*time.Millisecond, 2))
 }
 
 // TestPerAttemptTimeoutRetriesYieldToAnOverloadedTarget: the same target
@@ -142,18 +123,28 @@ func TestHedgesYieldToAnOverloadedTarget(t *testing.T) {
 // overload's start, and come back after it (the budget does not bound
 // them here either).
 func TestPerAttemptTimeoutRetriesYieldToAnOverloadedTarget(t *testing.T) {
+	testYield(t, "retries beside slow attempts", interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 20 * time.Millisecond}))
+}
+
+// testYield runs countRetries with opt against the target that sheds and
+// the one that is only slow, and checks what reached it when.
+func testYield(t *testing.T, what string, opt interceptor.ClientOption) {
 	for _, shed := range []bool{true, false} {
 		t.Run(fmt.Sprintf("shed=%v", shed), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				retries := countRetries(t, shed, interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: 20 * time.Millisecond}), unbounded)
-				before := in(retries, time.Second, overloadFrom)
-				during := in(retries, overloadFrom+time.Second, overloadTo)
-				after := in(retries, overloadTo+2*time.Second, yieldRunEnd)
-				t.Logf("retries: %d in the second before the overload, %d from 1 s into it to its end, %d from 2 s after it",
-					before, during, after)
-				assert.Positive(t, before, "no retry beside a slow attempt while healthy")
-				assert.Zero(t, during, "retries reached the overloaded target")
-				assert.Positive(t, after, "retries beside slow attempts did not come back")
+				sent := countRetries(t, shed, opt, unbounded)
+				before := in(sent, time.Second, overloadFrom)
+				during := in(sent, overloadFrom+time.Second, overloadTo)
+				after := in(sent, overloadTo+2*time.Second, yieldRunEnd)
+				t.Logf("%s: %d in the second before the overload, %d from 1 s into it to its end, %d from 2 s after it",
+					what, before, during, after)
+				assert.Positive(t, before, "none while healthy")
+				assert.Zero(t, during, "%s reached the overloaded target", what)
+				assert.Positive(t, after, "%s did not come back", what)
+				if shed {
+					// The first it sheds stops the others at once.
+					assert.Zero(t, in(sent, overloadFrom+100*time.Millisecond, overloadTo), "%s after the target shed one", what)
+				}
 			})
 		})
 	}

@@ -29,6 +29,21 @@ func engaged(t *testing.T, c *clock, cfg Config) (*Method, int64) {
 	return m, l
 }
 
+// fill admits n first attempts of priority p with 10 s deadlines at now,
+// all of which must be admitted, and returns them.
+func fill(t *testing.T, m *Method, now time.Time, n int64, p priority.Priority) []Ticket {
+	t.Helper()
+	var open []Ticket
+	for range n {
+		tk, d := m.AdmitPriorityAt(now, now.Add(10*time.Second), true, false, p)
+		if d.Reason != Admitted {
+			t.Fatalf("%v under the limit: %+v", p, d)
+		}
+		open = append(open, tk)
+	}
+	return open
+}
+
 // TestAWaitingRequestThatCannotEndInTimeIsNotStarted: a first attempt
 // waits at the limit; by the time a place frees, less of its deadline is
 // left than the method needs then (the requests in flight, and it, at the
@@ -97,11 +112,7 @@ func TestAPlaceGivenAsTheCallerLeavesIsFreed(t *testing.T) {
 	c := newClock()
 	m, limit := engaged(t, c, Config{MinLimit: 3})
 	now := c.Now()
-	var open []Ticket
-	for range limit {
-		tk, _ := m.AdmitAt(now, now.Add(10*time.Second), true, false)
-		open = append(open, tk)
-	}
+	open := fill(t, m, now, limit, priority.Default)
 	w, d := m.AdmitAt(now, now.Add(10*time.Second), true, false)
 	if d.Reason != Queued {
 		t.Fatalf("at the limit: %+v", d)
@@ -129,14 +140,7 @@ func TestCriticalRequestsWaitAheadOfTheOthers(t *testing.T) {
 	c := newClock()
 	m, limit := engaged(t, c, Config{MinLimit: 3})
 	now := c.Now()
-	var open []Ticket
-	for range limit {
-		tk, d := m.AdmitPriorityAt(now, now.Add(10*time.Second), true, false, priority.Critical)
-		if d.Reason != Admitted {
-			t.Fatalf("critical under the limit: %+v", d)
-		}
-		open = append(open, tk)
-	}
+	open := fill(t, m, now, limit, priority.Critical)
 	def, d1 := m.AdmitPriorityAt(now, now.Add(10*time.Second), true, false, priority.Default)
 	crit, d2 := m.AdmitPriorityAt(now, now.Add(10*time.Second), true, false, priority.Critical)
 	if d1.Reason != Queued || d2.Reason != Queued {

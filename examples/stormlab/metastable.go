@@ -175,15 +175,8 @@ func (t *tally) record(offset time.Duration, err error, d time.Duration) {
 func (t *tally) windowed(k int) []float64 {
 	g := make([]float64, len(t.offered))
 	for i := range g {
-		sent, ok := 0, 0
 		from := max(min(i, len(t.offered)-k), 0)
-		for j := from; j < min(from+k, len(t.offered)); j++ {
-			sent += t.offered[j]
-			ok += t.ok[j]
-		}
-		if sent > 0 {
-			g[i] = float64(ok) / float64(sent)
-		}
+		g[i] = t.share(from, from+k)
 	}
 	return g
 }
@@ -194,16 +187,37 @@ func (t *tally) perSecond() []float64 {
 	k := int(time.Second / msStep)
 	g := make([]float64, (len(t.offered)+k-1)/k)
 	for i := range g {
-		sent, ok := 0, 0
-		for j := i * k; j < min((i+1)*k, len(t.offered)); j++ {
-			sent += t.offered[j]
-			ok += t.ok[j]
-		}
-		if sent > 0 {
-			g[i] = float64(ok) / float64(sent)
-		}
+		g[i] = t.share(i*k, (i+1)*k)
 	}
 	return g
+}
+
+// share returns the share of the calls sent in steps [from, to) (as far as
+// there are) that succeeded, 0 when none was sent.
+func (t *tally) share(from, to int) float64 {
+	sent, ok := 0, 0
+	for j := from; j < min(to, len(t.offered)); j++ {
+		sent += t.offered[j]
+		ok += t.ok[j]
+	}
+	if sent == 0 {
+		return 0
+	}
+	return float64(ok) / float64(sent)
+}
+
+// drop drops o's capacity from s.before after start for s.trigger (its
+// service time s.slow), on a goroutine that wg counts.
+func (s shape) drop(ctx context.Context, o *queueOrigin, start time.Time, wg *sync.WaitGroup) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if sleepCtx(ctx, time.Until(start.Add(s.before))) == nil {
+			o.setService(s.slow)
+		}
+		_ = sleepCtx(ctx, time.Until(start.Add(s.before+s.trigger)))
+		o.setService(s.service)
+	}()
 }
 
 // goodput returns, per step, the share of the calls sent in that step that
@@ -282,15 +296,7 @@ func capacityRow(ctx context.Context, s shape, p policy, trigger bool) (Row, err
 	start := time.Now().Add(50 * time.Millisecond)
 	var wg sync.WaitGroup
 	if trigger {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if sleepCtx(ctx, time.Until(start.Add(s.before))) == nil {
-				o.setService(s.slow)
-			}
-			_ = sleepCtx(ctx, time.Until(start.Add(s.before+s.trigger)))
-			o.setService(s.service)
-		}()
+		s.drop(ctx, o, start, &wg)
 	}
 	t := &tally{offered: make([]int, s.steps()), ok: make([]int, s.steps())}
 	openLoop(ctx, s, clients, start, t)

@@ -177,15 +177,7 @@ func mixedCell(ctx context.Context, s shape, m mixedRow) (Row, error) {
 	}
 	start := time.Now().Add(50 * time.Millisecond)
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if sleepCtx(ctx, time.Until(start.Add(s.before))) == nil {
-			o.setService(s.slow)
-		}
-		_ = sleepCtx(ctx, time.Until(start.Add(s.before+s.trigger)))
-		o.setService(s.service)
-	}()
+	s.drop(ctx, o, start, &wg)
 	t := &tally{offered: make([]int, s.steps()), ok: make([]int, s.steps()), answered: make([]int, s.steps())}
 	openLoop(ctx, s, clients, start, t)
 	wg.Wait()
