@@ -106,7 +106,7 @@ func NewClient(opts ...ClientOption) *Client {
 	}
 	// Hedges alone should use at most about three quarters of the budget,
 	// leaving the rest for retries: hedge when an attempt is slower than
-	// the (1 - 0.75·ratio) quantile (and than twice the median: see
+	// the (1 - 0.75·ratio) quantile (and than three times the median: see
 	// latency).
 	c.hedgeQ = min(max(1-0.75*ratio, 0.5), 0.999)
 	c.brk.Max = maxRoutes

@@ -143,8 +143,8 @@ func TestHedgeRefusedByBudget(t *testing.T) {
 
 // A long tail: 5% of first attempts take 300 ms, the rest 1 ms. Adaptive
 // hedging learns the latency of the route during a warm-up, then sends a
-// hedge after about its 92.5th percentile, here twice its median: every
-// slow call is rescued by its hedge (about 3 ms instead of 300), no fast
+// hedge after about its 92.5th percentile, here three times its median: every
+// slow call is rescued by its hedge (about 4 ms instead of 300), no fast
 // call is hedged, and the load is 1.05x. Deterministic: the attempts take
 // their time on the bubble's clock.
 func TestAdaptiveHedgingCutsTheTail(t *testing.T) {

@@ -37,7 +37,7 @@ type latency struct {
 const (
 	// hedgeFloor is how many times the median attempt an attempt runs
 	// before it is hedged.
-	hedgeFloor     = 2
+	hedgeFloor     = 3
 	numBuckets     = 16 + 34*8 // 16 linear buckets of 1µs, then 8 per power of two
 	warmup         = 20        // observations before the first delay
 	recomputeEvery = 8         // observations between recomputations

@@ -225,7 +225,7 @@ func WithIdempotent(fullMethods ...string) ClientOption {
 // recent calls ran past the delay, none is sent. Delay 0 is adaptive:
 // about the (1 − 0.75 × budget ratio) quantile of the method's observed
 // latency, so that hedges use at most about three quarters of the retry
-// budget, and at least twice its median, so that only attempts slow for
+// budget, and at least three times its median, so that only attempts slow for
 // the method are hedged. Off by default.
 func WithHedging(delay time.Duration, maxAttempts int) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
