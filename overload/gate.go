@@ -84,8 +84,9 @@ func boolIndex(b bool) int {
 // requests, critical ones first, each in its order of arrival: a critical
 // request while the critical requests in flight are fewer than the limit,
 // another while all of them are. A request that can no longer end by its
-// deadline (what the method needs now, see needAt, is more than it has
-// left) is refused instead, without a place. Once no limit is engaged,
+// deadline (its deadline has passed, or what the method needs now, see
+// placeNeed, is more than it has left) is refused instead, without a
+// place. Once no limit is engaged,
 // every waiting request is decided.
 func (m *Method) dispatch(t int64) {
 	if m.gate.n.Load() == 0 {
@@ -107,7 +108,7 @@ func (m *Method) dispatch(t int64) {
 		m.gate.lists[boolIndex(w.critical)].remove(w)
 		m.gate.count(w, -1)
 		w.at = t
-		if need, ok := m.placeNeed(t); ok && w.due-t < int64(need) {
+		if need, ok := m.placeNeed(t); w.due <= t || (ok && w.due-t < int64(need)) {
 			if m.lim.meetable(w.due-t, &m.g.s) {
 				m.lim.miss()
 			}
@@ -172,6 +173,19 @@ func (m *Method) queues(critical bool) bool {
 	return m.gate.n.Load() > 0 || m.inflight.Load() >= limit
 }
 
+// releaseGlobal gives back the place under MaxConcurrency that a waiting
+// request took before it waited (see limits), when it will not run.
+func (t *Ticket) releaseGlobal() {
+	if !t.global {
+		return
+	}
+	t.m.g.inflight.Add(-1)
+	if t.critical {
+		t.m.g.critical.Add(-1)
+	}
+	t.global = false
+}
+
 // Waiting returns the requests of m that wait for a place.
 func (m *Method) Waiting() int64 { return m.gate.n.Load() }
 
@@ -207,6 +221,7 @@ func (t *Ticket) Wait(ctx context.Context) (Decision, error) {
 	case <-ctx.Done():
 		if t.m.leave(w) {
 			t.m.g.left.Add(1)
+			t.releaseGlobal()
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) && t.m.lim.meetable(w.due-t.start, &t.m.g.s) {
 				t.m.lim.miss() // its caller missed a deadline the method meets when not overloaded
 			}
@@ -217,6 +232,7 @@ func (t *Ticket) Wait(ctx context.Context) (Decision, error) {
 	}
 	t.w = nil
 	if w.d.Reason != Admitted {
+		t.releaseGlobal()
 		*t = Ticket{}
 		return w.d, nil
 	}

@@ -212,3 +212,40 @@ func TestTheGateUnderConcurrentUse(t *testing.T) {
 	}
 	t.Logf("%+v", st)
 }
+
+// TestAWaiterGivesBackItsPlaceUnderMaxConcurrency: with MaxConcurrency
+// beside the adaptive limit, a first attempt takes its place under the
+// fixed limit before it waits for one under the adaptive limit; whether
+// its caller leaves or it is refused for its deadline when a place frees,
+// it gives the fixed limit's place back: nothing is held once every
+// request has ended.
+func TestAWaiterGivesBackItsPlaceUnderMaxConcurrency(t *testing.T) {
+	for _, critical := range []bool{false, true} {
+		c := newClock()
+		m, limit := engaged(t, c, Config{MinLimit: 3, MaxConcurrency: 1000})
+		p := priority.Default
+		if critical {
+			p = priority.Critical
+		}
+		now := c.Now()
+		open := fill(t, m, now, limit, p)
+		leaver, d1 := m.AdmitPriorityAt(now, now.Add(10*time.Second), true, false, p)
+		doomed, d2 := m.AdmitPriorityAt(now, now.Add(20*time.Millisecond), true, false, p)
+		if d1.Reason != Queued || d2.Reason != Queued {
+			t.Fatalf("critical %v: at the limit: %+v, %+v; want both queued", critical, d1, d2)
+		}
+		if _, err := leaver.Wait(gone); err == nil {
+			t.Fatalf("critical %v: the caller that left still waits", critical)
+		}
+		open[0].DoneAt(now.Add(time.Second)) // the doomed one is decided then: refused
+		if d, _ := doomed.Wait(context.Background()); d.Reason != RefusedDeadline {
+			t.Fatalf("critical %v: the request whose deadline passed: %+v", critical, d)
+		}
+		for _, tk := range open[1:] {
+			tk.DoneAt(now.Add(time.Second))
+		}
+		if n, k := m.g.inflight.Load(), m.g.critical.Load(); n != 0 || k != 0 {
+			t.Errorf("critical %v: %d places (%d critical) still held under MaxConcurrency", critical, n, k)
+		}
+	}
+}
