@@ -51,6 +51,7 @@ type Client struct {
 	// otherTel holds, per target name, the metrics of the routes of the
 	// methods the protobuf registry does not know (see otherMetricsOf).
 	otherTel cowmap.Map[string, *routeMetrics]
+	yields   cowmap.Map[string, *yield]  // per canonical target (see yield)
 	returns  atomic.Pointer[returnTable] // failed calls, made on the first failure (see outer.go)
 	// lastFailed is when (UnixNano, on the Client's clock) a call last
 	// failed: the table is looked at only for returnWindow after.
@@ -84,6 +85,7 @@ func NewClient(opts ...ClientOption) *Client {
 	c.routes.Max = maxRoutes
 	c.endpoints.Max = maxRoutes
 	c.otherTel.Max = maxRoutes
+	c.yields.Max = maxRoutes
 	c.grpcRetry.Max = maxRoutes
 	c.resolver = idempotency.NewResolver(idempotency.ResolverConfig{Idempotent: o.idempotent})
 	c.checkMarks()
@@ -107,9 +109,10 @@ func NewClient(opts ...ClientOption) *Client {
 	if c.budgets != nil {
 		ratio = c.budgets.Ratio()
 	}
-	// Hedges alone should use about three quarters of the budget, leaving
-	// the rest for retries: hedge when an attempt is slower than the
-	// (1 - 0.75·ratio) quantile.
+	// Hedges alone should use at most about three quarters of the budget,
+	// leaving the rest for retries: hedge when an attempt is slower than
+	// the (1 - 0.75·ratio) quantile (and than three times the median: see
+	// latency).
 	c.hedgeQ = min(max(1-0.75*ratio, 0.5), 0.999)
 	c.brk.Max = maxRoutes
 	if !o.breakerSet || o.breaker != nil {

@@ -97,7 +97,8 @@
 // another attempt when no answer has come after the delay; the first OK or
 // non-retryable answer wins and the others are cancelled before the call
 // returns. A zero delay is adaptive: the (1 − 0.75 × budget ratio) quantile
-// of the route's recent latencies.
+// of the route's recent latencies, and at least three times their median, so
+// that an attempt only a little slower than most is not hedged.
 //
 // # Streams
 //

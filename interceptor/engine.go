@@ -778,6 +778,7 @@ func (c *call) settle(a *attempt, err error, tr metadata.MD) verdict {
 	if c.tally.live == 0 {
 		c.tally.idleFrom = now
 	}
+	c.route.yield.overloaded(now, err, tr)
 	c.lastErr = err
 	v := verdict{err: err, tr: tr}
 	v.delay, v.reason, v.retry = c.decide(err, tr, a)

@@ -33,6 +33,10 @@ import (
 // service down in a metastable overload; when no retry may be sent, the
 // slow attempt simply runs on (semconv.EventTimeoutKept).
 //
+// Hedges and those retries yield to an overloaded target (see yield): they
+// are not sent while it says it is overloaded, or while most calls run
+// past their delay.
+//
 // The call is passed to every method rather than kept in the hedger, so
 // that it stays on the caller's stack (escape analysis does not tell a
 // hedger's fields apart).
@@ -62,6 +66,8 @@ type hedger struct {
 	timing   bool        // more retries may be sent on a per-attempt timeout
 	timer    clock.Timer // the next hedge or retry; nil when none is due
 	next     attemptKind // what the timer sends: kindHedge or kindRetry
+	watched  bool        // a timer watched the first attempt (see yield)
+	late     bool        // ... and fired
 }
 
 type hedgeAttempt struct {
@@ -131,6 +137,9 @@ func (h *hedger) send(c *call, a *attempt) outcome {
 			}
 		case <-hedgeDue:
 			h.timer = nil
+			if h.yields(c) {
+				continue
+			}
 			if h.next == kindRetry {
 				h.timedOut(c)
 				continue
@@ -261,6 +270,29 @@ func (h *hedger) timedOut(c *call) {
 	h.arm(c)
 }
 
+// yields counts a first attempt that ran past its delay, and reports
+// whether the hedge or retry due now yields to the target's overload (see
+// yield): then it is not sent, the slow attempt runs on, and no more are
+// sent on that timer.
+func (h *hedger) yields(c *call) bool {
+	now := c.client.now()
+	if !h.late {
+		h.late = true
+		c.route.yield.late(now)
+	}
+	if !c.route.yield.yields(now) {
+		return false
+	}
+	if h.next == kindRetry {
+		h.keep(c, ReasonOverload)
+		return true
+	}
+	c.refuse(ReasonOverload, semconv.EventHedgeRefused)
+	h.hedging = false
+	h.arm(c) // a per-attempt timeout may still be due
+	return true
+}
+
 // keep records that no retry was sent on a per-attempt timeout, for
 // reason.
 func (h *hedger) keep(c *call, reason Reason) {
@@ -295,6 +327,10 @@ func (h *hedger) arm(c *call) {
 	}
 	if d > 0 {
 		h.timer = c.client.newTimer(d)
+		if !h.watched {
+			h.watched = true
+			c.route.yield.watched(c.client.now())
+		}
 	}
 }
 

@@ -9,7 +9,13 @@ import (
 
 // latency tracks one route's attempt latencies in a log-linear histogram
 // (about 12% wide buckets from 1µs to hours) to choose an adaptive hedging
-// delay: the q-quantile of recent attempts. It is lock-free: an observation
+// delay: the q-quantile of recent attempts, and at least hedgeFloor times
+// their median. An attempt only a little slower than most is about to
+// answer: hedging it mostly adds load. Where most attempts take about the
+// same time and a few take far longer (a long tail), the quantile alone
+// falls among the ordinary ones and hedges them by the hundred for each
+// slow one it rescues; the floor keeps hedges to the attempts that are
+// slow for their method. It is lock-free: an observation
 // is two atomic adds; every recomputeEvery observations, one of them
 // recomputes the quantile. Counts are halved when they pass decayAt, so the
 // delay follows the latency of the last few thousand attempts.
@@ -29,6 +35,9 @@ type latency struct {
 }
 
 const (
+	// hedgeFloor is how many times the median attempt an attempt runs
+	// before it is hedged.
+	hedgeFloor     = 3
 	numBuckets     = 16 + 34*8 // 16 linear buckets of 1µs, then 8 per power of two
 	warmup         = 20        // observations before the first delay
 	recomputeEvery = 8         // observations between recomputations
@@ -70,6 +79,9 @@ func (l *latency) recompute() {
 	d := int64(-1)
 	if i, ok := loghist.Quantile(counts[:], total, l.q); ok {
 		d = int64(upperBound(i))
+		if m, ok := loghist.Quantile(counts[:], total, 0.5); ok {
+			d = max(d, hedgeFloor*int64(upperBound(m)))
+		}
 	}
 	l.delay.Store(d)
 	if total > decayAt {

@@ -114,8 +114,9 @@ type RetryPolicy struct {
 	// which is not cancelled: the first answer wins and the other attempt
 	// is cancelled then (Envoy's hedge_on_per_try_timeout). It is sent
 	// only if one may be (the method may be repeated, attempts are left,
-	// the breaker, the budget and If allow it); if not, the slow attempt
-	// runs on, and the span records semconv.EventTimeoutKept. A reply that
+	// the breaker, the budget and If allow it, and the target is not
+	// overloaded: see ReasonOverload); if not, the slow attempt runs on,
+	// and the span records semconv.EventTimeoutKept. A reply that
 	// is not a proto message (a custom codec) cannot have two attempts in
 	// flight: its attempt is cancelled at the timeout, only if a retry may
 	// follow, and that retry is sent after the backoff. Streams ignore it.
@@ -185,7 +186,9 @@ const noCodes idempotency.CodeSet = 1 // bit 0 is OK, never a member
 // can share them. The default is budget.NewRegistry(budget.Config{}): 10%
 // of the calls, lent ahead up to 5 at a time. nil turns the budget off:
 // retries and hedges are then bounded only by the attempt limit, the
-// breaker and the deadline, which is rarely right in production. The
+// breaker and the deadline, which is rarely right in production, and
+// hedges and per-attempt-timeout retries no longer yield to a target
+// that is overloaded (see ReasonOverload). The
 // budgets are asked with the Client's own times (budget.Budget.WithdrawAt).
 func WithBudget(r *budget.Registry) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) { o.budgets, o.budgetSet = r, true })
@@ -225,9 +228,13 @@ func WithIdempotent(fullMethods ...string) ClientOption {
 // IDEMPOTENT, or retry_with_key with a key) and has no hedging policy of its
 // own: when no answer has come delay after the last attempt was sent, another
 // attempt is sent, budget and breaker permitting, up to maxAttempts in all
-// (0: RetryPolicy.MaxAttempts). Delay 0 is adaptive: about the (1 − 0.75 ×
-// budget ratio) quantile of the method's observed latency, so that hedges
-// use about three quarters of the retry budget. Off by default.
+// (0: RetryPolicy.MaxAttempts). Hedges yield to a target that is
+// overloaded (ReasonOverload): while its answers lately said so, or most
+// recent calls ran past the delay, none is sent. Delay 0 is adaptive:
+// about the (1 − 0.75 × budget ratio) quantile of the method's observed
+// latency, so that hedges use at most about three quarters of the retry
+// budget, and at least three times its median, so that only attempts slow for
+// the method are hedged. Off by default.
 func WithHedging(delay time.Duration, maxAttempts int) ClientOption {
 	return clientOptionFunc(func(o *clientOptions) {
 		o.hedging = true

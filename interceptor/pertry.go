@@ -22,7 +22,8 @@ import (
 // timeout fires, the breaker or the budget would refuse the retry),
 // cutting the attempt could only lose a reply it may still get: the
 // attempt keeps running to the call's deadline, as it would with no
-// retries at all.
+// retries at all. Nor is it cut while the target is overloaded (see
+// yield): the retry would queue behind it.
 
 // Per-try timer states.
 const (
@@ -69,6 +70,9 @@ func (c *call) newPerTry(d time.Duration, cancel context.CancelFunc) *perTry {
 	if c.recording {
 		p.span = c.span
 	}
+	if c.tally.sent == 0 {
+		c.route.yield.watched(c.client.now())
+	}
 	p.stop = c.client.afterFunc(d, p.fire)
 	return p
 }
@@ -98,6 +102,9 @@ func (p *perTry) fire() {
 		return
 	}
 	now := p.client.now()
+	if p.attempts == 1 {
+		p.route.yield.late(now)
+	}
 	if reason := p.refusal(now); reason != "" {
 		e := RefusalEvent{Reason: reason, Event: semconv.EventTimeoutKept, Attempts: p.attempts}
 		p.kept = e
@@ -116,6 +123,9 @@ func (p *perTry) fire() {
 // refusal is why a retry could not be sent at now, or "" when it could,
 // in which case its token has been withdrawn.
 func (p *perTry) refusal(now time.Time) Reason {
+	if p.route.yield.yields(now) {
+		return ReasonOverload // cutting the attempt would throw its work away for nothing
+	}
 	if p.hasDeadline {
 		left := p.deadline.Sub(now.Add(p.backoff))
 		if left <= 0 || p.client.dl.Check(left) != nil {

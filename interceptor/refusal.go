@@ -33,6 +33,11 @@ const (
 	ReasonRetryIf       Reason = "retry_if"       // the RetryPolicy.If predicate said no
 	ReasonGRPCRetry     Reason = "grpc_retry"     // grpc-go's own retry policy covers the method
 	ReasonThrottle      Reason = "throttle"       // the service config's retryThrottling refused it
+	// ReasonOverload: a hedge, or a retry beside a slow attempt (a
+	// per-attempt timeout), not sent because the target is overloaded: it
+	// said so lately (a pushback, RESOURCE_EXHAUSTED), or most recent calls
+	// ran past the delay. The slow attempt runs on.
+	ReasonOverload Reason = "overload"
 )
 
 // reasonInfo is one row of the refusal table: what a refusal for a reason
@@ -68,6 +73,7 @@ var refusals = map[Reason]reasonInfo{
 	ReasonRetryIf:       {fatal: true},
 	ReasonGRPCRetry:     {fatal: true},
 	ReasonThrottle:      {annotates: true, propagates: true},
+	ReasonOverload:      {},
 }
 
 func (r Reason) info() reasonInfo { return refusals[r] }

@@ -43,6 +43,7 @@ type route struct {
 	budget     *budget.Budget   // nil: none
 	breaker    *breaker.Breaker // nil: none
 	endpoints  *endpoints       // the target's endpoints
+	yield      *yield           // the target's load, to which hedges yield; nil without a budget
 	rule       retryRule        // from the proto's options and the Client's
 	perAttempt time.Duration
 	lat        *latency                 // adaptive hedging; nil unless rule.hedge && rule.hedgeDelay == 0
@@ -161,6 +162,9 @@ func (c *Client) newRoute(k routeKey) *route {
 		r.breaker = c.breakerFor(key, method, p.Known)
 	}
 	r.endpoints = c.endpoints.LoadOrCreate(key, func(string) *endpoints { return &endpoints{} })
+	if c.budgets != nil {
+		r.yield = c.yields.LoadOrCreate(key, func(string) *yield { return newYield() })
+	}
 	rl := &r.rule
 	if p.MaxAttempts > 0 {
 		rl.maxAttempts = clampAttempts(p.MaxAttempts)

@@ -112,7 +112,9 @@ func (s *Server) pushback(ctx context.Context, m *refusalMarker, err error) {
 //     is in flight waits for its outcome; neither is work, so neither is
 //     admitted, refused or learned from by step 3;
 //  3. admission: the overload protection admits, refuses or sheds the
-//     call, and learns from how the admitted call ends; then the method's
+//     call (or, at the method's limit, makes it wait for a place, which
+//     it leaves when its caller does), and learns from how the admitted
+//     call ends; then the method's
 //     retry budget: a first attempt pays for retries to come, and while
 //     the method fails more than the budget's ratio of its calls, a retry
 //     or hedge it cannot pay for is refused at once, with "do not retry";
@@ -160,8 +162,10 @@ func (s *Server) admitAndHandle(ctx context.Context, req any, method string, han
 	p, _ := priority.FromContext(ctx)
 	t, err := s.admit(ctx, method, retry, p)
 	if err != nil {
-		mb.DoneAt(time.Now(), serverFailure(err)) // a refusal on arrival: the method fails its callers
-		s.refused(ctx, method, admissionReason(err))
+		mb.DoneAt(time.Now(), serverFailure(err)) // a refusal, or a caller gone while it waited: the method fails its callers
+		if err == errDeadlineTooShort || err == errShedRetry || err == errShedFirst {
+			s.refused(ctx, method, admissionReason(err))
+		}
 		return nil, err
 	}
 	if !s.admitRetry(ctx, mb, retry) {

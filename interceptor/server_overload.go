@@ -56,8 +56,11 @@ type retryAfterTrailer struct {
 }
 
 // admit runs the overload protection on a unary call of priority p that
-// arrives with ctx (the deadline already applied). A refused call gets its status and
-// pushback trailer; an admitted one a Ticket to report its end on.
+// arrives with ctx (the deadline already applied). A refused call gets its
+// status and pushback trailer; an admitted one a Ticket to report its end
+// on. A call told to wait for a place under the method's limit waits here,
+// before its handler, until it is given one, refused, or its caller
+// leaves (then it fails with its context's status, and nothing ran).
 func (s *Server) admit(ctx context.Context, method string, retry bool, p priority.Priority) (overload.Ticket, error) {
 	g := s.ov.guard
 	if g == nil {
@@ -65,6 +68,12 @@ func (s *Server) admit(ctx context.Context, method string, retry bool, p priorit
 	}
 	dl, has := ctx.Deadline()
 	t, d := g.Method(method).AdmitPriority(dl, has, retry, p)
+	if d.Reason == overload.Queued {
+		var err error
+		if d, err = t.Wait(ctx); err != nil {
+			return t, status.FromContextError(err).Err()
+		}
+	}
 	switch d.Reason {
 	case overload.Admitted:
 		return t, nil

@@ -29,8 +29,14 @@
 // now is the smaller of two estimates, so that both must agree: the
 // Quantile (0.1) of the handler latencies that ended in the last Window
 // (1 s), and the requests in flight, plus this one, at the rate requests
-// ended in that window (Little's law). Nothing is refused before
-// MinSamples (20) latencies, or for a request without a deadline.
+// ended in that window (Little's law). While every request of the method
+// waits in a queue (its least latency in the last LimitWindow beyond
+// Tolerance times its baseline), it is the second alone, at the rate
+// requests ended in the last quarter to half of the Window, with a margin
+// of a quarter: the queue is where the time goes, and a request admitted
+// at its deadline's edge would be worked for a caller who has left.
+// Nothing is refused before MinSamples (20) latencies, or for a request
+// without a deadline.
 //
 // # Retry-aware shedding
 //
@@ -48,6 +54,20 @@
 // the limit itself, with a pushback of RetryAfter (100 ms): at
 // MaxConcurrency always, at an adaptive limit only when admission cannot
 // judge them (no deadline, one beyond MaxDeadline, or NoAdmission).
+//
+// # Waiting for a place
+//
+// At an engaged adaptive limit, a first attempt that admission judges
+// (one with a deadline) waits for a place under the limit instead
+// (Queued; Ticket.Wait), in order of arrival, critical ones ahead: the
+// queue is the server's, not its handler's. A waiting request whose caller
+// leaves is gone without the method working for it, and one that, given a
+// place, has less time left than the method needs then (the requests in
+// flight and it, at the rate requests end) is refused for its deadline
+// instead of being started. So a handler that does not watch its context
+// works next to nothing for callers who have left, and a capacity drop
+// costs no more calls than it must: the waiting requests are served in
+// order as soon as places free, however short the drop.
 //
 // # Priorities
 //
@@ -85,10 +105,12 @@
 // # Cost and bounds
 //
 // A decision and its Done are a handful of atomic operations and no
-// allocation; no lock is taken but one TryLock per limit window. A method
-// keeps 2.9 KB (four histograms of 128 counters for its history, one
-// for its callers' deadlines: 2.9 MiB for MaxMethods, 1024, beyond which
-// further methods share one state). Every Guard is safe for concurrent use.
+// allocation; no lock is taken but one TryLock per limit window, and,
+// while requests wait for a place, the method's queue lock (a waiting
+// request allocates twice, about 200 bytes). A method keeps 2.9 KB (four
+// histograms of 128 counters for its history, one for its callers'
+// deadlines: 2.9 MiB for MaxMethods, 1024, beyond which further methods
+// share one state). Every Guard is safe for concurrent use.
 //
 // # Time
 //

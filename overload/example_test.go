@@ -63,5 +63,5 @@ func ExampleConfig_maxConcurrency() {
 	// retry=false: admitted 0s
 	// retry=false: admitted 0s
 	// retry=false: shed_first 100ms
-	// {Admitted:4 RefusedDeadline:0 ShedRetry:1 ShedFirst:1}
+	// {Admitted:4 RefusedDeadline:0 ShedRetry:1 ShedFirst:1 Waited:0 Left:0}
 }

@@ -27,9 +27,15 @@ const (
 	// ShedFirst means a first attempt shed at a concurrency limit. The
 	// caller may retry after Decision.RetryAfter.
 	ShedFirst
+	// Queued means a first attempt with a deadline waits for a place under
+	// an engaged adaptive limit: call Ticket.Wait, which returns the
+	// decision (admitted, or refused for its deadline), or gives up the
+	// wait when the caller leaves.
+	Queued
 )
 
-// String returns "admitted", "deadline", "shed_retry" or "shed_first".
+// String returns "admitted", "deadline", "shed_retry", "shed_first" or
+// "queued".
 func (r Reason) String() string {
 	switch r {
 	case Admitted:
@@ -40,6 +46,8 @@ func (r Reason) String() string {
 		return "shed_retry"
 	case ShedFirst:
 		return "shed_first"
+	case Queued:
+		return "queued"
 	}
 	return "unknown"
 }
@@ -68,6 +76,11 @@ type Stats struct {
 	RefusedDeadline uint64
 	ShedRetry       uint64
 	ShedFirst       uint64
+	// Waited counts the requests that waited for a place (Queued); each
+	// was then admitted, refused for its deadline, or left (Left: its
+	// caller left first).
+	Waited uint64
+	Left   uint64
 }
 
 // Guard is a server's overload protection: deadline-aware admission and
@@ -87,6 +100,7 @@ type Guard struct {
 	critical atomic.Int64 // ... of which critical
 
 	admitted, refusedDeadline, shedRetry, shedFirst atomic.Uint64
+	waited, left                                    atomic.Uint64
 }
 
 // New returns a Guard configured by c.
@@ -108,6 +122,8 @@ func (g *Guard) Stats() Stats {
 		RefusedDeadline: g.refusedDeadline.Load(),
 		ShedRetry:       g.shedRetry.Load(),
 		ShedFirst:       g.shedFirst.Load(),
+		Waited:          g.waited.Load(),
+		Left:            g.left.Load(),
 	}
 }
 
@@ -129,10 +145,14 @@ type Method struct {
 	critical atomic.Int64    // ... of which critical
 	hist     *window.Counter // handler latencies, by histogram bucket
 	lim      limiter
+	gate     gate // first attempts waiting for a place under the limit
 	// The admission estimate, recomputed at most every window/16.
 	next   atomic.Int64  // ns: when to recompute
 	need   atomic.Int64  // ns: the quantile; -1 when the history is too thin
 	perReq atomic.Uint64 // float64 bits: ns of time line per completion in the window
+	// recentPerReq is perReq over the window's recent part (see summary),
+	// or perReq when that part has too few ends to say.
+	recentPerReq atomic.Uint64
 }
 
 // unborn is the birth time of a method that has seen no request.
@@ -168,7 +188,8 @@ func (g *Guard) Method(name string) *Method {
 	return g.methods.LoadOrCreate(name, func(string) *Method { return g.newMethod() })
 }
 
-// Ticket is an admitted request. Report its end once: with Done (or
+// Ticket is an admitted request (or, Queued, one that waits: see Wait,
+// and report its end only once Wait has admitted it). Report its end once: with Done (or
 // DoneAt) when it completed (it succeeded, or its handler finished however
 // late), with Abandon when it ended before it completed because its caller
 // left or its deadline passed while it ran, and with Discard when it
@@ -181,7 +202,8 @@ type Ticket struct {
 	start    int64
 	due      int64 // ns; an end after it missed a deadline that counts; none
 	global   bool
-	critical bool // a critical request (counted apart, see AdmitPriorityAt)
+	critical bool    // a critical request (counted apart, see AdmitPriorityAt)
+	w        *waiter // a request that waits for a place (Queued), until Wait
 }
 
 // Admit decides on a request of m that arrives now (on the monotonic
@@ -268,19 +290,34 @@ func (m *Method) admit(t int64, left time.Duration, hasDeadline, retry bool, p p
 		}
 		global = took
 	}
+	if limiting && s.admission && hasDeadline && !retry && p >= priority.Default && m.queues(critical) {
+		tk := m.wait(t, t+int64(left), critical)
+		tk.global = global
+		return tk, Decision{Reason: Queued}
+	}
 	n := m.inflight.Add(1)
 	if critical {
 		m.critical.Add(1)
 	}
-	due := int64(none)
 	if limiting {
 		m.lim.arrived(n, int64(left), hasDeadline)
-		if hasDeadline && m.lim.meetable(int64(left), s) {
-			due = t + int64(left)
-		}
 	}
 	g.admitted.Add(1)
+	due := int64(none)
+	if hasDeadline {
+		due = m.dueOf(t, int64(left))
+	}
 	return Ticket{m: m, start: t, due: due, global: global, critical: critical}, Decision{}
+}
+
+// dueOf is the due time of a request admitted at t with left ns to its
+// deadline: when its end misses a deadline that counts (one the method
+// meets when not overloaded, see limiter.meetable), and none otherwise.
+func (m *Method) dueOf(t, left int64) int64 {
+	if s := &m.g.s; s.shedding && s.adaptive && m.lim.meetable(left, s) {
+		return t + left
+	}
+	return int64(none)
 }
 
 // limits applies the concurrency limits to a request of priority p that
@@ -371,13 +408,18 @@ func (g *Guard) refuse(retry bool, at int64) Decision {
 }
 
 // needAt returns what a request of m arriving at t (ns) is expected to
-// need, the smaller of two estimates: the Quantile of the latencies that
-// ended in the window, and the time the inflight requests ahead of it and
-// itself need to end at the rate requests ended in the window (Little's
-// law). The
-// first alone would keep refusing once the backlog has drained (refused
-// requests teach it nothing); the second alone would refuse during a
-// burst that the method absorbs. false: not enough history.
+// need. While every request of the method waits in a queue (the last limit
+// window's least completed latency was beyond Tolerance × its baseline),
+// that is the time the inflight requests ahead of it and itself need to
+// end at the rate requests ended lately (Little's law), with a margin of
+// queueMargin: the queue is where the time goes, and a request admitted
+// at its deadline's edge would be worked for a caller who has left.
+// Otherwise it is the smaller of two estimates: the Quantile of the
+// latencies that ended in the window, and that drain time at the rate of
+// the whole window. The first alone would keep refusing once the backlog
+// has drained (refused requests teach it nothing); the second alone would
+// refuse during a burst that the method absorbs. false: not enough
+// history.
 func (m *Method) needAt(t, inflight int64) (time.Duration, bool) {
 	if next := m.next.Load(); t >= next && m.next.CompareAndSwap(next, t+int64(m.g.s.window/16)) {
 		m.recompute(t)
@@ -386,9 +428,30 @@ func (m *Method) needAt(t, inflight int64) (time.Duration, bool) {
 	if need < 0 {
 		return 0, false
 	}
+	if m.lim.queued.Load() {
+		return m.queueNeed(inflight), true
+	}
 	drain := float64(inflight+1) * math.Float64frombits(m.perReq.Load())
 	return time.Duration(min(float64(need), drain)), true
 }
+
+// queueNeed is what a request of m needs when the requests in flight
+// before it, and it, wait in a queue: the time they need to end at the
+// rate requests ended lately, with a margin of queueMargin.
+func (m *Method) queueNeed(inflight int64) time.Duration {
+	drain := float64(inflight+1) * math.Float64frombits(m.recentPerReq.Load())
+	return time.Duration(drain * (1 + queueMargin))
+}
+
+// queueMargin is the share of a queued request's expected drain time that
+// admission adds to it, so that the queue it admits into stands short of
+// its callers' deadlines, not at them: the rate of ends varies, and a
+// request that ends just after its caller left was worked for nobody.
+const queueMargin = 0.25
+
+// minRecentEnds is the least number of ends in the history's recent part
+// for its rate to stand for the method's (see recompute).
+const minRecentEnds = 5
 
 // recompute refreshes the admission estimate from the history at t.
 func (m *Method) recompute(t int64) {
@@ -398,21 +461,26 @@ func (m *Method) recompute(t int64) {
 		m.need.Store(-1)
 		return
 	}
-	m.perReq.Store(math.Float64bits(float64(sum.span) / float64(sum.n)))
+	perReq := float64(sum.span) / float64(sum.n)
+	m.perReq.Store(math.Float64bits(perReq))
+	if sum.recent >= minRecentEnds {
+		perReq = float64(sum.recentSpan) / float64(sum.recent)
+	}
+	m.recentPerReq.Store(math.Float64bits(perReq))
 	m.need.Store(int64(sum.q))
 }
 
 // Done reports, now (on the monotonic clock), that the admitted request
 // completed: its place in flight is freed and its latency is learned.
 func (t Ticket) Done() {
-	if t.m != nil {
+	if t.m != nil && t.w == nil {
 		t.end(t.m.g.clock(), true)
 	}
 }
 
 // DoneAt is Done at time now.
 func (t Ticket) DoneAt(now time.Time) {
-	if t.m != nil {
+	if t.m != nil && t.w == nil {
 		t.end(t.m.g.at(now), true)
 	}
 }
@@ -420,7 +488,7 @@ func (t Ticket) DoneAt(now time.Time) {
 // Abandon reports the end of the admitted request, now (on the monotonic
 // clock): see AbandonAt.
 func (t Ticket) Abandon() {
-	if t.m != nil {
+	if t.m != nil && t.w == nil {
 		t.end(t.m.g.clock(), false)
 	}
 }
@@ -437,7 +505,7 @@ func (t Ticket) Abandon() {
 // a queue. A deadline it missed counts as one the method failed; a
 // cancellation does not.
 func (t Ticket) AbandonAt(now time.Time) {
-	if t.m != nil {
+	if t.m != nil && t.w == nil {
 		t.end(t.m.g.at(now), false)
 	}
 }
@@ -453,7 +521,8 @@ func (t Ticket) end(end int64, completed bool) {
 		if end >= t.due {
 			m.lim.miss()
 		}
-		m.lim.observe(end, d, completed, &g.s, inflight)
+		m.lim.observe(end, d, completed, &g.s, inflight, m.gate.n.Load() > 0)
+		m.dispatch(end) // its place, and any the limit freed
 	}
 	if !g.s.admission {
 		return
@@ -469,8 +538,9 @@ func (t Ticket) end(end int64, completed bool) {
 // says nothing of what the method needs; learning its latency would make
 // an overloaded method that answers "busy" at once look fast.
 func (t Ticket) Discard() {
-	if t.m != nil {
+	if t.m != nil && t.w == nil {
 		t.release()
+		t.m.dispatch(t.m.g.clock())
 	}
 }
 

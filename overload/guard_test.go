@@ -1,6 +1,7 @@
 package overload
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"runtime"
@@ -13,6 +14,39 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// gone is the context of a caller that has left.
+var gone = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+// waitingReq is a request of a test run that waits for a place (Queued).
+type waitingReq struct {
+	tk  Ticket
+	due time.Time // its deadline: its caller leaves then
+}
+
+// settle takes, in order, the waiting requests that were decided at or
+// before now: those given a place are returned in admitted; those whose
+// deadline is past leave. still is the rest.
+func settle(waiting []waitingReq, now time.Time) (admitted []Ticket, still []waitingReq) {
+	for _, w := range waiting {
+		ctx := context.Background()
+		if !w.tk.Ready() {
+			if now.Before(w.due) {
+				still = append(still, w)
+				continue
+			}
+			ctx = gone
+		}
+		if d, err := w.tk.Wait(ctx); err == nil && d.Reason == Admitted {
+			admitted = append(admitted, w.tk)
+		}
+	}
+	return admitted, still
+}
 
 // clock is a test clock that moves only when told.
 type clock struct {
@@ -37,13 +71,17 @@ func (c *clock) Add(d time.Duration) time.Time {
 
 // serve admits n first attempts at the clock's time, each with deadline
 // left (0: none), and ends them all after lat; it returns how many were
-// admitted. The clock ends lat later.
+// admitted. A request told to wait for a place (Queued) does not: its
+// caller leaves at once. The clock ends lat later.
 func serve(t *testing.T, c *clock, m *Method, n int, lat, left time.Duration) int {
 	t.Helper()
 	now := c.Now()
 	var tickets []Ticket
 	for range n {
 		tk, d := m.AdmitAt(now, now.Add(left), left > 0, false)
+		if d.Reason == Queued {
+			d, _ = tk.Wait(gone)
+		}
 		if d.Reason == Admitted {
 			tickets = append(tickets, tk)
 		}
@@ -760,12 +798,13 @@ func TestMaxConcurrencyIsExact(t *testing.T) {
 }
 
 // Do no harm: an adaptive limit sheds first attempts only when admission
-// cannot judge them. A first attempt with a deadline is admitted past the
-// limit while admission, which refuses the ones that would miss their
-// deadline, is on: queued behind the limit it would still be served in
-// time, as without the Guard. Without a deadline, or with admission off,
-// the limit sheds it; retries are shed either way.
-func TestAnAdaptiveLimitLeavesFirstAttemptsWithADeadlineToAdmission(t *testing.T) {
+// cannot judge them. A first attempt with a deadline, while admission is
+// on, waits for a place under the limit instead (Queued): queued behind
+// the limit it may still be served in time, as without the Guard, and its
+// caller may leave while it waits, without the method working for it.
+// Without a deadline, or with admission off, the limit sheds it; retries
+// are shed either way.
+func TestAnAdaptiveLimitQueuesFirstAttemptsWithADeadline(t *testing.T) {
 	for _, admission := range []bool{true, false} {
 		c := newClock()
 		g := New(Config{NoAdmission: !admission, MinLimit: 3})
@@ -780,6 +819,7 @@ func TestAnAdaptiveLimitLeavesFirstAttemptsWithADeadlineToAdmission(t *testing.T
 		if limit == -1 {
 			t.Fatal("no limit engaged")
 		}
+		before := g.Stats()
 		now := c.Now()
 		var open []Ticket
 		for range limit {
@@ -790,14 +830,11 @@ func TestAnAdaptiveLimitLeavesFirstAttemptsWithADeadlineToAdmission(t *testing.T
 			open = append(open, tk)
 		}
 		tk, d := m.AdmitAt(now, now.Add(time.Second), true, false)
-		if admission && d.Reason != Admitted {
-			t.Errorf("admission on: a first attempt with a second left is shed at the limit: %+v", d)
+		if admission && d.Reason != Queued {
+			t.Errorf("admission on: a first attempt with a second left at the limit: %+v, want queued", d)
 		}
 		if !admission && d.Reason != ShedFirst {
-			t.Errorf("admission off: a first attempt past the limit is admitted: %+v", d)
-		}
-		if d.Reason == Admitted {
-			open = append(open, tk)
+			t.Errorf("admission off: a first attempt past the limit is not shed: %+v", d)
 		}
 		if _, d := m.AdmitAt(now, time.Time{}, false, false); d.Reason != ShedFirst {
 			t.Errorf("admission %v: a first attempt without a deadline past the limit: %+v", admission, d)
@@ -809,8 +846,38 @@ func TestAnAdaptiveLimitLeavesFirstAttemptsWithADeadlineToAdmission(t *testing.T
 		if _, d := m.AdmitAt(now, now.Add(time.Second), true, true); d.Reason != ShedRetry {
 			t.Errorf("admission %v: a retry past the limit: %+v", admission, d)
 		}
+		if d.Reason == Queued {
+			// Another waits behind it, and its caller leaves: it is gone.
+			leaver, d2 := m.AdmitAt(now, now.Add(time.Second), true, false)
+			if d2.Reason != Queued || m.Waiting() != 2 {
+				t.Fatalf("a second first attempt at the limit: %+v, %d waiting", d2, m.Waiting())
+			}
+			if _, err := leaver.Wait(gone); err == nil || m.Waiting() != 1 {
+				t.Fatalf("a caller that left still waits: %v, %d waiting", err, m.Waiting())
+			}
+			if tk.Ready() {
+				t.Fatal("given a place while the limit is full")
+			}
+			// One in flight ends: the first in the queue gets its place.
+			open[0].DoneAt(now.Add(10 * time.Millisecond))
+			open = open[1:]
+			if !tk.Ready() {
+				t.Fatal("no place given when one was freed")
+			}
+			if d, err := tk.Wait(context.Background()); err != nil || d.Reason != Admitted {
+				t.Fatalf("the waiting request: %+v, %v; want admitted", d, err)
+			}
+			open = append(open, tk)
+			st := g.Stats()
+			if st.Waited-before.Waited != 2 || st.Left-before.Left != 1 {
+				t.Errorf("stats %+v (before: %+v): want 2 more waited, 1 more left", st, before)
+			}
+		}
 		for _, tk := range open {
 			tk.DoneAt(now)
+		}
+		if m.Inflight() != 0 || m.Waiting() != 0 {
+			t.Errorf("after every end: %d in flight, %d waiting", m.Inflight(), m.Waiting())
 		}
 	}
 }

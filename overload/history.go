@@ -44,22 +44,40 @@ type summary struct {
 	n    int           // latencies in the window
 	q    time.Duration // their q-quantile (bucket upper bound)
 	span int64         // ns of time line the window covers
+	// The latencies that ended in the newest recentSlots slots (the last
+	// quarter to half of the window, at the default four slots), and the ns
+	// of time line they cover: the rate requests end at lately.
+	recent     int
+	recentSpan int64
 }
+
+// recentSlots is how many of the newest slots of a history are its recent
+// part (see summary).
+const recentSlots = 2
 
 // summarize returns the latencies of h's slots that are still in the
 // window at now (ns on the time line): the current slot and the
 // numSlots-1 before it.
 func summarize(h *window.Counter, now int64, q float64, born int64) summary {
-	var counts [numBuckets]int64
-	h.Sum(now, 0, numSlots, counts[:])
+	var counts, older [numBuckets]int64
+	h.Sum(now, 0, recentSlots, counts[:])
 	var sum summary
+	for _, c := range counts {
+		sum.recent += int(c)
+	}
+	h.Sum(now, recentSlots, numSlots, older[:])
+	for i, c := range older {
+		counts[i] += c
+	}
 	for _, c := range counts {
 		sum.n += int(c)
 	}
 	// The window reaches back numSlots-1 whole slots before the current
-	// one, or to when the history was born.
+	// one, or to when the history was born; its recent part recentSlots-1.
 	width := int64(h.Width())
-	sum.span = now - max((h.Slot(now)-(numSlots-1))*width, born)
+	slot := h.Slot(now)
+	sum.span = now - max((slot-(numSlots-1))*width, born)
+	sum.recentSpan = now - max((slot-(recentSlots-1))*width, born)
 	if sum.n > 0 {
 		sum.q = quantileOf(&counts, uint64(sum.n), q)
 	}

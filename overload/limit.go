@@ -84,6 +84,10 @@ type limiter struct {
 	// would engage, and where sheddable requests are shed while none is
 	// engaged. 0 until known.
 	little atomic.Int64
+	// queued: the last window's least completed latency was beyond
+	// Tolerance × the baseline: every request of it waited in a queue.
+	// Admission then judges by the queue (see Method.needAt).
+	queued atomic.Bool
 
 	// The current window, added to without a lock.
 	start   atomic.Int64 // ns; when the window began
@@ -103,6 +107,7 @@ type limiter struct {
 	nEnds    int                      // windows closed
 	missedAt int                      // the last window (nEnds) in which callers missed deadlines; 0: none
 	stake    bool                     // callers missed deadlines while the limit was engaged
+	held     bool                     // requests waited for a place at the last window's close
 }
 
 func (l *limiter) init() {
@@ -155,13 +160,18 @@ type closed struct {
 	peak           int64   // most in flight at an admission
 	from, inflight int64   // in flight at the start and at the end
 	missed         int64
+	waiting        bool // requests waited for a place when it closed
 }
 
 // observe adds the end of a request that took d ns and ended at now,
 // having completed or (completed false) been cut short, and closes the
 // window when it is due: after LimitWindow, with at least
 // minWindowSamples ends.
-func (l *limiter) observe(now, d int64, completed bool, s *settings, inflight int64) {
+//
+// waiting says whether requests wait for a place under the limit (see
+// gate): the latency of the requests in flight is then one the limit
+// chose, and the baseline does not learn it.
+func (l *limiter) observe(now, d int64, completed bool, s *settings, inflight int64, waiting bool) {
 	n := l.n.Add(1)
 	if completed {
 		lower(&l.minDone, d)
@@ -186,6 +196,7 @@ func (l *limiter) observe(now, d int64, completed bool, s *settings, inflight in
 		cut:      l.minCut.Swap(none),
 		peak:     max(l.peak.Swap(inflight), inflight),
 		missed:   l.missed.Swap(0),
+		waiting:  waiting,
 	}
 	n = l.n.Swap(0)
 	w.rate = float64(n) / float64(now-start)
@@ -222,9 +233,9 @@ func (l *limiter) grew(from, inflight int64, s *settings) bool {
 }
 
 // learn moves the baseline towards the least completed latency of a window
-// by a.
+// by a; not while requests wait for a place (held).
 func (l *limiter) learn(done int64, a float64) {
-	if done == none {
+	if done == none || l.held {
 		return
 	}
 	l.baseline += (float64(done) - l.baseline) * a
@@ -233,6 +244,7 @@ func (l *limiter) learn(done int64, a float64) {
 
 // update applies one window. Called with mu held.
 func (l *limiter) update(w closed, s *settings) {
+	l.held = w.waiting
 	growing := l.grew(w.from, w.inflight, s)
 	if l.baseline == 0 {
 		if w.done != none {
@@ -240,6 +252,9 @@ func (l *limiter) update(w closed, s *settings) {
 			l.base.Store(w.done)
 		}
 		return
+	}
+	if w.done != none {
+		l.queued.Store(float64(w.done) > s.tolerance*l.baseline)
 	}
 	target := max(s.tolerance*l.baseline, w.tolerable)
 	l.target.Store(int64(target))
@@ -278,7 +293,7 @@ func (l *limiter) update(w closed, s *settings) {
 func (l *limiter) keptUp(w closed, limit int64) {
 	l.over = 0
 	l.learn(w.done, alpha)
-	if l.baseline > 2*float64(w.done) {
+	if l.baseline > 2*float64(w.done) && !l.held {
 		// Back to normal after a long overload that the baseline had
 		// partly learned: forget it faster (as Gradient2 does).
 		l.baseline = max(float64(w.done), l.baseline*0.9)

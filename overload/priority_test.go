@@ -81,9 +81,10 @@ func TestPriorityShedOrder(t *testing.T) {
 // TestPriorityAtAnAdaptiveLimit: at an engaged adaptive limit L, a
 // sheddable first attempt is shed from L/4 in flight even with a deadline
 // (admission would have let it pass: its caller said it may be dropped);
-// default and critical first attempts with a deadline are left to
-// admission, as before; without a deadline a default one is shed at L and
-// a critical one only once L critical requests are in flight.
+// a default first attempt with a deadline waits for a place, and a
+// critical one, which has the limit to itself, is admitted; without a
+// deadline a default one is shed at L and a critical one only once L
+// critical requests are in flight.
 func TestPriorityAtAnAdaptiveLimit(t *testing.T) {
 	c := newClock()
 	g := New(Config{MinLimit: 8})
@@ -125,11 +126,15 @@ func TestPriorityAtAnAdaptiveLimit(t *testing.T) {
 	if d := admit(priority.Default, time.Time{}); d.Reason != ShedFirst {
 		t.Fatalf("default without a deadline at the limit: %+v", d)
 	}
-	if d := admit(priority.Default, second); d.Reason != Admitted {
-		t.Fatalf("default with a deadline past the limit (admission judges it): %+v", d)
+	waiter, d := m.AdmitPriorityAt(now, second, true, false, priority.Default)
+	if d.Reason != Queued {
+		t.Fatalf("default with a deadline past the limit: %+v, want it to wait for a place", d)
 	}
 	if d := admit(priority.Critical, second); d.Reason != Admitted {
-		t.Fatalf("critical with a deadline past the limit (admission judges it): %+v", d)
+		t.Fatalf("critical with a deadline past the limit (critical work has the limit to itself): %+v", d)
+	}
+	if _, err := waiter.Wait(gone); err == nil {
+		t.Fatal("the waiting default request did not leave")
 	}
 	for m.critical.Load() < limit {
 		if d := admit(priority.Critical, time.Time{}); d.Reason != Admitted {
@@ -167,12 +172,16 @@ func scriptedRun(t *testing.T, c *clock, m *Method, prio func(arrival) priority.
 	rng := rand.New(rand.NewPCG(7, 11))
 	var out []Decision
 	var open []Ticket
+	var waiting []waitingReq
 	for step := range 3000 {
 		now := c.Add(time.Millisecond)
 		if step%2 == 0 && len(open) > 0 {
 			open[0].DoneAt(now)
 			open = open[1:]
 		}
+		var placed []Ticket
+		placed, waiting = settle(waiting, now)
+		open = append(open, placed...)
 		for range rng.IntN(4) {
 			a := arrival{retry: rng.IntN(3) == 0}
 			if rng.IntN(8) != 0 {
@@ -183,10 +192,16 @@ func scriptedRun(t *testing.T, c *clock, m *Method, prio func(arrival) priority.
 				check(a, d)
 			}
 			out = append(out, d)
-			if d.Reason == Admitted {
+			switch d.Reason {
+			case Admitted:
 				open = append(open, tk)
+			case Queued:
+				waiting = append(waiting, waitingReq{tk, now.Add(a.left)})
 			}
 		}
+	}
+	for _, w := range waiting {
+		_, _ = w.tk.Wait(gone)
 	}
 	for _, tk := range open {
 		tk.DoneAt(c.Now())
@@ -240,7 +255,8 @@ func TestEveryRequestCriticalIsShedAsNone(t *testing.T) {
 // default priority are decided by the rule the Guard had before
 // priorities, checked against a model of it at every decision: a retry is
 // shed from RetryShare of the limit in force, a first attempt at the limit
-// (at an adaptive one only when admission cannot judge it).
+// (at an adaptive one only when admission cannot judge it; one it judges
+// waits for a place there, or while others wait).
 func TestUnmarkedRequestsFollowTheRuleWithoutPriorities(t *testing.T) {
 	for _, sc := range scriptedConfigs {
 		t.Run(sc.name, func(t *testing.T) {
@@ -263,6 +279,10 @@ func TestUnmarkedRequestsFollowTheRuleWithoutPriorities(t *testing.T) {
 					defer m.inflight.Add(1)
 				}
 				n := int(m.Inflight())
+				waiting := m.Waiting()
+				if d.Reason == Queued {
+					waiting-- // the model looks at the queue before this one
+				}
 				var want Reason
 				switch {
 				case limit < 0:
@@ -270,6 +290,8 @@ func TestUnmarkedRequestsFollowTheRuleWithoutPriorities(t *testing.T) {
 					want = ShedRetry
 				case !a.retry && n >= limit && (cfg.NoAdaptive || !judged):
 					want = ShedFirst
+				case !a.retry && judged && !cfg.NoAdaptive && (n >= limit || waiting > 0):
+					want = Queued
 				}
 				if d.Reason != want {
 					t.Fatalf("%+v with %d in flight at limit %d: %v, want %v", a, n, limit, d.Reason, want)

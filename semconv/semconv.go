@@ -131,9 +131,11 @@ const (
 	ServerReasonShed = "shed"
 	// ServerReasonDoomed: its deadline had passed on arrival, or was
 	// shorter than the server's minimum (interceptor.WithServerDeadline) or
-	// than what the method needs now (DeadlineExceeded,
-	// ErrorReasonDeadlineTooShort for the last), or its caller had already
-	// left (Canceled).
+	// than what the method needs now, on arrival or when, having waited for
+	// a place under the method's limit, it was given one (DeadlineExceeded,
+	// ErrorReasonDeadlineTooShort for the last two), or its caller had
+	// already left (Canceled). A call whose caller leaves while it waits
+	// for a place is not a refusal.
 	ServerReasonDoomed = "doomed"
 	// ServerReasonDedupeBusy: a keyed request the idempotency store had no
 	// room for, its room held by requests in flight and recent records

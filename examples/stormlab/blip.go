@@ -19,6 +19,14 @@ var blipShape = shape{
 // no retries (which recover within a step), within 0.5 s of its end.
 const maxBlipRecovery = 0.5
 
+// The blip's variant with a per-attempt timeout in the suite's defaults
+// (no retries has none: its row is the main one): 40% of the deadline, as
+// the metastable scenario's main rows have.
+const (
+	blipPerTryVariant = "per-try 40ms"
+	blipPerTry        = 40 * time.Millisecond
+)
+
 // Scenario 11: a short overload. Protection must not outlast
 // its cause: the old defaults' breaker opened during the blip and kept
 // refusing a healthy origin for 5.5 s after it.
@@ -26,7 +34,7 @@ func overloadBlip(ctx context.Context) (*Result, error) {
 	res := &Result{
 		ID: 11, Key: "blip", Title: "Overload blip: protection must not outlast its cause",
 		Setup:   blipShape.setup(),
-		cols:    []col{colPolicy, colOrigin, colAmpl, colOK, colErrors, colRefused, colServerRefused, colRecovery, colGoodput},
+		cols:    []col{colVariant, colPolicy, colOrigin, colAmpl, colOK, colErrors, colRefused, colServerRefused, colRecovery, colGoodput},
 		StepS:   msStep.Seconds(),
 		Trigger: &window{From: blipShape.before.Seconds(), To: (blipShape.before + blipShape.trigger).Seconds()},
 	}
@@ -41,6 +49,8 @@ func overloadBlip(ctx context.Context) (*Result, error) {
 	} {
 		jobs = append(jobs, &capacityJob{p: p, trigger: true})
 	}
+	jobs = append(jobs, &capacityJob{p: policy{suiteDefaults, "stormguard defaults"}, trigger: true,
+		variant: blipPerTryVariant, perTry: blipPerTry, setPerTry: true})
 	rows, err := runCapacityJobs(ctx, blipShape, jobs)
 	if err != nil {
 		return nil, fmt.Errorf("%s, %w", res.Title, err)

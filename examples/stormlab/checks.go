@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"math"
 	"time"
 )
 
@@ -46,10 +45,11 @@ const (
 	maxRecovery      = 2.0
 	naiveRecoveryX   = 5.0
 	maxFalseRefusals = 0
-	// Without the per-attempt timeout (the client's default), the suite's
-	// defaults do no harm: at least this share of no retries' successes
-	// (the rows differ by a few calls from run to run).
-	minNoPerTryOK = 0.98
+	// With hedging on, the suite's defaults recover as fast as without
+	// it, within maxHedgingLag; with a short per-attempt timeout the
+	// suite's client alone (a plain server) within maxShortPerTryRecovery.
+	maxHedgingLag          = 0.1
+	maxShortPerTryRecovery = 0.5
 	// A fleet of quiet clients, each with its own Client: the fleet's
 	// attempts at most 1.10× its calls once the failure's first seconds
 	// are past, and over the whole failure at most that plus a start-up
@@ -180,6 +180,11 @@ func checkBounds(results []*Result, tailP99 time.Duration) []Check {
 						row.Recovery.String(), !row.Recovery.never && row.Recovery.s <= maxBlipRecovery+1e-9)
 				}
 			}
+			none := r.row(noRetries, "")
+			out = append(out, noHarmChecks(r, suite, none, "blip")...)
+			out = append(out, noHarmChecks(r, r.row(suiteDefaults, blipPerTryVariant), none, "blip, "+blipPerTryVariant)...)
+		case "overload-mixed":
+			out = append(out, mixedChecks(r)...)
 		case "metastable":
 			if suite != nil && suite.Recovery != nil {
 				add(r, suiteDefaults, "metastable: recovery after the trigger", fmt.Sprintf("≤ %.1fs", maxRecovery),
@@ -190,11 +195,7 @@ func checkBounds(results []*Result, tailP99 time.Duration) []Check {
 						naiveRow.Recovery.String(), naiveRow.Recovery.never || naiveRow.Recovery.s >= floor-1e-9)
 				}
 			}
-			if row, none := r.row(suiteDefaults, noPerTry), r.row(noRetries, noPerTry); row != nil && none != nil {
-				want := int(math.Ceil(minNoPerTryOK * float64(none.OK)))
-				add(r, suiteDefaults, "metastable, no per-try: ok ≥ 98% of no retries'", fmt.Sprintf("≥ %d", want),
-					fmt.Sprint(row.OK), row.OK >= want)
-			}
+			out = append(out, metastableChecks(r)...)
 			// Without the trigger every refusal is a false one, in
 			// every row whose servers protect themselves.
 			for _, quiet := range r.Rows {
@@ -218,6 +219,13 @@ func checkBounds(results []*Result, tailP99 time.Duration) []Check {
 				add(r, suiteDefaults, "long-tail p99", fmt.Sprintf("≤ %v", tailP99), ms(suite.P99ms), got <= tailP99)
 				add(r, suiteDefaults, "long-tail load", fmt.Sprintf("≤ %.2f×", maxTailLoad),
 					fmt.Sprintf("%.2f×", suite.Amplification), suite.Amplification <= maxTailLoad+1e-9)
+			}
+			if hedged, none := r.row(suiteDefaults, tailScaleVariant), r.row(suiteNoHedging, tailScaleVariant); hedged != nil && none != nil && hedged.P999ms > 0 {
+				cut := none.P999ms / hedged.P999ms
+				add(r, suiteDefaults, "long tail "+tailScaleVariant+": p99.9 cut by hedging", fmt.Sprintf("≥ %.0f×", minTailCut),
+					fmt.Sprintf("%s ÷ %s = %.1f×", ms(none.P999ms), ms(hedged.P999ms), cut), cut >= minTailCut)
+				add(r, suiteDefaults, "long tail "+tailScaleVariant+": load", fmt.Sprintf("≤ %.2f×", maxTailScaleLoad),
+					fmt.Sprintf("%.3f×", hedged.Amplification), hedged.Amplification <= maxTailScaleLoad+1e-9)
 			}
 		}
 	}

@@ -8,9 +8,10 @@
 // nothing and shows what it would have refused; in scenario 12, the
 // suite's client with a plain server and with its own, and grpc-go's
 // clients with the suite's server; in scenario 13, the suite with calls
-// marked by priority).
+// marked by priority; in scenario 14, fleets that mix grpc-go's clients
+// and the suite's, with and without the suite's server).
 //
-//	go run ./examples/stormlab              # every scenario, about 3 min
+//	go run ./examples/stormlab              # every scenario, about 7 min
 //	go run ./examples/stormlab -quick       # scenarios 1, 2, 3, 4, 7, 9 in a few seconds (CI)
 //	go run ./examples/stormlab -scenario chain,tail -svg chart.svg -json
 //	go run ./examples/stormlab -scenario metastable -goodput-svg goodput.svg
@@ -33,18 +34,26 @@
 //  7. the capacity drop of "Implementing Retry Budgets to Prevent Retry
 //     Storms", a model run with the real budget and breaker on an
 //     injected clock;
-//  8. a long tail: 5% of attempts slow, with and without hedging;
+//  8. a long tail: 5% of attempts slow, with and without hedging; and 1% of
+//     attempts 100 times slower than the others, where hedging must cut
+//     the p99.9 at least tenfold for at most 2% more attempts;
 //  9. one backend of N dead: 2,000 calls from 8 workers through grpc-go's
 //     round_robin over 2 and over 3 origins, one answering UNAVAILABLE.
 //  10. a metastable failure: an origin of fixed capacity (workers behind a
 //     FIFO queue, a handler that does not watch its context) at 70% load
 //     loses two thirds of its capacity for 2 s; naive retries of timed-out
-//     attempts keep it down afterwards. Rows add the suite without its
-//     server's admission, shedding or both; variants run without the
-//     per-attempt timeout (the suite must serve as many as no retries)
-//     and without the trigger (false refusals). About 50 s; not in -quick;
+//     attempts keep it down afterwards. Rows add the suite with adaptive
+//     hedging (it must recover as fast as without) and the suite without
+//     its server's admission, shedding or both; variants run without the
+//     per-attempt timeout, with a 100 ms one (the suite's client alone, with
+//     a plain server, must recover within 0.5 s) and without the trigger
+//     (false refusals). In every variant the suite's defaults must serve
+//     as many calls as no retries (within 0.5%), recover no later, and work
+//     at most 5% of the origin's requests for callers who had left. About
+//     65 s; not in -quick;
 //  11. an overload blip: 2 s of overload with 100 ms deadlines; the suite's
-//     protection must not outlast it. About 20 s; not in -quick;
+//     protection must not outlast it, and, with and without a per-attempt
+//     timeout, do no harm. About 20 s; not in -quick;
 //  12. a fleet of quiet clients: 100 clients (-fleet-clients), each with its
 //     own ClientConn and, in the suite's rows, its own interceptor.Client,
 //     each sending 5 Puts/s (-fleet-rate) open loop to one origin that is
@@ -66,8 +75,22 @@
 //     the suite with every call marked critical. With priorities the
 //     critical calls must succeed (≥ 99%); without a difference between
 //     the callers both classes must be served alike, and every call
-//     claiming critical must serve what the defaults serve. About 7 s; not
-//     in -quick; a machine that cannot keep its schedule is an error.
+//     claiming critical must serve what the defaults serve; the defaults,
+//     with and without a per-attempt timeout, must do no harm and waste
+//     at most 5% of the origin's work. About 7 s; not in -quick; a machine
+//     that cannot keep its schedule is an error;
+//  14. an overload under a mixed fleet: an origin at 90% of its capacity,
+//     behind a proxy's 300 ms upstream timeout, loses half of its capacity
+//     for 1, 10 and 60 s (in real time), called by 20 clients with their
+//     own ClientConns, half of them grpc-go's retryPolicy (5 attempts, no
+//     throttling) and half the suite's; rows: no server protection (it
+//     must stay down: the scenario is metastable), the suite's server
+//     (also with every client grpc-go's, and with the suite's clients on
+//     a per-attempt timeout), and no retries. With the suite's server and
+//     its default clients or grpc-go's, goodput in the drop must be at
+//     least 90% of the reduced capacity, and every second from 1 s after
+//     the drop on must serve 99% of its calls; the mixed fleets must do no
+//     harm. About 3 min; not in -quick.
 //
 // Scenarios 1-4 hold every first attempt at the origin until all callers'
 // first attempts have arrived (a wave), and 6 and 8 choose failing or slow

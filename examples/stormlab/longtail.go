@@ -13,22 +13,42 @@ import (
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
-// The long-tail scenario's shape.
-const (
-	tailCalls   = 500
-	tailWorkers = 10
-	tailSlowPct = 0.05
-	tailFast    = time.Millisecond
-	tailSlow    = 300 * time.Millisecond
+// tailShape is a long tail: calls Gets from tailWorkers workers, a
+// seeded share slowPct of the attempts (by request id and attempt)
+// taking slow, the others tailFast.
+type tailShape struct {
+	calls   int
+	slowPct float64
+	slow    time.Duration
+}
+
+// The long-tail scenario's shapes: the article's (5% at 300 ms, the p99
+// judged) and the 1% at 100× the others' time of "The Tail at Scale" (the
+// p99.9 judged).
+var (
+	tailArticle = tailShape{calls: 500, slowPct: 0.05, slow: 300 * time.Millisecond}
+	tailScale   = tailShape{calls: 5000, slowPct: 0.01, slow: 100 * time.Millisecond}
 )
 
-// slowAttempts makes a seeded 5% of attempts (by request id and attempt)
-// take tailSlow and the others tailFast. A slow attempt stops when its
-// caller cancels it.
-func slowAttempts(seed uint64) origin.Script {
+const (
+	tailWorkers = 10
+	tailFast    = time.Millisecond
+	tailSlow    = 300 * time.Millisecond // tailArticle's
+	// tailScaleVariant names the rows of tailScale.
+	tailScaleVariant = "1% × 100"
+	// The bounds on tailScale: hedging cuts the p99.9 at least
+	// minTailCut-fold, for at most maxTailScaleLoad the calls at the origin.
+	minTailCut       = 10.0
+	maxTailScaleLoad = 1.02
+)
+
+// slowAttempts makes a seeded share of attempts (by request id and
+// attempt) take s.slow and the others tailFast. A slow attempt stops when
+// its caller cancels it.
+func (s tailShape) slowAttempts(seed uint64) origin.Script {
 	return func(c origin.Call) origin.Reply {
-		if uniform(seed, c.RequestID, c.Attempt) < tailSlowPct {
-			return origin.Reply{Delay: tailSlow}
+		if uniform(seed, c.RequestID, c.Attempt) < s.slowPct {
+			return origin.Reply{Delay: s.slow}
 		}
 		return origin.Reply{Delay: tailFast}
 	}
@@ -39,34 +59,43 @@ func slowAttempts(seed uint64) origin.Script {
 func longTail(ctx context.Context) (*Result, error) {
 	res := &Result{
 		ID: 8, Key: "tail", Title: "Long tail: hedging",
-		Setup: fmt.Sprintf("%d Get calls from %d workers; %.0f%% of attempts (seeded) take %v, the rest %v. "+
+		Setup: fmt.Sprintf("%d Get calls from %d workers; %.0f%% of attempts (seeded) take %v, the rest %v "+
+			"(variant %s: %d calls, %.0f%% of attempts take %v, the p99.9 judged). "+
 			"Get has adaptive hedging in the demo proto: the suite's rows hedge (NoHedging() turns it off); "+
 			"grpc-go's retryPolicy does not hedge. ampl. is the load on the origin.",
-			tailCalls, tailWorkers, tailSlowPct*100, tailSlow, tailFast),
-		cols:  []col{colPolicy, colOrigin, colAmpl, colOK, colP50, colP99, colMax, colErrors},
+			tailArticle.calls, tailWorkers, tailArticle.slowPct*100, tailArticle.slow, tailFast,
+			tailScaleVariant, tailScale.calls, tailScale.slowPct*100, tailScale.slow),
+		cols:  []col{colVariant, colPolicy, colOrigin, colAmpl, colOK, colP50, colP99, colP999, colMax, colErrors},
 		chart: "8 long tail\n(load)",
 	}
 	type run struct {
-		p     policy
-		opts  []grpc.CallOption
-		label string
+		s       tailShape
+		variant string
+		p       policy
+		opts    []grpc.CallOption
+		label   string
 	}
 	runs := []run{}
 	for _, p := range policies() {
-		runs = append(runs, run{p: p, label: p.name})
+		runs = append(runs, run{s: tailArticle, p: p, label: p.name})
 	}
-	runs = append(runs, run{
-		p: policy{suiteDefaults, "stormguard defaults"}, opts: []grpc.CallOption{interceptor.NoHedging()},
-		label: "stormguard defaults, NoHedging()",
-	})
+	noHedging := func(s tailShape, variant string) run {
+		return run{s: s, variant: variant, p: policy{suiteDefaults, "stormguard defaults"}, opts: []grpc.CallOption{interceptor.NoHedging()},
+			label: "stormguard defaults, NoHedging()"}
+	}
+	runs = append(runs, noHedging(tailArticle, ""),
+		run{s: tailScale, variant: tailScaleVariant, p: policy{suiteDefaults, "stormguard defaults"}, label: "stormguard defaults"},
+		noHedging(tailScale, tailScaleVariant))
 	for _, r := range runs {
-		row, err := tailRow(ctx, r.p, r.opts...)
+		row, err := tailRow(ctx, r.s, r.p, r.opts...)
 		if err != nil {
 			return nil, fmt.Errorf("%s, %s: %w", res.Title, r.label, err)
 		}
-		row.Label = r.label
+		row.Label, row.Variant = r.label, r.variant
 		if r.opts != nil {
-			row.Policy = "suite-nohedging"
+			row.Policy = suiteNoHedging
+		}
+		if r.opts != nil || r.variant != "" {
 			row.Chart = 0
 		}
 		res.Rows = append(res.Rows, row)
@@ -74,16 +103,20 @@ func longTail(ctx context.Context) (*Result, error) {
 	return res, nil
 }
 
-// tailRow runs tailCalls Gets through p from tailWorkers goroutines.
-func tailRow(ctx context.Context, p policy, opts ...grpc.CallOption) (Row, error) {
+// suiteNoHedging is the policy key of the long-tail rows with
+// interceptor.NoHedging().
+const suiteNoHedging policyKey = "suite-nohedging"
+
+// tailRow runs s's calls as Gets through p from tailWorkers goroutines.
+func tailRow(ctx context.Context, s tailShape, p policy, opts ...grpc.CallOption) (Row, error) {
 	e := newEnv(p)
 	defer e.close()
-	o := origin.New(slowAttempts(labSeed))
+	o := origin.New(s.slowAttempts(labSeed))
 	client, err := e.oneHop(o)
 	if err != nil {
 		return Row{}, err
 	}
-	out := pool(ctx, tailCalls, tailWorkers, callTimeout, func(ctx context.Context, i int) error {
+	out := pool(ctx, s.calls, tailWorkers, callTimeout, func(ctx context.Context, i int) error {
 		_, err := client.Get(ctx, &echov1.GetRequest{RequestId: strconv.Itoa(i), Key: "k"}, opts...)
 		return err
 	})

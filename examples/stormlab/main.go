@@ -14,7 +14,7 @@ import (
 )
 
 // labTimeout bounds a whole run.
-const labTimeout = 5 * time.Minute
+const labTimeout = 15 * time.Minute
 
 // config is what the flags ask for.
 type config struct {

@@ -130,11 +130,17 @@ func TestQuick(t *testing.T) {
 	}
 }
 
-// TestLongTail checks scenario 8's bounds: p99 ≤ 50 ms at ≤ 1.10× load.
-// It judges a wall-clock p99, so it runs only where the machine is not
-// shared with the rest of the suite: not under the race detector or
-// -short, and only with STORMLAB_LONGTAIL=1, which CI's step for the tests
-// that judge wall-clock time sets.
+// TestLongTail checks scenario 8's bounds on the article's shape: p99 ≤
+// 50 ms at ≤ 1.10× load. It judges wall-clock latencies, so it runs only
+// where the machine is not shared with the rest of the suite: not under
+// the race detector or -short, and only with STORMLAB_LONGTAIL=1, which
+// CI's step for the tests that judge wall-clock time sets. The 1% × 100
+// variant's bounds (a p99.9 cut at least tenfold for at most 1.02× the
+// attempts) are logged, not judged, here: on a shared 2-core VM the fast
+// attempts' own p99.9 (7 to 11 ms at load average 2.5) is the floor of the
+// hedged p99.9, and the figure measures the machine. The full lab checks
+// them on every run, and TestAdaptiveHedgingCutsALongTailCheaply checks
+// the rule on the bubble's clock.
 func TestLongTail(t *testing.T) {
 	if raceEnabled || testing.Short() {
 		t.Skip("judges latency: not under -race or -short")
@@ -148,11 +154,14 @@ func TestLongTail(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Log("\n" + out.String())
-	if len(rep.Checks) != 2 {
-		t.Fatalf("%d checks, want 2", len(rep.Checks))
+	if len(rep.Checks) != 4 {
+		t.Fatalf("%d checks, want 4", len(rep.Checks))
 	}
 	for _, c := range rep.Checks {
-		if !c.OK {
+		switch {
+		case strings.Contains(c.What, tailScaleVariant):
+			t.Logf("%s: want %s, got %s (not judged here)", c.What, c.Want, c.Got)
+		case !c.OK:
 			t.Errorf("%s: want %s, got %s", c.What, c.Want, c.Got)
 		}
 	}
@@ -199,15 +208,15 @@ func TestSelectScenarios(t *testing.T) {
 	if err != nil || len(got) != 4 || got[0].id != 1 || got[1].id != 4 || got[2].id != 8 || got[3].id != 9 {
 		t.Errorf("selectScenarios: %v, %v", got, err)
 	}
-	if _, err := selectScenarios("14", false); err == nil {
-		t.Error("scenario 14 accepted")
+	if _, err := selectScenarios("15", false); err == nil {
+		t.Error("scenario 15 accepted")
 	}
 	if got, err := selectScenarios("metastable", false); err != nil || len(got) != 1 || got[0].id != 10 {
 		t.Errorf("selectScenarios(metastable): %v, %v", got, err)
 	}
 	quick, _ := selectScenarios("", true)
 	all, _ := selectScenarios("", false)
-	if len(quick) != 6 || len(all) != 13 {
+	if len(quick) != 6 || len(all) != 14 {
 		t.Errorf("quick %d, all %d", len(quick), len(all))
 	}
 }
@@ -313,7 +322,12 @@ func TestMetastableChecks(t *testing.T) {
 		{recoveryS{never: true}, recoveryS{never: true}, 0, []bool{false, true, true}},
 		{recoveryS{s: 0}, recoveryS{never: true}, 3, []bool{true, true, false}},
 	} {
-		checks := checkBounds([]*Result{syntheticMetastable(c.suite, c.naive, c.quiet)}, maxTailP99)
+		var checks []Check // the suite's recovery, the naive row's, false refusals; TestNoHarmChecks has the others
+		for _, ch := range checkBounds([]*Result{syntheticMetastable(c.suite, c.naive, c.quiet)}, maxTailP99) {
+			if !strings.Contains(ch.What, "no retries'") {
+				checks = append(checks, ch)
+			}
+		}
 		if len(checks) != 3 {
 			t.Fatalf("%d checks", len(checks))
 		}
@@ -458,28 +472,120 @@ func TestQueueOrigin(t *testing.T) {
 	}
 }
 
-// Without the per-attempt timeout, the suite's defaults must succeed at
-// least 98% as often as no retries in scenario 10.
-func TestMetastableNoPerTryCheck(t *testing.T) {
+// TestNoHarmChecks: the suite's defaults must complete at least as many
+// calls as no retries, within 0.5% of the calls, and recover no later; and
+// waste at most 5% of the origin's work.
+func TestNoHarmChecks(t *testing.T) {
+	rec := func(s float64, never bool) *recoveryS { return &recoveryS{s: s, never: never} }
+	none := &Row{Policy: noRetries, Calls: 1400, OK: 1000, Recovery: rec(0.25, false)}
 	for _, c := range []struct {
-		suiteOK int
-		want    bool
-	}{{1000, true}, {980, true}, {979, false}} {
-		res := syntheticMetastable(recoveryS{}, recoveryS{never: true}, 0)
-		res.Rows = append(res.Rows,
-			Row{Policy: noRetries, Label: "no retries", Variant: noPerTry, Calls: 1400, OK: 1000},
-			Row{Policy: suiteDefaults, Label: "stormguard defaults", Variant: noPerTry, Calls: 1400, OK: c.suiteOK})
-		var found bool
-		for _, ch := range checkBounds([]*Result{res}, maxTailP99) {
-			if strings.Contains(ch.What, "no per-try") {
-				found = true
-				if ch.OK != c.want {
-					t.Errorf("suite %d of no retries' 1000: ok %v, want %v (%s, got %s)", c.suiteOK, ch.OK, c.want, ch.Want, ch.Got)
+		ok        int
+		recovery  *recoveryS
+		noneNever bool
+		okWant    bool
+		recWant   bool
+	}{
+		{1000, rec(0, false), false, true, true},
+		{993, rec(0.25, false), false, true, true}, // 7 = ⌈0.5% of 1,400⌉ fewer
+		{992, rec(0.25, false), false, false, true},
+		{1100, rec(0.5, false), false, true, false},
+		{1100, rec(0, true), false, true, false},
+		{1100, rec(0, true), true, true, true},
+	} {
+		n := *none
+		if c.noneNever {
+			n.Recovery = rec(0, true)
+		}
+		row := &Row{Policy: suiteDefaults, Calls: 1400, OK: c.ok, Recovery: c.recovery}
+		checks := noHarmChecks(&Result{ID: 10}, row, &n, "metastable")
+		if len(checks) != 2 || checks[0].OK != c.okWant || checks[1].OK != c.recWant {
+			t.Errorf("ok %d, recovery %v against %d, %v: %+v; want %v, %v", c.ok, c.recovery, n.OK, n.Recovery, checks, c.okWant, c.recWant)
+		}
+	}
+	for _, c := range []struct {
+		wasted, worked int
+		want           bool
+	}{{0, 1000, true}, {50, 1000, true}, {51, 1000, false}} {
+		w := c.wasted
+		checks := wasteCheck(&Result{ID: 13}, &Row{Policy: suiteDefaults, Wasted: &w, Worked: c.worked}, "priority")
+		if len(checks) != 1 || checks[0].OK != c.want {
+			t.Errorf("%d wasted of %d: %+v, want ok %v", c.wasted, c.worked, checks, c.want)
+		}
+	}
+}
+
+// TestMixedChecks: the mixed-fleet overload's bounds on a synthetic run of
+// one drop length.
+func TestMixedChecks(t *testing.T) {
+	rec := func(s float64, never bool) *recoveryS { return &recoveryS{s: s, never: never} }
+	row := func(p policyKey, ok int, drop float64, r, r99 *recoveryS) Row {
+		return Row{Policy: p, Variant: "T=10s", Calls: 2880, OK: ok, DropGoodput: drop, Recovery: r, Recovery99: r99}
+	}
+	for _, c := range []struct {
+		name    string
+		control *recoveryS
+		drop    float64
+		r99     *recoveryS
+		ok      int
+		failing []string // the checks that must fail
+	}{
+		{"as wanted", rec(0, true), 0.95, rec(0.25, false), 2000, nil},
+		{"the control recovers", rec(2, false), 0.95, rec(0.25, false), 2000, []string{"the control stays down"}},
+		{"too little goodput in the drop", rec(0, true), 0.89, rec(0.25, false), 2000, []string{"goodput in the drop"}},
+		{"back to 99% too late", rec(0, true), 0.95, rec(1.25, false), 2000, []string{"back to 99%"}},
+		{"never back to 99%", rec(0, true), 0.95, rec(0, true), 2000, []string{"back to 99%"}},
+		{"fewer ok than no retries", rec(0, true), 0.95, rec(0.25, false), 1000, []string{"ok ≥ no retries'"}},
+	} {
+		res := &Result{ID: 14, Key: "overload-mixed", Rows: []Row{
+			row(noRetries, 1100, 0.05, rec(0, true), rec(0, true)),
+			row(mixedControl, 300, 0.05, c.control, rec(0, true)),
+			row(mixedSuite, c.ok, c.drop, rec(0, false), c.r99),
+			row(mixedSuitePT, 2000, 0.95, rec(0, false), rec(0.25, false)),
+			row(mixedGRPCSuite, 2000, 0.95, rec(0, false), rec(0.25, false)),
+		}}
+		checks := checkBounds([]*Result{res}, maxTailP99)
+		if len(checks) != 1+2*2+2*2 {
+			t.Fatalf("%s: %d checks", c.name, len(checks))
+		}
+		for _, ch := range checks {
+			want := true
+			for _, f := range c.failing {
+				if strings.Contains(ch.What, f) && (ch.Row == string(mixedSuite) || ch.Row == string(mixedControl)) {
+					want = false
 				}
 			}
+			if ch.OK != want {
+				t.Errorf("%s: %s (%s): ok %v, want %v (want %s, got %s)", c.name, ch.What, ch.Row, ch.OK, want, ch.Want, ch.Got)
+			}
 		}
-		if !found {
-			t.Fatal("no check on the no per-try rows")
+	}
+}
+
+// TestMetastableHedgingAndPerTryChecks: with hedging on, the defaults
+// recover within 0.1 s of how they do without it; with a 100 ms
+// per-attempt timeout the suite's client alone recovers within 0.5 s.
+func TestMetastableHedgingAndPerTryChecks(t *testing.T) {
+	for _, c := range []struct {
+		hedged, clientOnly recoveryS
+		want               [2]bool
+	}{
+		{recoveryS{s: 0.25}, recoveryS{s: 0.5}, [2]bool{true, true}},
+		{recoveryS{s: 0.5}, recoveryS{s: 0.75}, [2]bool{false, false}},
+		{recoveryS{never: true}, recoveryS{never: true}, [2]bool{false, false}},
+	} {
+		res := syntheticMetastable(recoveryS{s: 0.25}, recoveryS{never: true}, 0)
+		h, co := c.hedged, c.clientOnly
+		res.Rows = append(res.Rows,
+			Row{Policy: suiteHedging, Calls: 1400, OK: 1000, Recovery: &h},
+			Row{Policy: suiteClientOnly, Variant: shortPerTry, Calls: 1400, OK: 1000, Recovery: &co})
+		var got []Check
+		for _, ch := range metastableChecks(res) {
+			if strings.Contains(ch.What, "hedging") || strings.Contains(ch.What, "alone") {
+				got = append(got, ch)
+			}
+		}
+		if len(got) != 2 || got[0].OK != c.want[0] || got[1].OK != c.want[1] {
+			t.Errorf("hedged %v, client alone %v: %+v, want %v", &c.hedged, &c.clientOnly, got, c.want)
 		}
 	}
 }

@@ -107,9 +107,13 @@ func (r *recoveryS) String() string {
 
 // recovery returns how long after step from the goodput ratios good stay
 // at or above msGood to the end.
-func recovery(good []float64, from int) recoveryS {
+func recovery(good []float64, from int) recoveryS { return recoveryAbove(good, from, msGood) }
+
+// recoveryAbove returns how long after step from the goodput ratios good
+// stay at or above threshold to the end.
+func recoveryAbove(good []float64, from int, threshold float64) recoveryS {
 	k := len(good)
-	for k > from && good[k-1] >= msGood {
+	for k > from && good[k-1] >= threshold {
 		k--
 	}
 	if k == len(good) {
@@ -139,22 +143,81 @@ func sparkline(good []float64, marks ...int) string {
 }
 
 // tally is what the callers of one run saw: the outcome, and per step the
-// calls sent and those of them that succeeded.
+// calls sent and those of them that succeeded, and, if answered is not
+// nil, the successes by the step they were answered in.
 type tally struct {
-	mu      sync.Mutex
-	out     outcome
-	offered []int
-	ok      []int
+	mu       sync.Mutex
+	out      outcome
+	offered  []int
+	ok       []int
+	answered []int
 }
 
-func (t *tally) record(step int, err error, d time.Duration) {
+// record adds a call sent at offset from the run's start that ended with
+// err after d.
+func (t *tally) record(offset time.Duration, err error, d time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.out.record(err, d)
+	step := min(int(offset/msStep), len(t.offered)-1)
 	t.offered[step]++
 	if err == nil {
 		t.ok[step]++
+		if t.answered != nil {
+			t.answered[min(int((offset+d)/msStep), len(t.answered)-1)]++
+		}
 	}
+}
+
+// windowed returns, per step, the share of the calls sent in it and the
+// k-1 steps after it that succeeded; the last k-1 steps, which have not
+// so many after them, get the last k steps' share.
+func (t *tally) windowed(k int) []float64 {
+	g := make([]float64, len(t.offered))
+	for i := range g {
+		from := max(min(i, len(t.offered)-k), 0)
+		g[i] = t.share(from, from+k)
+	}
+	return g
+}
+
+// perSecond returns, per second, the share of the calls sent in it that
+// succeeded.
+func (t *tally) perSecond() []float64 {
+	k := int(time.Second / msStep)
+	g := make([]float64, (len(t.offered)+k-1)/k)
+	for i := range g {
+		g[i] = t.share(i*k, (i+1)*k)
+	}
+	return g
+}
+
+// share returns the share of the calls sent in steps [from, to) (as far as
+// there are) that succeeded, 0 when none was sent.
+func (t *tally) share(from, to int) float64 {
+	sent, ok := 0, 0
+	for j := from; j < min(to, len(t.offered)); j++ {
+		sent += t.offered[j]
+		ok += t.ok[j]
+	}
+	if sent == 0 {
+		return 0
+	}
+	return float64(ok) / float64(sent)
+}
+
+// drop drops o's capacity from s.before after start for s.trigger (its
+// service time s.slow), on a goroutine that wg counts.
+func (s shape) drop(ctx context.Context, o *queueOrigin, start time.Time, wg *sync.WaitGroup) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if sleepCtx(ctx, time.Until(start.Add(s.before))) == nil {
+			o.setService(s.slow)
+		}
+		_ = sleepCtx(ctx, time.Until(start.Add(s.before+s.trigger)))
+		o.setService(s.service)
+	}()
 }
 
 // goodput returns, per step, the share of the calls sent in that step that
@@ -182,7 +245,6 @@ func openLoop(ctx context.Context, s shape, clients []echov1.EchoServiceClient, 
 		if sleepCtx(ctx, time.Until(start.Add(offset))) != nil {
 			break
 		}
-		step := min(int(offset/msStep), len(t.offered)-1)
 		c := clients[i%len(clients)]
 		wg.Add(1)
 		go func() {
@@ -191,7 +253,7 @@ func openLoop(ctx context.Context, s shape, clients []echov1.EchoServiceClient, 
 			defer cancel()
 			begin := time.Now()
 			_, err := c.Put(cctx, &echov1.PutRequest{RequestId: strconv.Itoa(i)})
-			t.record(step, err, time.Since(begin))
+			t.record(offset, err, time.Since(begin))
 		}()
 	}
 	wg.Wait()
@@ -234,15 +296,7 @@ func capacityRow(ctx context.Context, s shape, p policy, trigger bool) (Row, err
 	start := time.Now().Add(50 * time.Millisecond)
 	var wg sync.WaitGroup
 	if trigger {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if sleepCtx(ctx, time.Until(start.Add(s.before))) == nil {
-				o.setService(s.slow)
-			}
-			_ = sleepCtx(ctx, time.Until(start.Add(s.before+s.trigger)))
-			o.setService(s.service)
-		}()
+		s.drop(ctx, o, start, &wg)
 	}
 	t := &tally{offered: make([]int, s.steps()), ok: make([]int, s.steps())}
 	openLoop(ctx, s, clients, start, t)
@@ -253,6 +307,7 @@ func capacityRow(ctx context.Context, s shape, p policy, trigger bool) (Row, err
 	row := t.out.row(p, int(o.arrived.Load()))
 	wasted := int(o.wasted.Load())
 	row.Wasted = &wasted
+	row.Worked = int(o.worked.Load())
 	row.Goodput = t.goodput()
 	rec := recovery(row.Goodput, s.endStep())
 	row.Recovery = &rec
@@ -282,16 +337,26 @@ func serverRefusals(guards []*overload.Guard) map[string]int {
 	return m
 }
 
-// metastablePolicies are the rows of the scenario: the usual six, and the
-// suite's defaults without one or both of its server's overload
-// mechanisms.
+// metastablePolicies are the rows of the scenario: the usual six, the
+// suite's defaults with adaptive hedging, and the suite's defaults
+// without one or both of its server's overload mechanisms.
 func metastablePolicies() []policy {
 	return append(policies(),
+		policy{suiteHedging, "stormguard defaults, hedging"},
 		policy{suiteNoAdmission, "suite, no admission"},
 		policy{suiteNoShedding, "suite, no shedding"},
 		policy{suiteNoOverload, "suite, neither"},
 	)
 }
+
+// shortPerTry is the variant with the trigger and a per-attempt timeout of
+// shortPerTryTimeout in the suite's rows: the suite's client alone (a
+// plain server) must recover within maxShortPerTryRecovery of the
+// trigger's end, as the defaults do.
+const (
+	shortPerTry        = "per-try 100ms"
+	shortPerTryTimeout = 100 * time.Millisecond
+)
 
 // noTrigger is the variant without the trigger, run for the rows whose
 // server may refuse, and for no retries as the reference: at 70% of
@@ -312,17 +377,26 @@ const msParallel = 4
 
 // capacityJob is one row to run.
 type capacityJob struct {
-	p        policy
-	trigger  bool
-	noPerTry bool // the shape without its per-attempt timeout
-	row      Row
-	err      error
+	p       policy
+	trigger bool
+	variant string // the row's variant ("" for the main rows)
+	// perTry, when set, replaces the shape's per-attempt timeout (0: none).
+	perTry    time.Duration
+	setPerTry bool
+	row       Row
+	err       error
+}
+
+// noPerTryJob is the job of p's row in the variant without the per-attempt
+// timeout.
+func noPerTryJob(p policy) *capacityJob {
+	return &capacityJob{p: p, trigger: true, variant: noPerTry, setPerTry: true}
 }
 
 // runCapacityJobs runs the jobs of shape s in batches of msParallel, a
 // batch after the previous one has ended (so that no row's set-up or
 // teardown falls in another row's measured time), and returns their rows
-// in order (the no-trigger ones with that variant).
+// in order, each with its job's variant.
 func runCapacityJobs(ctx context.Context, s shape, jobs []*capacityJob) ([]Row, error) {
 	for from := 0; from < len(jobs); from += msParallel {
 		var wg sync.WaitGroup
@@ -331,16 +405,11 @@ func runCapacityJobs(ctx context.Context, s shape, jobs []*capacityJob) ([]Row, 
 			go func() {
 				defer wg.Done()
 				js := s
-				if j.noPerTry {
-					js.perTry = 0
+				if j.setPerTry {
+					js.perTry = j.perTry
 				}
 				j.row, j.err = capacityRow(ctx, js, j.p, j.trigger)
-				switch {
-				case !j.trigger:
-					j.row.Variant = noTrigger
-				case j.noPerTry:
-					j.row.Variant = noPerTry
-				}
+				j.row.Variant = j.variant
 			}()
 		}
 		wg.Wait()
@@ -389,13 +458,16 @@ func metastableWith(ctx context.Context, s shape) (*Result, error) {
 		jobs = append(jobs, &capacityJob{p: p, trigger: true})
 	}
 	for _, p := range metastablePolicies() {
-		if p.key == noRetries || p.key == suiteDefaults || p.key == suiteNoAdmission {
-			jobs = append(jobs, &capacityJob{p: p, trigger: true, noPerTry: true})
+		if p.key == noRetries || p.key == suiteDefaults || p.key == suiteNoAdmission || p.key == suiteHedging {
+			jobs = append(jobs, noPerTryJob(p))
 		}
 	}
+	for _, p := range []policy{{noRetries, "no retries"}, {suiteClientOnly, "stormguard client, plain server"}, {suiteDefaults, "stormguard defaults"}} {
+		jobs = append(jobs, &capacityJob{p: p, trigger: true, variant: shortPerTry, perTry: shortPerTryTimeout, setPerTry: true})
+	}
 	for _, p := range metastablePolicies() {
-		if p.key == noRetries || (p.key != naive && p.key != suiteNoOverload && p.hasServer()) {
-			jobs = append(jobs, &capacityJob{p: p})
+		if p.key == noRetries || (p.key != naive && p.key != suiteNoOverload && p.key != suiteHedging && p.hasServer()) {
+			jobs = append(jobs, &capacityJob{p: p, variant: noTrigger})
 		}
 	}
 	rows, err := runCapacityJobs(ctx, s, jobs)

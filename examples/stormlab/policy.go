@@ -57,6 +57,9 @@ const (
 	// scenario): each by its caller's class, or every call critical.
 	suitePriority    policyKey = "suite-priority"
 	suiteAllCritical policyKey = "suite-all-critical"
+	// The suite's defaults with adaptive hedging on every method that may
+	// be hedged (WithHedging(0, 2)): the metastable scenario's hedging row.
+	suiteHedging policyKey = "suite-hedging"
 )
 
 // policy is one client setup, and the server side that goes with it.
@@ -87,7 +90,10 @@ func withShadow() []policy {
 // when throttled, the retryThrottling of gRFC A6 (tokens start at 10;
 // each failed attempt takes one, each successful RPC gives 0.1 back;
 // retries stop while 5 or fewer are left).
-func grpcServiceConfig(throttled bool) string {
+func grpcServiceConfig(throttled bool) string { return grpcServiceConfigWith(throttled, maxAttempts) }
+
+// grpcServiceConfigWith is grpcServiceConfig with attempts in all.
+func grpcServiceConfigWith(throttled bool, attempts int) string {
 	throttling := ""
 	if throttled {
 		throttling = `, "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}`
@@ -103,7 +109,7 @@ func grpcServiceConfig(throttled bool) string {
       "retryableStatusCodes": ["UNAVAILABLE"]
     }
   }]%s
-}`, echov1.EchoService_ServiceDesc.ServiceName, maxAttempts, backoffBase.Seconds(), backoffMax.Seconds(), throttling)
+}`, echov1.EchoService_ServiceDesc.ServiceName, attempts, backoffBase.Seconds(), backoffMax.Seconds(), throttling)
 }
 
 // clientOptions are the suite's options for p (nil for the other rows),
@@ -117,6 +123,8 @@ func (p policy) clientOptions(extra ...interceptor.ClientOption) []interceptor.C
 		opts = append(opts, interceptor.WithBreaker(nil))
 	case suiteShadow:
 		opts = append(opts, interceptor.WithShadowMode())
+	case suiteHedging:
+		opts = append(opts, interceptor.WithHedging(0, 2))
 	case suiteDefaults, suiteOutlier, suiteByHand, suiteNoAdmission, suiteNoShedding, suiteClientOnly, suiteNoOverload, suitePriority, suiteAllCritical:
 	default:
 		return nil
@@ -134,7 +142,7 @@ func (p policy) server() (*interceptor.Server, *overload.Guard) {
 	switch p.key {
 	case naive, suiteShadow:
 		return interceptor.NewServer(interceptor.WithoutPushback(), interceptor.WithOverload(nil), interceptor.WithServerBudget(nil)), nil
-	case suiteBudget, suiteDefaults, suiteOutlier, suiteByHand, suitePriority, suiteAllCritical:
+	case suiteBudget, suiteDefaults, suiteOutlier, suiteByHand, suitePriority, suiteAllCritical, suiteHedging:
 		g = overload.New(overload.Config{})
 	case suiteNoAdmission:
 		g = overload.New(overload.Config{NoAdmission: true})

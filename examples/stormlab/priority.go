@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/stormguard/stormguard/interceptor"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 	"github.com/stormguard/stormguard/priority"
 )
@@ -98,7 +99,6 @@ func priorityLoop(ctx context.Context, s shape, clients []echov1.EchoServiceClie
 		if time.Since(due) <= prioLate {
 			onTime++
 		}
-		step := min(int(due.Sub(start)/msStep), steps-1)
 		class := classSheddable
 		if i%criticalEvery == 0 {
 			class = classCritical
@@ -117,7 +117,7 @@ func priorityLoop(ctx context.Context, s shape, clients []echov1.EchoServiceClie
 			_, err := c.Put(cctx, &echov1.PutRequest{RequestId: strconv.Itoa(i)})
 			d := time.Since(begin)
 			if class == classCritical {
-				crit.record(step, err, d)
+				crit.record(due.Sub(start), err, d)
 			}
 			mu.Lock()
 			defer mu.Unlock()
@@ -148,12 +148,12 @@ func prioOnSchedule(onTime, asked int) error {
 	return nil
 }
 
-// priorityRow runs one row: a fresh origin and fresh clients, and the
-// overload.
-func priorityRow(ctx context.Context, s shape, p policy) (Row, error) {
+// priorityRow runs one row: a fresh origin and fresh clients (with extra
+// options, in the suite's rows), and the overload.
+func priorityRow(ctx context.Context, s shape, p policy, extra ...interceptor.ClientOption) (Row, error) {
 	o := newQueueOrigin(s.workers, s.queue, s.service)
 	defer o.close()
-	e := newEnv(p)
+	e := newEnv(p, extra...)
 	defer e.close()
 	l, err := e.serve(o)
 	if err != nil {
@@ -174,13 +174,14 @@ func priorityRow(ctx context.Context, s shape, p policy) (Row, error) {
 	row.Classes = classes
 	wasted := int(o.wasted.Load())
 	row.Wasted = &wasted
+	row.Worked = int(o.worked.Load())
 	row.Goodput = crit.goodput()
 	row.ServerRefused = serverRefusals(e.guards)
 	row.Chart = 0
 	return row, nil
 }
 
-// priorityPolicies are the scenario's rows.
+// priorityPolicies are the scenario's main rows.
 func priorityPolicies() []policy {
 	return []policy{
 		{noRetries, "no retries"},
@@ -188,6 +189,32 @@ func priorityPolicies() []policy {
 		{suitePriority, "stormguard, priorities"},
 		{suiteAllCritical, "stormguard, every call critical"},
 	}
+}
+
+// The priority scenario's variant with a per-attempt timeout in the
+// suite's defaults (no retries has none: its row is the main one): 40% of
+// the deadline, as the metastable scenario's main rows have.
+const (
+	priorityPerTryVariant = "per-try 400ms"
+	priorityPerTry        = 400 * time.Millisecond
+)
+
+// priorityRun is one row to run: a policy, and its variant.
+type priorityRun struct {
+	p       policy
+	variant string
+	extra   []interceptor.ClientOption
+}
+
+// priorityRuns are the scenario's rows: the main ones, and the suite's
+// defaults with a per-attempt timeout.
+func priorityRuns() []priorityRun {
+	var runs []priorityRun
+	for _, p := range priorityPolicies() {
+		runs = append(runs, priorityRun{p: p})
+	}
+	return append(runs, priorityRun{p: policy{suiteDefaults, "stormguard defaults, no priorities"}, variant: priorityPerTryVariant,
+		extra: []interceptor.ClientOption{interceptor.WithRetryPolicy(interceptor.RetryPolicy{PerAttemptTimeout: priorityPerTry})}})
 }
 
 // Scenario 13: an overload with priorities. Twice the origin's capacity
@@ -211,22 +238,24 @@ func prioritiesWith(ctx context.Context, s shape) (*Result, error) {
 			s.workers, s.service, s.capacity(), s.queue, s.rate, s.after, s.clients, 100*float64(s.rate)/s.capacity(), s.deadline,
 			criticalEvery, float64(s.rate)/criticalEvery, 100*float64(s.rate)/criticalEvery/s.capacity()),
 		StepS: msStep.Seconds(),
-		cols:  []col{colPolicy, colOrigin, colOK, colWasted, colCriticalOK, colSheddableOK, colErrors, colServerRefused, colP50, colCriticalGoodput},
+		cols:  []col{colVariant, colPolicy, colOrigin, colOK, colWasted, colCriticalOK, colSheddableOK, colErrors, colServerRefused, colP50, colCriticalGoodput},
 	}
-	rows := make([]Row, len(priorityPolicies()))
+	runs := priorityRuns()
+	rows := make([]Row, len(runs))
 	errs := make([]error, len(rows))
 	var wg sync.WaitGroup
-	for i, p := range priorityPolicies() {
+	for i, r := range runs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rows[i], errs[i] = priorityRow(ctx, s, p)
+			rows[i], errs[i] = priorityRow(ctx, s, r.p, r.extra...)
+			rows[i].Variant = r.variant
 		}()
 	}
 	wg.Wait()
-	for i, p := range priorityPolicies() {
+	for i, r := range runs {
 		if errs[i] != nil {
-			return nil, fmt.Errorf("%s, %s: %w", res.Title, p.name, errs[i])
+			return nil, fmt.Errorf("%s, %s: %w", res.Title, r.p.name, errs[i])
 		}
 	}
 	res.Rows = rows
@@ -235,7 +264,11 @@ func prioritiesWith(ctx context.Context, s shape) (*Result, error) {
 
 // priorityChecks are the priority scenario's bounds.
 func priorityChecks(r *Result) []Check {
-	var out []Check
+	none := r.row(noRetries, "")
+	out := noHarmChecks(r, r.row(suiteDefaults, ""), none, "priority")
+	out = append(out, wasteCheck(r, r.row(suiteDefaults, ""), "priority")...)
+	out = append(out, noHarmChecks(r, r.row(suiteDefaults, priorityPerTryVariant), none, "priority, "+priorityPerTryVariant)...)
+	out = append(out, wasteCheck(r, r.row(suiteDefaults, priorityPerTryVariant), "priority, "+priorityPerTryVariant)...)
 	add := func(p policyKey, what, want, got string, ok bool) {
 		out = append(out, Check{Scenario: r.ID, Row: string(p), What: what, Want: want, Got: got, OK: ok})
 	}

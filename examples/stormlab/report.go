@@ -37,8 +37,10 @@ type Row struct {
 	// Latency of the calls, in milliseconds.
 	P50ms  float64 `json:"p50_ms,omitempty"`
 	P99ms  float64 `json:"p99_ms,omitempty"`
+	P999ms float64 `json:"p999_ms,omitempty"`
 	MaxMs  float64 `json:"max_ms,omitempty"`
 	Wasted *int    `json:"wasted,omitempty"` // origin work finished after its caller left
+	Worked int     `json:"worked,omitempty"` // requests the origin worked (a worker pool's scenarios)
 	// The capacity-drop model: the most attempts in one tick, and the
 	// requests served.
 	Peak   int `json:"peak_per_tick,omitempty"`
@@ -56,6 +58,12 @@ type Row struct {
 	// Recovery is, for the metastable scenario, the seconds from the
 	// trigger's end until Goodput stays at or above 90% (null: never).
 	Recovery *recoveryS `json:"recovery_s,omitempty"`
+	// Recovery99 is, for the mixed-fleet overload, the seconds from the
+	// drop's end until every later second's calls succeed at least 99% of
+	// the time (null: never); DropGoodput the answers that reached a
+	// caller still waiting during the drop, ÷ the reduced capacity.
+	Recovery99  *recoveryS `json:"recovery99_s,omitempty"`
+	DropGoodput float64    `json:"drop_goodput,omitempty"`
 	// ServerRefused counts, for the suite's rows, what its servers'
 	// overload protection refused, by overload.Reason.
 	ServerRefused map[string]int `json:"server_refused,omitempty"`
@@ -106,6 +114,9 @@ const (
 	colCriticalOK
 	colSheddableOK
 	colCriticalGoodput
+	colP999
+	colDropGoodput
+	colRecovery99
 )
 
 func (c col) head() string {
@@ -114,7 +125,7 @@ func (c col) head() string {
 		"requests", "ok %", "dead", "dead ÷ none",
 		"recovery", "goodput per step", "server refused", "would refuse (shadow)",
 		"at server", "origin first", "origin after", "ampl. after", "at server ampl. after", "calls/s sent (asked)",
-		"critical ok", "sheddable ok", "critical goodput per step"}[c]
+		"critical ok", "sheddable ok", "critical goodput per step", "p99.9", "drop goodput", "recovery 99%"}[c]
 }
 
 // left reports whether the column is left-aligned (text) rather than
@@ -143,6 +154,8 @@ func (r Row) cell(c col) string {
 		return ms(r.P50ms)
 	case colP99:
 		return ms(r.P99ms)
+	case colP999:
+		return ms(r.P999ms)
 	case colMax:
 		return ms(r.MaxMs)
 	case colWasted:
@@ -169,6 +182,10 @@ func (r Row) cell(c col) string {
 		return fmt.Sprintf("%.2f×", r.DeadRatio)
 	case colRecovery:
 		return r.Recovery.String()
+	case colRecovery99:
+		return r.Recovery99.String()
+	case colDropGoodput:
+		return mixedDropStr(r.DropGoodput)
 	case colGoodput:
 		return sparkline(r.Goodput, r.marks...)
 	case colServerRefused:

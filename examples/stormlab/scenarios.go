@@ -42,6 +42,7 @@ func scenarios() []scenario {
 		{11, "blip", false, overloadBlip},
 		{12, "fleet", false, fleet},
 		{13, "priority", false, priorities},
+		{14, "overload-mixed", false, overloadMixed},
 	}
 }
 

@@ -70,7 +70,7 @@ func (o *outcome) row(p policy, seen int) Row {
 	r := Row{
 		Policy: p.key, Label: p.name, Calls: o.calls, Origin: seen,
 		OK: o.ok, Errors: o.errors, Refused: o.refused,
-		P50ms: millis(o.quantile(0.50)), P99ms: millis(o.quantile(0.99)),
+		P50ms: millis(o.quantile(0.50)), P99ms: millis(o.quantile(0.99)), P999ms: millis(o.quantile(0.999)),
 	}
 	if len(o.lat) > 0 {
 		r.MaxMs = millis(o.lat[len(o.lat)-1])

@@ -56,8 +56,10 @@ type MethodPolicy struct {
 	// arrived this long after the last attempt was sent, another attempt is
 	// sent, as long as the retry budget and the circuit breaker allow it.
 	// Absent: no hedging. Zero (present, 0s): adaptive, the delay follows
-	// the method's observed latency at about the (1 - budget ratio)
-	// quantile, so that hedges alone stay within the retry budget.
+	// the method's observed latency at about the (1 - 0.75 x budget ratio)
+	// quantile, so that hedges alone stay within the retry budget, and at
+	// least three times its median, so that only attempts slow for the
+	// method are hedged.
 	// Only effective on methods that may be repeated (see above).
 	HedgingDelay *durationpb.Duration `protobuf:"bytes,3,opt,name=hedging_delay,json=hedgingDelay,proto3" json:"hedging_delay,omitempty"`
 	// max_hedges caps the hedged attempts sent in addition to the first
