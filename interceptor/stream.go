@@ -6,6 +6,7 @@ import (
 	"io"
 	"sync"
 
+	"github.com/stormguard/stormguard/internal/engine"
 	"github.com/stormguard/stormguard/internal/svcconfig"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -36,23 +37,29 @@ func (c *Client) streamInterceptor(w *svcconfig.Watch) grpc.StreamClientIntercep
 }
 
 func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts []grpc.CallOption, w *svcconfig.Watch) (grpc.ClientStream, error) {
-	k := &call{client: c, route: c.routeOf(targetOf(cc), method)}
+	return newClientStream(c, ctx, desc, cc, method, streamer, opts, w)
+}
+
+// newClientStream starts a stream call of Client cl: its first attempt is
+// opened, sent and handed to the caller through the call's run, as a
+// unary call's attempts are.
+func newClientStream(cl *Client, ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts []grpc.CallOption, w *svcconfig.Watch) (grpc.ClientStream, error) {
+	c := &call{client: cl, route: cl.routeOf(targetOf(cc), method)}
 	cs := scanCallOptions(opts)
-	cancel, err := k.setup(ctx, cs, cc, w)
+	cancel, _, err := c.setup(ctx, cs, cc, w, nil) // streams are not hedged
 	if err != nil {
 		return nil, err
 	}
-	k.plan.hedge = false
-	s := &clientStream{k: k, ctx: k.ctx, cancel: cancel, desc: desc, cc: cc, method: method, streamer: streamer, opts: opts, cs: cs}
-	if err := k.run(s, kindFirst, streamAttemptMode); err != nil {
-		k.endCall(err)
+	s := &clientStream{c: c, ctx: c.ctx, cancel: cancel, desc: desc, cc: cc, method: method, streamer: streamer, opts: opts, cs: cs}
+	if err := c.run(s, engine.First, streamAttemptMode); err != nil {
+		c.endCall(err)
 		cancel()
 		return nil, err
 	}
 	// When the caller's context is already done, AfterFunc runs callerLeft
 	// at once, on its own goroutine, which may finish the stream before
 	// stop is stored: stop is stored under mu, and called here if so.
-	stop := context.AfterFunc(k.ctx, s.callerLeft)
+	stop := context.AfterFunc(c.ctx, s.callerLeft)
 	s.mu.Lock()
 	s.stop = stop
 	finished := s.finished
@@ -66,7 +73,7 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 // clientStream is the grpc.ClientStream the caller sees: it switches the
 // underlying attempt on a retry.
 type clientStream struct {
-	k        *call
+	c        *call
 	ctx      context.Context // the call's
 	cancel   context.CancelFunc
 	desc     *grpc.StreamDesc
@@ -130,17 +137,17 @@ func (s *clientStream) attempt() *attempt {
 // place of the one it replaces, replaying what the caller sent: the
 // stream is then kept, handed to the caller. An attempt that fails before
 // it is handed over is settled by the engine like a unary one.
-func (s *clientStream) send(k *call, a *attempt) outcome {
+func (s *clientStream) send(c *call, a *attempt) outcome {
 	sa := s.latest
 	// The call credentials go along only when they have work (as in
 	// unary calls); without them, the endpoint is read from the stream's
 	// context, which grpc has made when the streamer returns.
 	opts := s.opts
 	var creds *attemptCreds
-	if k.dl.ok || s.cs.hasCreds || len(k.avoid) > 0 || a.guarded != nil || k.grpc.watched != nil || k.prio.sent() {
+	if c.needsCreds(a, &s.cs) {
 		var credsOpt grpc.CallOption
-		creds, credsOpt = newAttemptCreds(k, &s.cs)
-		creds.prepare(k, a)
+		creds, credsOpt = newAttemptCreds(c, &s.cs)
+		creds.prepare(c, a)
 		sa.creds = creds
 		opts = append(s.opts[:len(s.opts):len(s.opts)], credsOpt)
 	}
@@ -155,7 +162,7 @@ func (s *clientStream) send(k *call, a *attempt) outcome {
 			a.peerp = p
 		}
 	}
-	if reason, perr := k.atPick(a); reason != "" {
+	if reason, perr := c.atPick(a); reason != "" {
 		return outcome{refused: reason, err: perr}
 	}
 	if err == nil {
@@ -163,7 +170,7 @@ func (s *clientStream) send(k *call, a *attempt) outcome {
 			return outcome{kept: true}
 		}
 		if errors.Is(err, errFinished) {
-			k.end(a, nil, true)
+			c.end(a, nil, true)
 			return outcome{err: s.finalError(), settled: true}
 		}
 	}
@@ -173,8 +180,8 @@ func (s *clientStream) send(k *call, a *attempt) outcome {
 		tr = sa.inner.Trailer()
 		hdr, _ = sa.inner.Header()
 	}
-	if k.grpc.watched != nil && creds != nil {
-		k.noteGRPCRetries(a, creds.tries, err, hdr, tr, nil)
+	if c.watched != nil && creds != nil {
+		c.noteGRPCRetries(a, creds.tries, err, hdr, tr, nil)
 	}
 	return outcome{err: err, tr: tr}
 }
@@ -224,10 +231,10 @@ func (s *clientStream) replayLocked(sa *streamAttempt) error {
 // instead, cannot be replayed away: the stream commits and the message is
 // kept for the caller.
 func (s *clientStream) drainLocked(sa *streamAttempt) error {
-	if s.k.route.respType == nil {
+	if s.c.route.respType == nil {
 		return io.EOF // unknown response type: nothing to drain with
 	}
-	m := s.k.route.respType.New().Interface()
+	m := s.c.route.respType.New().Interface()
 	err := sa.inner.RecvMsg(m)
 	if err == nil {
 		s.pending = m
@@ -246,7 +253,7 @@ func (s *clientStream) drainLocked(sa *streamAttempt) error {
 // reaching it (a breaker callback the Client does not wrap) is recovered
 // and logged.
 func (s *clientStream) callerLeft() {
-	defer s.k.client.recoverOwn("stream watcher")
+	defer s.c.client.recoverOwn("stream watcher")
 	for {
 		a, finished := s.current()
 		if finished || s.finishIfCurrent(a) {
@@ -285,25 +292,18 @@ func (s *clientStream) fail(a *streamAttempt, err error) error {
 		s.finish(err)
 		return err
 	}
-	k := s.k
+	c := s.c
 	tr := a.inner.Trailer()
-	if k.grpc.watched != nil && a.creds != nil {
+	if c.watched != nil && a.creds != nil {
 		hdr, _ := a.inner.Header() // the attempt has ended: this does not wait
-		k.noteGRPCRetries(a.attempt, a.creds.triesSoFar(), err, hdr, tr, nil)
+		c.noteGRPCRetries(a.attempt, a.creds.triesSoFar(), err, hdr, tr, nil)
 	}
-	v := k.settle(a.attempt, err, tr)
-	if !v.retry {
-		ferr := k.conclude(v)
-		s.finish(ferr)
-		return ferr
-	}
-	k.scheduled(v)
-	if werr := k.wait(v.delay); werr != nil {
-		s.finish(werr)
-		return werr
+	if next, serr := c.step(a.attempt, outcome{err: err, tr: tr}, 0); next != engine.Again || serr != nil {
+		s.finish(serr)
+		return serr
 	}
 	s.replacing = a
-	if oerr := k.run(s, kindRetry, streamAttemptMode); oerr != nil {
+	if oerr := c.run(s, engine.Retry, streamAttemptMode); oerr != nil {
 		s.finish(oerr)
 		return s.finalError()
 	}
@@ -336,9 +336,9 @@ func (s *clientStream) finish(err error) {
 		callErr = nil
 	}
 	if a != nil {
-		s.k.end(a.attempt, callErr, false)
+		s.c.end(a.attempt, callErr, false)
 	}
-	s.k.endCall(callErr)
+	s.c.endCall(callErr)
 	if stop != nil {
 		stop()
 	}
@@ -400,7 +400,7 @@ func (s *clientStream) SendMsg(m any) error {
 		if pm, ok := m.(proto.Message); ok {
 			size = proto.Size(pm)
 		}
-		if size < 0 || s.bufSize+size > s.k.client.o.replayLimit {
+		if size < 0 || s.bufSize+size > s.c.client.o.replayLimit {
 			s.commitLocked() // too much to replay: no retry from now on
 		} else {
 			s.buf = append(s.buf, m)

@@ -8,14 +8,29 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/stormguard/stormguard/internal/engine"
 	"github.com/stormguard/stormguard/semconv"
 )
+
+// Should a failed attempt be retried, and when? The engine's rules decide
+// (internal/engine/rules.go: the server's "do not retry", the code, the
+// method, the attempt limit, RetryPolicy.If, the delay, the deadline, the
+// fail-over); here is what they read from grpc-go: the server's word on
+// retrying, in a trailer (grpc-retry-pushback-ms) or in the status
+// (google.rpc.RetryInfo), and RetryPolicy.If itself (call.RetryIf).
 
 // MaxPushback is the longest delay before a retry that the client takes
 // from a server, by grpc-retry-pushback-ms or by google.rpc.RetryInfo: a
 // server asking for a longer wait is taken to mean "do not retry", so that
 // a call without a deadline never sleeps for days on a server's word.
-const MaxPushback = time.Minute
+const MaxPushback = engine.MaxPushback
+
+// pushbackOf reads grpc-retry-pushback-ms from trailers (see
+// parsePushback).
+func pushbackOf(tr metadata.MD) engine.Delay {
+	d, has, stop := parsePushback(tr)
+	return engine.Delay{After: d, Set: has, Stop: stop, Sent: len(tr[semconv.PushbackKey]) > 0}
+}
 
 // parsePushback reads grpc-retry-pushback-ms from trailers: has is true for
 // one value from 0 to MaxPushback (the delay); stop is true for a negative,
@@ -41,21 +56,29 @@ func parsePushback(tr metadata.MD) (delay time.Duration, has, stop bool) {
 const retryInfoTypeURL = "type.googleapis.com/google.rpc.RetryInfo"
 
 // parseRetryInfo reads the google.rpc.RetryInfo among the details of err's
-// status, as any gRPC server may send it (AIP-194): has is true for a
-// retry_delay from 0 to MaxPushback (the delay); stop is true for a longer
-// one, or for several RetryInfo details that disagree. A RetryInfo without
-// a valid retry_delay (absent, negative, or malformed) is ignored, as are
-// details that do not unmarshal.
+// status (see retryInfoOf).
 func parseRetryInfo(err error) (delay time.Duration, has, stop bool) {
+	d := retryInfoOf(err)
+	return d.After, d.Set, d.Stop
+}
+
+// retryInfoOf reads the google.rpc.RetryInfo among the details of err's
+// status, as any gRPC server may send it (AIP-194): Set for a retry_delay
+// from 0 to MaxPushback (the delay); Stop for a longer one, or for several
+// RetryInfo details that disagree; Sent for any RetryInfo. A RetryInfo
+// without a valid retry_delay (absent, negative, or malformed) is
+// otherwise ignored, as are details that do not unmarshal.
+func retryInfoOf(err error) engine.Delay {
 	st, ok := status.FromError(err)
 	if !ok {
-		return 0, false, false
+		return engine.Delay{}
 	}
-	found := false
+	var out engine.Delay
 	for _, d := range st.Proto().GetDetails() {
 		if d.GetTypeUrl() != retryInfoTypeURL {
 			continue
 		}
+		out.Sent = true
 		var ri errdetails.RetryInfo
 		if d.UnmarshalTo(&ri) != nil || ri.GetRetryDelay() == nil || ri.GetRetryDelay().CheckValid() != nil {
 			continue
@@ -64,12 +87,10 @@ func parseRetryInfo(err error) (delay time.Duration, has, stop bool) {
 		switch {
 		case v < 0:
 			continue
-		case v > MaxPushback:
-			return 0, false, true
-		case found && v != delay:
-			return 0, false, true
+		case v > MaxPushback, out.Set && v != out.After:
+			return engine.Delay{Stop: true, Sent: true}
 		}
-		delay, found = v, true
+		out.After, out.Set = v, true
 	}
-	return delay, found, false
+	return out
 }

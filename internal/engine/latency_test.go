@@ -1,4 +1,4 @@
-package interceptor
+package engine
 
 import (
 	"math/rand/v2"
@@ -28,7 +28,7 @@ func TestLatencyBuckets(t *testing.T) {
 // attempts and hedging never stops; the delay is three times the median
 // attempt's (1.5 ms, within a bucket), above the fast attempts.
 func TestLatencyQuantileWithCensoredAttempts(t *testing.T) {
-	l := newLatency(0.925)
+	l := NewLatency(0.925)
 	if _, ok := l.hedgeDelay(); ok {
 		t.Fatal("a delay before any data")
 	}
