@@ -153,12 +153,13 @@ func (c *call) callContext(ctx context.Context, now time.Time, timeout time.Dura
 	dl, ok := ctx.Deadline()
 	switch {
 	case timeout > 0 && (!ok || now.Add(timeout).Before(dl)):
-		ctx, cancel = context.WithDeadline(ctx, now.Add(timeout))
+		dl = now.Add(timeout)
+		ctx, cancel = context.WithDeadline(ctx, dl)
 	case !ok && c.client.dl.DefaultTimeout() > 0:
-		ctx, cancel = context.WithDeadline(ctx, now.Add(c.client.dl.DefaultTimeout()))
+		dl = now.Add(c.client.dl.DefaultTimeout())
+		ctx, cancel = context.WithDeadline(ctx, dl)
 	}
-	c.ctxAt, _ = ctx.Deadline()
-	c.e.Deadline = c.ctxAt
+	c.ctxAt, c.e.Deadline = dl, dl
 	return ctx, cancel
 }
 
@@ -238,7 +239,7 @@ func (c *call) priorityFrom(ctx context.Context) context.Context {
 // RetryIf implements engine.Host: it asks RetryPolicy.If, if any, whether
 // the failure o may be retried (o.Err, or, for an attempt about to run
 // past its per-attempt timeout, DEADLINE_EXCEEDED).
-func (c *call) RetryIf(o *engine.Outcome) bool {
+func (c *call) RetryIf(o engine.Outcome) bool {
 	f := c.client.o.retryIf
 	if f == nil {
 		return true

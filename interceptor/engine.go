@@ -80,7 +80,8 @@ func (c *call) run(s sender, kind engine.Kind, mode attemptMode) error {
 // now (with an error: the caller left while the retry waited, and the
 // call is over with it), or engine.Wait for the others.
 func (c *call) step(a *attempt, out outcome, others int) (engine.Next, error) {
-	o := c.outcomeOf(a, out.err, out.tr)
+	var o engine.Outcome
+	c.outcome(&o, a, out.err, out.tr)
 	ea := &a.Attempt
 	if a.endOnce() {
 		c.endAttempt(a, out.err)
@@ -95,33 +96,33 @@ func (c *call) step(a *attempt, out outcome, others int) (engine.Next, error) {
 	switch v.Next {
 	case engine.Wait:
 		// Refused, but others still run; one of them may succeed.
-		c.refuse(Reason(v.Reason), semconv.EventRetryRefused)
+		c.refuse(reasonOf(v.Reason), semconv.EventRetryRefused)
 		return engine.Wait, nil
 	case engine.Done:
-		return engine.Done, c.conclude(Reason(v.Reason), out.err)
+		return engine.Done, c.conclude(reasonOf(v.Reason), out.err)
 	}
 	c.scheduled(v, out.err, out.tr)
 	return engine.Again, c.wait(v.Delay)
 }
 
-// outcomeOf is what the engine sees of attempt a, which came back with
-// err and trailer tr: the code, the server's pushback and RetryInfo, the
-// endpoint and the time. A success is timed only when something measures
-// it (its start stands in: the breaker and the endpoint table count it in
-// the slot of its start).
-func (c *call) outcomeOf(a *attempt, err error, tr metadata.MD) engine.Outcome {
-	o := engine.Outcome{Code: engine.Code(status.Code(err)), Endpoint: a.peer(), At: a.Start, Err: err}
-	if o.Code != engine.OK || a.span != nil || c.route.eng.Latency != nil || c.client.tel.duration.Enabled(c.ctx) {
-		o.At = c.client.now()
+// outcome fills o with what the engine sees of attempt a, which came
+// back with err and trailer tr: the code, the server's pushback and
+// RetryInfo, the endpoint and the time. A success is timed only when
+// something measures it (its start stands in: the breaker and the
+// endpoint table count it in the slot of its start).
+func (c *call) outcome(o *engine.Outcome, a *attempt, err error, tr metadata.MD) {
+	o.Endpoint, o.At, o.Err = a.peer(), a.Start, err
+	if err == nil {
+		if a.span != nil || c.route.eng.Latency != nil || c.client.tel.duration.Enabled(c.ctx) {
+			o.At = c.client.now()
+		}
+		return
 	}
-	if o.Code == engine.OK {
-		return o
-	}
+	o.Code, o.At = engine.Code(status.Code(err)), c.client.now()
 	o.CallerLeft = c.ctx.Err() != nil
 	o.TimedOut = a.pt != nil && a.pt.state.Load() == ptCut
 	o.Pushback = pushbackOf(tr)
 	o.RetryInfo = retryInfoOf(err)
-	return o
 }
 
 // end ends attempt a, which came back with err, without a decision (see
@@ -130,7 +131,8 @@ func (c *call) end(a *attempt, err error, abandoned bool) {
 	if !a.endOnce() {
 		return
 	}
-	o := c.outcomeOf(a, err, nil)
+	var o engine.Outcome
+	c.outcome(&o, a, err, nil)
 	c.e.End(&a.Attempt, &o, abandoned)
 	c.endAttempt(a, err)
 }
@@ -163,7 +165,8 @@ func (c *call) open(a *attempt, kind engine.Kind, mode attemptMode) (Reason, err
 	if c.e.Sent() > 0 {
 		now = c.client.now()
 	}
-	*a = attempt{shared: mode == streamAttemptMode}
+	a.ctx, a.cancel, a.span, a.pt, a.ended, a.creds, a.peerp = nil, nil, nil, nil, 0, nil, nil
+	a.shared = mode == streamAttemptMode
 	if reason, err := c.admitted(c.e.Open(&a.Attempt, kind, now), now); reason != "" {
 		return reason, err
 	}
@@ -213,7 +216,7 @@ func (c *call) attemptContext(ctx context.Context, a *attempt, now time.Time, mo
 		// Only a reply that is not a proto message (a custom codec) is
 		// retried on a per-attempt timeout here; the others are run by
 		// the hedger, which does not cancel the slow attempt.
-		if at := c.e.Deadline; (at.IsZero() || now.Add(p).Before(at)) && c.e.MayFollow(c) == "" {
+		if at := c.e.Deadline; (at.IsZero() || now.Add(p).Before(at)) && c.e.MayFollow(c) == 0 {
 			perTry = p
 		}
 	}

@@ -24,17 +24,20 @@ import (
 // the attempt may not be sent ("" when it may), with the status a call
 // refused before it sent anything fails with.
 func (c *call) admitted(adm engine.Admission, now time.Time) (Reason, error) {
-	if adm.Would != "" {
-		c.wouldRefuse(Reason(adm.Would))
+	if adm.Would != 0 {
+		c.wouldRefuse(reasonOf(adm.Would))
 	}
-	if adm.Probe != "" {
-		c.event(semconv.EventOuterProbe, semconv.AttrReason.String(string(adm.Probe)))
+	if adm.Probe != 0 {
+		c.event(semconv.EventOuterProbe, semconv.AttrReason.String(adm.Probe.String()))
 	}
-	if adm.Refused == "" {
+	if adm.Refused == 0 {
 		return "", nil
 	}
-	return Reason(adm.Refused), c.gateError(adm, now)
+	return reasonOf(adm.Refused), c.gateError(adm, now)
 }
+
+// reasonOf is the Reason the engine's refusal r shows.
+func reasonOf(r engine.Reason) Reason { return Reason(r.String()) }
 
 // gateError is the status of a call refused at now, before it sent
 // anything, by the gate that refused it: time left, or the open breaker.

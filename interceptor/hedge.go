@@ -196,7 +196,7 @@ func (h *hedger) fire(c *call) {
 		h.timedOut(c, now)
 		return
 	}
-	reason := Reason(c.e.Peek(now, engine.Hedge, false))
+	reason := reasonOf(c.e.Peek(now, engine.Hedge, false))
 	if reason == "" {
 		reason, _ = h.open(c, engine.Hedge)
 	}
@@ -216,11 +216,11 @@ func (h *hedger) fire(c *call) {
 func (h *hedger) timedOut(c *call, now time.Time) {
 	c.e.Beside()
 	reason := c.e.MayFollow(c)
-	if reason == "" {
+	if reason == 0 {
 		reason = c.e.Peek(now, engine.Retry, true)
 	}
-	if reason != "" {
-		h.keep(c, Reason(reason))
+	if reason != 0 {
+		h.keep(c, reasonOf(reason))
 		return
 	}
 	c.scheduled(engine.Verdict{}, c.timeoutError(), nil)

@@ -81,7 +81,7 @@ func (p *perTry) fire() {
 	if p.state.Load() != ptRunning {
 		return
 	}
-	if reason := Reason(p.cut.Take(p.client.now())); reason != "" {
+	if reason := reasonOf(p.cut.Take(p.client.now())); reason != "" {
 		e := RefusalEvent{Reason: reason, Event: semconv.EventTimeoutKept, Attempts: p.attempts}
 		p.kept = e
 		if p.state.CompareAndSwap(ptRunning, ptKept) {

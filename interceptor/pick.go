@@ -180,17 +180,19 @@ func (a *attemptCreds) prepare(c *call, at *attempt) {
 	}
 }
 
-// reset prepares a for a new call (nil: none, as in the pool).
+// reset prepares a for a new call (nil: none, as in the pool). What an
+// attempt of it judges its picks with is set up by prepare.
 func (a *attemptCreds) reset(c *call, cs *callSettings) {
 	a.client, a.deadline, a.user, a.prio = nil, time.Time{}, nil, priority.Default
 	if c != nil {
 		a.client, a.prio, a.deadline = c.client, c.prio, c.e.Deadline
+	} else {
+		a.pick, a.staged, a.sent = engine.Pick{}, pickSeen{}, pickSeen{}
+		a.count, a.tries = false, 0
 	}
 	if cs != nil && cs.hasCreds {
 		a.user = cs.userCreds.Creds
 	}
-	a.pick, a.staged, a.sent = engine.Pick{}, pickSeen{}, pickSeen{}
-	a.count, a.tries = false, 0
 }
 
 // newAttemptCreds returns credentials for one attempt of c, and the call
@@ -225,10 +227,10 @@ func (c *call) atPick(a *attempt) (Reason, error) {
 	refused := a.creds != nil && a.creds.sent.refused
 	now := c.client.now()
 	adm := c.e.Picked(&a.Attempt, refused, now)
-	if adm.Would != "" {
-		c.wouldRefuse(Reason(adm.Would))
+	if adm.Would != 0 {
+		c.wouldRefuse(reasonOf(adm.Would))
 	}
-	if adm.Refused == "" {
+	if adm.Refused == 0 {
 		c.client.tel.attempts.Add(c.ctx, 1, c.route.tel.attemptOpts(a.Kind).metric...)
 		return "", nil
 	}
@@ -238,7 +240,7 @@ func (c *call) atPick(a *attempt) (Reason, error) {
 		msg = status.Convert(err).Message()
 	}
 	a.unsent(msg)
-	return Reason(adm.Refused), err
+	return reasonOf(adm.Refused), err
 }
 
 // unsent ends the span of an attempt refused at its pick: it was never

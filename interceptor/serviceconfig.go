@@ -177,10 +177,10 @@ func codeList(s idempotency.CodeSet) []codes.Code {
 // methodConfig is what the ClientConn's service config says of the
 // route's method, as read at a time from one ClientConn.
 type methodConfig struct {
-	cc        *grpc.ClientConn
-	read      time.Time
-	timeout   time.Duration // 0: none
-	grpcRetry bool          // a retryPolicy: grpc-go retries the method itself, unless its retries are off
+	cc          *grpc.ClientConn
+	read, until time.Time     // until: read + ttl, when no Watch follows cc
+	timeout     time.Duration // 0: none
+	grpcRetry   bool          // a retryPolicy: grpc-go retries the method itself, unless its retries are off
 	// The retryPolicy's retryable codes and attempts (see grpcRetries).
 	grpcCodes    idempotency.CodeSet
 	grpcAttempts int
@@ -214,7 +214,7 @@ func (r *route) methodConfig(cc *grpc.ClientConn, now time.Time, w *svcconfig.Wa
 			if mc.gen == w.Generation() {
 				return mc
 			}
-		} else if ttl := mc.ttl(); now.Sub(mc.read) < ttl && !now.Before(mc.read) {
+		} else if now.Before(mc.until) && !now.Before(mc.read) {
 			return mc
 		}
 	}
@@ -281,6 +281,7 @@ func (r *route) readMethodConfig(cc *grpc.ClientConn, now time.Time, w *svcconfi
 	if mp := cfg.Lookup(r.method); mp != nil {
 		next.rule = r.ruleFrom(mp)
 	}
+	next.until = now.Add(next.ttl())
 	r.mc.Store(next)
 	return next
 }

@@ -43,8 +43,8 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 
 // call runs a unary call of Client cl with st as its state.
 func (st *unaryState) call(cl *Client, ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, w *svcconfig.Watch) error {
-	c := &st.c
-	*c = call{client: cl, route: cl.routeOf(targetOf(cc), method)}
+	c := &st.c // cleared when it was put in the pool (release)
+	c.client, c.route = cl, cl.routeOf(targetOf(cc), method)
 	cs := scanCallOptions(opts)
 	cancel, sh, err := c.setup(ctx, cs, cc, w, req)
 	if err != nil {

@@ -21,7 +21,7 @@ type Host interface {
 	// may be retried (true when there is none). o is a timed-out
 	// attempt, with no Err, when the question is asked before a retry is
 	// sent beside a slow attempt.
-	RetryIf(o *Outcome) bool
+	RetryIf(o Outcome) bool
 }
 
 // Throttle is the operator's retry throttling (a gRPC service config's
@@ -57,16 +57,15 @@ const (
 // Begin it.
 type Call struct {
 	// The plan: set by the adapter before Begin, and again when it reads
-	// the operator's configuration (Host.Refresh).
+	// the operator's configuration (Host.Refresh); and, in gate, its
+	// Deadline (zero: none), Throttle (nil: none) and Resolved (nil: not
+	// known).
 	Rule       *Rule
-	Repeatable bool      // the method may be repeated: retried or hedged
-	GRPCRetry  bool      // the transport retries the method itself: one attempt of the engine's
-	Asked      int       // the attempt limit of this call alone (0: none)
-	Deadline   time.Time // zero: none
-	Throttle   Throttle  // nil: none
-	Resolved   Resolved  // nil: not known
+	Repeatable bool // the method may be repeated: retried or hedged
+	GRPCRetry  bool // the transport retries the method itself: one attempt of the engine's
+	Asked      int  // the attempt limit of this call alone (0: none)
+	gate
 
-	route    *Route
 	start    time.Time
 	pay      payment
 	stopped  bool // a server said "do not retry": no attempt follows any more
@@ -92,7 +91,7 @@ type Call struct {
 // deposits nothing, and its first attempt is a retry. Otherwise Begin
 // deposits into the budget. The plan must be set before.
 func (c *Call) Begin(r *Route, now time.Time, prior int) {
-	c.route, c.start, c.prior = r, now, prior
+	c.r, c.start, c.prior = r, now, prior
 	if !r.Config.NoFailover {
 		c.avoid = r.Endpoints.Current(now)
 	}
@@ -102,7 +101,7 @@ func (c *Call) Begin(r *Route, now time.Time, prior int) {
 }
 
 // Route returns the route Begin was given.
-func (c *Call) Route() *Route { return c.route }
+func (c *Call) Route() *Route { return c.r }
 
 // FirstKind is the kind of the call's first attempt: a retry for a try
 // that came back.
@@ -194,7 +193,7 @@ func (a *Attempt) AtPick() bool { return a.guarded != nil || a.free }
 func (c *Call) Open(a *Attempt, k Kind, now time.Time) Admission {
 	*a = Attempt{Kind: k, Start: now}
 	adm := c.take(a, now)
-	if adm.Refused != "" {
+	if adm.Refused != 0 {
 		return adm
 	}
 	if c.pay == payPrepaid {

@@ -45,10 +45,11 @@ type Endpoints struct {
 	nowhere atomic.Int64
 }
 
-// judgement is the set of outliers as of a time.
+// judgement is the set of outliers as of a time, which stands until
+// epRejudge later.
 type judgement struct {
-	at       time.Time
-	outliers []net.Addr
+	at, until time.Time
+	outliers  []net.Addr
 }
 
 // Current returns the endpoints attempts avoid: the outliers, judged
@@ -56,7 +57,7 @@ type judgement struct {
 // unless the transport has lately had nowhere else to send attempts.
 func (t *Endpoints) Current(now time.Time) []net.Addr {
 	j := t.judged.Load()
-	if j != nil && now.Sub(j.at) < epRejudge && !now.Before(j.at) {
+	if j != nil && now.Before(j.until) && !now.Before(j.at) {
 		return t.avoidable(j.outliers, now)
 	}
 	return t.judge(now)
@@ -68,7 +69,7 @@ func (t *Endpoints) judge(now time.Time) []net.Addr {
 	if t.n.Load() >= 2 { // one endpoint (or none) has no others to compare with
 		out = t.outliers(now)
 	}
-	t.judged.Store(&judgement{at: now, outliers: out})
+	t.judged.Store(&judgement{at: now, until: now.Add(epRejudge), outliers: out})
 	return t.avoidable(out, now)
 }
 

@@ -15,18 +15,12 @@ import (
 // a slow attempt yield to it), time left, the breaker (and whether the
 // target serves nothing), the throttle, the budget.
 
-// Admission is what the admission said of an attempt.
+// Admission is what the admission said of an attempt. The zero Admission
+// admits it.
 type Admission struct {
-	// Refused is why the attempt may not be sent ("" when it may). Nothing
+	// Refused is why the attempt may not be sent (0 when it may). Nothing
 	// was taken for it.
 	Refused Reason
-	// Fails: the refusal is the gate's own failure (time left, an open
-	// breaker), which a call refused before it sent anything fails with,
-	// rather than with its last attempt's status.
-	Fails bool
-	// RetryAfter is, for an open breaker's refusal, when it lets a probe
-	// through.
-	RetryAfter time.Duration
 	// Would is, in shadow mode, the refusal that did not stand: the
 	// attempt is sent all the same, and its outcome kept from what the
 	// admission judges with.
@@ -34,59 +28,68 @@ type Admission struct {
 	// Probe: a try that came back was refused for this reason, and is sent
 	// all the same as a probe of its locked route (see Probes).
 	Probe Reason
+	// Fails: the refusal is the gate's own failure (time left, an open
+	// breaker), which a call refused before it sent anything fails with,
+	// rather than with its last attempt's status.
+	Fails bool
+	// RetryAfter is, for an open breaker's refusal, when it lets a probe
+	// through.
+	RetryAfter time.Duration
 }
 
-// gate is what the admission judges with for one call: a copy, so that a
-// per-attempt timer judges without reading the call (see Cut).
+// gate is what the admission judges a call's attempts with: the route,
+// and the plan's Deadline, Throttle and Resolved. A per-attempt timer
+// judges on a copy, so that it reads nothing of the call (see Cut).
 type gate struct {
 	r        *Route
-	throttle Throttle
-	deadline time.Time
-	resolved Resolved
+	Deadline time.Time // zero: none
+	Throttle Throttle  // nil: none
+	Resolved Resolved  // nil: not known
 }
 
-func (c *Call) gate() gate { return gate{c.route, c.Throttle, c.Deadline, c.Resolved} }
-
-// stands reports whether refusal r stands: in shadow mode, the budget's
+// stands reports whether refusal why stands: in shadow mode, the budget's
 // and the breaker's do not.
-func (g *gate) stands(r Reason) bool {
-	return !g.r.Config.Shadow || (r != ReasonBudget && r != ReasonBreaker)
+func (r *Route) stands(why Reason) bool {
+	return !r.Config.Shadow || (why != ReasonBudget && why != ReasonBreaker)
 }
 
 // budgetPays reports whether what the budget grants is paid for: there is
 // a budget, and it enforces (no shadow mode).
-func (g *gate) budgetPays() bool { return g.r.Budget != nil && !g.r.Config.Shadow }
+func (r *Route) budgetPays() bool { return r.Budget != nil && !r.Config.Shadow }
 
 // deposit counts a call into the budget.
-func (c *Call) deposit(now time.Time) { c.route.Budget.DepositAt(now) } // a nil budget does nothing
+func (g *gate) deposit(now time.Time) { g.r.Budget.DepositAt(now) } // a nil budget does nothing
 
 // timeLeft reports whether an attempt sent at at has time enough before
 // the deadline (none: always).
 func (g *gate) timeLeft(at time.Time) bool {
-	if g.deadline.IsZero() {
+	if g.Deadline.IsZero() {
 		return true
 	}
-	left := g.deadline.Sub(at)
+	left := g.Deadline.Sub(at)
 	return left > 0 && left >= g.r.Config.MinRemaining
 }
+
+// throttled reports whether the operator's throttle holds retries and
+// hedges back.
+func (g *gate) throttled() bool { return g.Throttle != nil && g.Throttle.Throttled() }
 
 // take runs the gates for attempt a at now, taking what it is sent with
 // (the breaker's ticket, the budget's token); in shadow mode a refusal by
 // the breaker or the budget does not stand, and a try that came back may
 // be sent as a probe.
 func (c *Call) take(a *Attempt, now time.Time) Admission {
-	g := c.gate()
-	adm := c.admit(&g, a, now)
+	adm := c.admit(a, now)
 	switch {
-	case adm.Refused == "":
+	case adm.Refused == 0:
 		return adm
-	case !g.stands(adm.Refused):
+	case !c.r.stands(adm.Refused):
 		a.ticket.Ignore()
 		a.ticket, a.shadowed = breaker.Ticket{}, true
 		return Admission{Would: adm.Refused}
 	}
 	a.ticket.Ignore()
-	if c.probe(&g, a, now, adm.Refused) {
+	if c.probe(a, now, adm.Refused) {
 		return Admission{Probe: adm.Refused}
 	}
 	return adm
@@ -95,77 +98,74 @@ func (c *Call) take(a *Attempt, now time.Time) Admission {
 // admit asks, in order, time left, the breaker, whether the target serves
 // nothing, the throttle and the budget whether attempt a may be sent at
 // now, and takes what it is sent with.
-func (c *Call) admit(g *gate, a *Attempt, now time.Time) Admission {
-	if !g.timeLeft(now) {
+func (c *Call) admit(a *Attempt, now time.Time) Admission {
+	if !c.timeLeft(now) {
 		return Admission{Refused: ReasonDeadline, Fails: true}
 	}
-	if b := g.r.Breaker; b != nil {
+	r := c.r
+	if b := r.Breaker; b != nil {
 		t, err := b.AdmitAt(now)
 		switch {
 		case err == nil:
 			a.ticket = t
-		case a.Kind == First && c.guardPick(g, now):
+		case a.Kind == First && c.guardPick(now):
 			a.guarded = b // refused at the pick, if it picks an endpoint that served nothing
 		default:
 			return Admission{Refused: ReasonBreaker, Fails: true, RetryAfter: b.RetryAfterAt(now)}
 		}
-		if a.Kind != First && !a.probe && g.servesNothing(now, nothingWhenDue, nil) {
+		if a.Kind != First && !a.probe && c.servesNothing(now, nothingWhenDue, nil) {
 			return Admission{Refused: ReasonBreaker}
 		}
 	}
 	switch {
 	case a.Kind == First:
-	case g.throttle != nil && g.throttle.Throttled():
+	case c.throttled():
 		return Admission{Refused: ReasonThrottle}
 	case a.probe: // nobody pays
 	case a.Kind == Retry && c.pay == payPrepaid:
-		a.paid = g.budgetPays() // withdrawn at its per-attempt timeout (see Cut)
+		a.paid = r.budgetPays() // withdrawn at its per-attempt timeout (see Cut)
 	case a.Kind == Retry && c.pay == payFailover:
 		a.free = true // the budget pays at the pick if it cannot fail over
 	case a.Kind == Hedge:
-		if !g.r.Budget.HedgeAt(now) { // a nil budget grants
+		if !r.Budget.HedgeAt(now) { // a nil budget grants
 			return Admission{Refused: ReasonBudget}
 		}
-		a.paid = g.budgetPays()
-	case !g.r.Budget.WithdrawAt(now): // a nil budget grants
+		a.paid = r.budgetPays()
+	case !r.Budget.WithdrawAt(now): // a nil budget grants
 		return Admission{Refused: ReasonBudget}
 	default:
-		a.paid = g.budgetPays()
+		a.paid = r.budgetPays()
 	}
 	return Admission{}
 }
 
 // peek reports why an attempt of kind k could not be sent (its reason), or
-// "" when it could, taking nothing: at now, or, with after, once that long
-// has passed (a backoff: time left is judged then). beside marks a retry
-// sent beside a slow attempt, which, as a hedge does, yields to the
+// 0 when it could, taking nothing: at now, or, with after ≥ 0, once that
+// long has passed (a backoff: time left is judged then). beside marks a
+// retry sent beside a slow attempt, which, as a hedge does, yields to the
 // target's load; least is the evidence that the target serves nothing
-// (see servesNothing). A retry that is a fail-over is not asked of the
-// budget, nor is a hedge (take asks). In shadow mode the breaker's and the
-// budget's refusals do not stand.
-func (c *Call) peek(now time.Time, k Kind, beside bool, after time.Duration, least int64) Reason {
-	g := c.gate()
-	return g.peek(now, k, beside, after, least, c.pay)
-}
-
+// (see servesNothing). The budget is asked of a retry it pays for (pay),
+// not of a fail-over, nor of a hedge (take asks). In shadow mode the
+// breaker's and the budget's refusals do not stand.
 func (g *gate) peek(now time.Time, k Kind, beside bool, after time.Duration, least int64, pay payment) Reason {
-	if (k == Hedge || beside) && g.r.Yield.yields(now) {
+	r := g.r
+	if (k == Hedge || beside) && r.Yield.yields(now) {
 		return ReasonOverload
 	}
 	if after >= 0 && !g.timeLeft(now.Add(after)) {
 		return ReasonDeadline
 	}
-	b := g.r.Breaker
-	if b != nil && (b.RetryAfterAt(now) > 0 || g.servesNothing(now, least, nil)) && g.stands(ReasonBreaker) {
+	b := r.Breaker
+	if b != nil && (b.RetryAfterAt(now) > 0 || g.servesNothing(now, least, nil)) && r.stands(ReasonBreaker) {
 		return ReasonBreaker
 	}
-	if g.throttle != nil && g.throttle.Throttled() {
+	if g.throttled() {
 		return ReasonThrottle
 	}
-	if k == Retry && pay == payBudget && g.r.Budget != nil && !g.r.Budget.PeekAt(now) && g.stands(ReasonBudget) {
+	if k == Retry && pay == payBudget && r.Budget != nil && !r.Budget.PeekAt(now) && r.stands(ReasonBudget) {
 		return ReasonBudget
 	}
-	return ""
+	return 0
 }
 
 // probe decides whether the first attempt a of a try that came back (a
@@ -173,15 +173,15 @@ func (g *gate) peek(now time.Time, k Kind, beside bool, after time.Duration, lea
 // the same, as a probe of its locked route (see Probes): the budget does
 // not pay for it; time left, the breaker (when open) and the throttle
 // still apply. It reports whether a was admitted so.
-func (c *Call) probe(g *gate, a *Attempt, now time.Time, reason Reason) bool {
+func (c *Call) probe(a *Attempt, now time.Time, reason Reason) bool {
 	if c.prior == 0 || c.sent > 0 || (reason != ReasonBudget && reason != ReasonBreaker) {
 		return false
 	}
-	if !c.route.Probes.probeDue(now, g.servedLately(now)) {
+	if !c.r.Probes.probeDue(now, c.servedLately(now)) {
 		return false
 	}
 	*a = Attempt{Kind: a.Kind, Start: a.Start, probe: true}
-	if adm := c.admit(g, a, now); adm.Refused != "" {
+	if adm := c.admit(a, now); adm.Refused != 0 {
 		a.ticket.Ignore()
 		return false
 	}
@@ -196,13 +196,13 @@ func (c *Call) probe(g *gate, a *Attempt, now time.Time, reason Reason) bool {
 // when the others failed, a new one) gets the call: an open breaker never
 // refuses what no retries would have sent successfully. A target whose
 // every endpoint has failed is refused as before, before anything is sent.
-func (c *Call) guardPick(g *gate, now time.Time) bool {
-	if g.r.Config.NoFailover {
+func (c *Call) guardPick(now time.Time) bool {
+	if c.r.Config.NoFailover {
 		return false
 	}
 	var silent []net.Addr
-	for _, ep := range g.r.Endpoints.known() {
-		if g.servesNothing(now, nothingAtEndpoint, ep) {
+	for _, ep := range c.r.Endpoints.known() {
+		if c.servesNothing(now, nothingAtEndpoint, ep) {
 			silent = append(silent, ep)
 		}
 	}
@@ -232,29 +232,30 @@ type Cut struct {
 func (c *Call) Cut(now time.Time) Cut {
 	first := c.sent == 1
 	if first {
-		c.route.Yield.watched(now)
+		c.r.Yield.watched(now)
 	}
-	return Cut{g: c.gate(), backoff: c.backoffCeil(), first: first}
+	return Cut{g: c.gate, backoff: c.backoffCeil(), first: first}
 }
 
 // Take decides, when the timer fires at now, whether a retry may follow
 // the cut attempt: it is a retry beside a slow attempt (it yields to the
 // target's load), sent after at most the backoff. It returns why not, or
-// "" when it may, with its token withdrawn (Paid).
+// 0 when it may, with its token withdrawn (Paid).
 func (t *Cut) Take(now time.Time) Reason {
+	r := t.g.r
 	if t.first {
-		t.g.r.Yield.late(now)
+		r.Yield.late(now)
 	}
-	if r := t.g.peek(now, Retry, true, t.backoff, nothingWhenDue, payPrepaid); r != "" {
-		return r
+	if why := t.g.peek(now, Retry, true, t.backoff, nothingWhenDue, payPrepaid); why != 0 {
+		return why
 	}
-	if t.g.budgetPays() {
-		if !t.g.r.Budget.WithdrawAt(now) {
+	if r.budgetPays() {
+		if !r.Budget.WithdrawAt(now) {
 			return ReasonBudget
 		}
 		t.Paid = true
 	}
-	return ""
+	return 0
 }
 
 // Prepaid notes that the call's next retry was paid for when its attempt
@@ -264,9 +265,9 @@ func (c *Call) Prepaid() { c.pay = payPrepaid }
 // payAtPick pays, at now, for a fail-over retry whose picks all went to
 // endpoints it avoids: the transport has nowhere else to send it, so it
 // is no fail-over. It reports whether the budget paid (no budget pays).
-func (g *gate) payAtPick(now time.Time) bool {
-	g.r.Endpoints.nowhereElse(now)
-	return g.r.Budget.WithdrawAt(now) // a nil budget pays
+func (r *Route) payAtPick(now time.Time) bool {
+	r.Endpoints.nowhereElse(now)
+	return r.Budget.WithdrawAt(now) // a nil budget pays
 }
 
 // Picked settles, once attempt a has been sent, what its pick decided:
@@ -279,20 +280,19 @@ func (c *Call) Picked(a *Attempt, refused bool, now time.Time) Admission {
 	if !a.AtPick() {
 		return Admission{}
 	}
-	reason := ReasonBreaker
+	why := ReasonBreaker
 	if a.free {
-		reason = ReasonBudget
+		why = ReasonBudget
 	}
 	guarded := a.guarded
 	a.guarded, a.free = nil, false
-	g := c.gate()
 	switch {
 	case !refused:
 		return Admission{}
-	case !g.stands(reason):
+	case !c.r.stands(why):
 		a.ticket.Ignore()
 		a.ticket, a.shadowed = breaker.Ticket{}, true
-		return Admission{Would: reason}
+		return Admission{Would: why}
 	}
 	a.ticket.Ignore()
 	c.count(a.Kind, -1)
@@ -300,9 +300,9 @@ func (c *Call) Picked(a *Attempt, refused bool, now time.Time) Admission {
 		c.idleFrom = now // it was never in flight
 	}
 	if guarded != nil {
-		return Admission{Refused: reason, Fails: true, RetryAfter: guarded.RetryAfterAt(now)}
+		return Admission{Refused: why, Fails: true, RetryAfter: guarded.RetryAfterAt(now)}
 	}
-	return Admission{Refused: reason}
+	return Admission{Refused: why}
 }
 
 // learn reports how attempt a ended (o) to what the admission judges
@@ -311,7 +311,7 @@ func (c *Call) Picked(a *Attempt, refused bool, now time.Time) Admission {
 // hedge cancelled because another attempt won, which says nothing about
 // the target.
 func (c *Call) learn(a *Attempt, o *Outcome, abandoned bool) {
-	r := c.route
+	r := c.r
 	switch {
 	case abandoned || (o.Code == Canceled && o.CallerLeft):
 		a.ticket.Ignore()
@@ -320,17 +320,21 @@ func (c *Call) learn(a *Attempt, o *Outcome, abandoned bool) {
 		}
 	case a.shadowed:
 		a.ticket.Ignore()
-	default:
-		failed := o.Code != OK && r.Config.Failures.Has(o.Code)
-		a.ticket.DoneAt(failed, o.At)
-		if o.Code != OK {
-			r.Probes.failed(o.At)
-		}
-		r.Endpoints.Record(o.Endpoint, failed, o.At)
-		if o.Code == OK && c.Throttle != nil {
+	case o.Code == OK:
+		a.ticket.DoneAt(false, o.At)
+		r.Endpoints.Record(o.Endpoint, false, o.At)
+		if c.Throttle != nil {
 			c.Throttle.Success()
 		}
-		if r.Latency != nil && (o.Code == OK || !c.Rule.Retryable.Has(o.Code)) {
+		if r.Latency != nil {
+			r.Latency.observe(o.At.Sub(a.Start))
+		}
+	default:
+		failed := r.Config.Failures.Has(o.Code)
+		a.ticket.DoneAt(failed, o.At)
+		r.Probes.failed(o.At)
+		r.Endpoints.Record(o.Endpoint, failed, o.At)
+		if r.Latency != nil && !c.Rule.Retryable.Has(o.Code) {
 			r.Latency.observe(o.At.Sub(a.Start))
 		}
 	}
@@ -388,7 +392,7 @@ func (g *gate) servesNothing(now time.Time, least int64, at net.Addr) bool {
 // unheard reports whether some of the endpoints the channel was given
 // have not answered an attempt yet, as far as the endpoint table knows.
 func (g *gate) unheard() bool {
-	return g.resolved != nil && g.resolved.Endpoints() > g.r.Endpoints.seen()
+	return g.Resolved != nil && g.Resolved.Endpoints() > g.r.Endpoints.seen()
 }
 
 // servedLately reports whether the target answered an attempt with

@@ -89,24 +89,38 @@ type Outcome struct {
 	Err error
 }
 
-// Reason says why a retry, a hedge or a call was not sent. The adapter
-// shows it to its users (interceptor.Reason has the same values).
-type Reason string
+// Reason says why a retry, a hedge or a call was not sent; the zero
+// Reason is none. The adapter shows it to its users by its name (String:
+// interceptor.Reason has the same values).
+type Reason uint8
 
 // The reasons.
 const (
-	ReasonBudget        Reason = "budget"
-	ReasonBreaker       Reason = "breaker"
-	ReasonDeadline      Reason = "deadline"
-	ReasonPushback      Reason = "pushback"
-	ReasonNotIdempotent Reason = "not_idempotent"
-	ReasonMaxAttempts   Reason = "max_attempts"
-	ReasonCode          Reason = "code"
-	ReasonRetryIf       Reason = "retry_if"
-	ReasonGRPCRetry     Reason = "grpc_retry"
-	ReasonThrottle      Reason = "throttle"
-	ReasonOverload      Reason = "overload"
+	ReasonBudget Reason = iota + 1
+	ReasonBreaker
+	ReasonDeadline
+	ReasonPushback
+	ReasonNotIdempotent
+	ReasonMaxAttempts
+	ReasonCode
+	ReasonRetryIf
+	ReasonGRPCRetry
+	ReasonThrottle
+	ReasonOverload
+	numReasons
 )
+
+var reasonNames = [numReasons]string{"", "budget", "breaker", "deadline", "pushback", "not_idempotent",
+	"max_attempts", "code", "retry_if", "grpc_retry", "throttle", "overload"}
+
+// String returns the reason's name ("budget", "breaker", ...; "" for
+// none).
+func (r Reason) String() string {
+	if r >= numReasons {
+		return ""
+	}
+	return reasonNames[r]
+}
 
 // Kind says why an attempt was sent.
 type Kind uint8

@@ -29,7 +29,7 @@ const (
 // may be on another goroutine: it must guard a Pick that way. A Pick reads
 // nothing of the call. The zero Pick judges nothing: it sends every pick.
 type Pick struct {
-	g      gate
+	r      *Route
 	avoid  []net.Addr
 	repick int  // picks left before an avoided endpoint is sent to
 	guard  bool // refuse, rather than send, a pick still avoided after the re-picks
@@ -51,7 +51,7 @@ const (
 
 // Pick returns the Pick of attempt a, just opened.
 func (c *Call) Pick(a *Attempt) Pick {
-	p := Pick{g: c.gate(), avoid: c.avoid, guard: a.guarded != nil, free: a.free}
+	p := Pick{r: c.r, avoid: c.avoid, guard: a.guarded != nil, free: a.free}
 	switch {
 	case len(c.avoid) > 0 && a.free:
 		p.repick = maxFreeRepicks
@@ -63,7 +63,7 @@ func (c *Call) Pick(a *Attempt) Pick {
 
 // Judge judges a pick of the endpoint addr.
 func (p *Pick) Judge(addr net.Addr) PickVerdict {
-	if p.g.r == nil || !slices.Contains(p.avoid, addr) {
+	if p.r == nil || !slices.Contains(p.avoid, addr) {
 		return PickSend
 	}
 	switch {
@@ -81,7 +81,7 @@ func (p *Pick) Judge(addr net.Addr) PickVerdict {
 // Pay pays at now for a pick Judge said to (PickPay): PickSend when the
 // budget paid, PickUnpaid when it would not.
 func (p *Pick) Pay(now time.Time) PickVerdict {
-	if p.paid = p.g.payAtPick(now); p.paid {
+	if p.paid = p.r.payAtPick(now); p.paid {
 		return PickSend
 	}
 	return PickUnpaid
@@ -93,9 +93,9 @@ func (p *Pick) Pay(now time.Time) PickVerdict {
 func (p *Pick) Stands(v PickVerdict) bool {
 	switch v {
 	case PickRefused:
-		return p.g.stands(ReasonBreaker)
+		return p.r.stands(ReasonBreaker)
 	case PickUnpaid:
-		return p.g.stands(ReasonBudget)
+		return p.r.stands(ReasonBudget)
 	}
 	return true
 }
@@ -103,4 +103,4 @@ func (p *Pick) Stands(v PickVerdict) bool {
 // Paid reports whether an enforcing budget paid for the attempt at its
 // pick (a fail-over with nowhere else to go): it may say so to the
 // server.
-func (p *Pick) Paid() bool { return p.paid && p.g.budgetPays() }
+func (p *Pick) Paid() bool { return p.paid && p.r.budgetPays() }

@@ -46,7 +46,7 @@ func (c *Call) eligible(o *Outcome) ruling {
 // server's two, or the backoff), and whether the retry would start before
 // the deadline.
 func (c *Call) decide(h Host, o *Outcome) ruling {
-	if r := c.mayRetry(h, o); r != "" {
+	if r := c.mayRetry(h, o); r != 0 {
 		return ruling{reason: r}
 	}
 	ri := o.RetryInfo
@@ -76,10 +76,10 @@ func (c *Call) mayRetry(h Host, o *Outcome) Reason {
 		return ReasonGRPCRetry
 	case c.sent >= c.MaxAttempts():
 		return ReasonMaxAttempts
-	case !h.RetryIf(o):
+	case !h.RetryIf(*o):
 		return ReasonRetryIf
 	}
-	return ""
+	return 0
 }
 
 // MayFollow returns why no retry may follow the latest attempt opened if
@@ -128,15 +128,15 @@ func (c *Call) failOver(o *Outcome) {
 	if c.pay == payFailover {
 		c.pay = payBudget
 	}
-	if c.route.Config.NoFailover {
+	if c.r.Config.NoFailover {
 		return
 	}
-	p, eps, now := o.Endpoint, c.route.Endpoints, o.At
+	p, eps, now := o.Endpoint, c.r.Endpoints, o.At
 	c.avoid = eps.Current(now)
 	if p != nil && !slices.Contains(c.avoid, p) {
 		c.avoid = eps.judge(now) // this failure may make it one
 	}
-	if g := c.gate(); p != nil && !slices.Contains(c.avoid, p) && g.unheard() {
+	if p != nil && !slices.Contains(c.avoid, p) && c.unheard() {
 		// Endpoints the channel was given have not answered yet (a fresh
 		// channel whose first picks went to p): the retry fails over to
 		// one of them, avoiding p, or, with nowhere else to go, is paid.
@@ -151,7 +151,7 @@ func (c *Call) failOver(o *Outcome) {
 // in [d/2, d] with d = backoffCeil.
 func (c *Call) backoff() time.Duration {
 	d := c.backoffCeil()
-	return d/2 + time.Duration(c.route.Config.jitter(int64(d/2)+1))
+	return d/2 + time.Duration(c.r.Config.jitter(int64(d/2)+1))
 }
 
 // backoffCeil is the longest the next retry's backoff can be:
@@ -190,14 +190,14 @@ func (c *Call) NextTimer(hedging, timing bool) (time.Duration, Kind) {
 	var d time.Duration
 	if hedging && c.hedges < c.Rule.MaxHedges {
 		d = c.Rule.HedgeDelay
-		if lat := c.route.Latency; d == 0 && lat != nil {
+		if lat := c.r.Latency; d == 0 && lat != nil {
 			var ok bool
 			if d, ok = lat.hedgeDelay(); !ok {
 				d = 0 // adaptive, not warm yet: no hedge
 			}
 		}
 	}
-	if p := c.route.PerAttempt; timing && p > 0 && (d == 0 || p < d) {
+	if p := c.r.PerAttempt; timing && p > 0 && (d == 0 || p < d) {
 		return p, Retry
 	}
 	return d, Hedge

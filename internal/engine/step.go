@@ -52,15 +52,15 @@ func (c *Call) Step(h Host, a *Attempt, o *Outcome, others int) Verdict {
 	if c.live == 0 {
 		c.idleFrom = o.At
 	}
-	c.route.Yield.overloaded(o)
+	c.r.Yield.overloaded(o)
 	if o.CallerLeft {
 		return Verdict{} // the caller is gone: nothing to decide
 	}
 	p := c.judge(h, o)
 	switch {
-	case p.reason == "" && others > 0:
+	case p.reason == 0 && others > 0:
 		return Verdict{Next: Again, Failover: c.pay == payFailover}
-	case p.reason == "":
+	case p.reason == 0:
 		return Verdict{Next: Again, Delay: p.delay, Failover: c.pay == payFailover}
 	case others > 0 && !p.reason.settles():
 		return Verdict{Next: Wait, Reason: p.reason}
@@ -79,7 +79,7 @@ func (c *Call) judge(h Host, o *Outcome) ruling {
 		return ruling{reason: ReasonPushback}
 	}
 	h.Refresh(o.At, false)
-	if p := c.eligible(o); p.reason != "" {
+	if p := c.eligible(o); p.reason != 0 {
 		return p
 	}
 	if c.Throttle != nil {
@@ -94,11 +94,11 @@ func (c *Call) judge(h Host, o *Outcome) ruling {
 	case p.backedOff:
 		c.backoffN++
 	}
-	if p.reason != "" {
+	if p.reason != 0 {
 		return p
 	}
 	c.failOver(o)
-	p.reason = c.peek(o.At, Retry, false, skipTime, nothingBeforeBackoff)
+	p.reason = c.peek(o.At, Retry, false, skipTime, nothingBeforeBackoff, c.pay)
 	return p
 }
 
@@ -110,15 +110,15 @@ func (c *Call) End(a *Attempt, o *Outcome, abandoned bool) { c.learn(a, o, aband
 
 // Watched counts, at now, a call whose first attempt a hedge's timer
 // watches (see Yield).
-func (c *Call) Watched(now time.Time) { c.route.Yield.watched(now) }
+func (c *Call) Watched(now time.Time) { c.r.Yield.watched(now) }
 
 // Late counts, at now, a watched call whose first attempt ran past its
 // delay: the timer that watched it fired (see Yield).
-func (c *Call) Late(now time.Time) { c.route.Yield.late(now) }
+func (c *Call) Late(now time.Time) { c.r.Yield.late(now) }
 
 // Peek reports why an attempt of kind k could not be sent at now, or ""
 // when it could; beside marks a retry sent beside a slow attempt. Nothing
 // is taken: Open takes.
 func (c *Call) Peek(now time.Time, k Kind, beside bool) Reason {
-	return c.peek(now, k, beside, 0, nothingWhenDue)
+	return c.peek(now, k, beside, 0, nothingWhenDue, c.pay)
 }
