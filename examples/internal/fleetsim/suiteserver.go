@@ -30,7 +30,7 @@ func PolicySuiteServer() *ServerPolicy {
 // overload admission (every call here carries its deadline), then the
 // retry budget.
 func (s *suiteServer) Admit(c *Call, now time.Time, retry, budgeted bool) (bool, Outcome) {
-	t, d := s.guard.AdmitAt(now, c.Deadline, true, retry)
+	t, d := s.guard.AdmitAt(now, overload.Request{Deadline: c.Deadline, Retry: retry})
 	switch d.Reason {
 	case overload.Admitted:
 	case overload.RefusedDeadline:
