@@ -193,7 +193,6 @@ func (c *Client) breakerFor(target, method string, known bool) *breaker.Breaker 
 func (c *Client) newBreaker(k routeKey, known bool) *routeBreaker {
 	rb := &routeBreaker{target: k.target, method: k.method, known: known}
 	cfg := c.breakerCfg
-	cfg.Target = k.target + k.method
 	if c.o.hooks.OnBreakerChange != nil {
 		user := cfg.OnStateChange
 		cfg.OnStateChange = func(name string, from, to breaker.State) {
@@ -203,7 +202,7 @@ func (c *Client) newBreaker(k routeKey, known bool) *routeBreaker {
 			callHook(c, "OnBreakerChange", c.o.hooks.OnBreakerChange, BreakerEvent{Target: k.target, Method: k.method, From: from, To: to})
 		}
 	}
-	rb.b = breaker.New(cfg)
+	rb.b = breaker.NewRegistry(cfg).For(k.target + k.method)
 	return rb
 }
 
