@@ -3,6 +3,7 @@ package fleetsim
 import (
 	"time"
 
+	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/overload"
 )
 
@@ -11,12 +12,14 @@ import (
 // admitAndHandle runs: the library's overload protection
 // (deadline-aware admission, retry-aware shedding, and at an engaged
 // adaptive limit the queue where first attempts wait for a place)
-// decides, then the method's retry budget (interim: see
-// serverbudget_interim.go); a refusal is answered with the status and
-// pushback the interceptor sends.
+// decides, then the method's retry budget (budget.Method, which charges
+// every retry whoever sends it: the suite's clients' "budgeted" header
+// buys nothing from a server that does not trust them, and the default
+// trusts nobody); a refusal is answered with the status and pushback the
+// interceptor sends.
 type suiteServer struct {
 	guard  *overload.Method
-	budget *serverBudget
+	budget *budget.Method
 }
 
 // PolicySuiteServer is the suite's server with its defaults.
@@ -25,21 +28,27 @@ func PolicySuiteServer() *ServerPolicy {
 		New: func(*Env, int) Server {
 			return &suiteServer{
 				guard:  overload.New(overload.Config{}).Method("/echo.v1.EchoService/Put"),
-				budget: newServerBudget(),
+				budget: budget.NewMethod(budget.New(budget.Config{})), // the default registry's For(method)
 			}
 		}}
 }
 
+// clientOf is the number the server's budget tells the call's client by:
+// the interceptor's is a hash of the caller's address, one per client
+// connection, and each client of the fleet has its own connection to each
+// backend.
+func clientOf(c *Call) uint64 { return uint64(c.Client) }
+
 // Admit is the interceptor's admitAndHandle up to the handler: the
 // overload admission (every call here carries its deadline), which may
 // hold a first attempt in its queue (see Decide), then the retry budget.
-func (s *suiteServer) Admit(c *Call, now time.Time, retry, budgeted bool) (Admission, Outcome) {
+func (s *suiteServer) Admit(c *Call, now time.Time, retry, _ bool) (Admission, Outcome) {
 	t, d := s.guard.AdmitAt(now, c.Deadline, true, retry)
 	c.ov = t
 	if d.Reason == overload.Queued {
 		return Held, Outcome{}
 	}
-	return s.decided(c, now, d, retry, budgeted)
+	return s.decided(c, now, d, retry)
 }
 
 // Decide is the queued call's Ticket.Wait, at now: still waiting, or
@@ -48,12 +57,12 @@ func (s *suiteServer) Decide(c *Call, now time.Time) (Admission, Outcome) {
 	d, err := c.ov.WaitAt(now)
 	switch {
 	case err != nil: // its caller has left (the kernel asks before then)
-		s.budget.done(now, true)
+		s.budget.DoneAt(now, true)
 		return Refused, Outcome{Code: DeadlineExceeded, Pushback: NoPushback}
 	case d.Reason == overload.Queued:
 		return Held, Outcome{}
 	}
-	return s.decided(c, now, d, false, false)
+	return s.decided(c, now, d, false)
 }
 
 // Leave is the waiting call's caller leaving at now: Ticket.Wait returns
@@ -61,7 +70,7 @@ func (s *suiteServer) Decide(c *Call, now time.Time) (Admission, Outcome) {
 // method failed.
 func (s *suiteServer) Leave(c *Call, now time.Time) {
 	c.ov.WaitAt(now)
-	s.budget.done(now, true)
+	s.budget.DoneAt(now, true)
 }
 
 // decided goes on from the overload protection's decision d on the
@@ -69,20 +78,24 @@ func (s *suiteServer) Leave(c *Call, now time.Time) {
 // method), an admission goes to the retry budget, which deposits a first
 // attempt and charges a retry (refused, "do not retry", when the method
 // fails and the budget cannot pay).
-func (s *suiteServer) decided(c *Call, now time.Time, d overload.Decision, retry, budgeted bool) (Admission, Outcome) {
+func (s *suiteServer) decided(c *Call, now time.Time, d overload.Decision, retry bool) (Admission, Outcome) {
 	switch d.Reason {
 	case overload.Admitted:
 	case overload.RefusedDeadline:
-		s.budget.done(now, true)
+		s.budget.DoneAt(now, true)
 		return Refused, Outcome{Code: DeadlineExceeded, Pushback: DoNotRetry}
 	case overload.ShedRetry:
-		s.budget.done(now, true)
+		s.budget.DoneAt(now, true)
 		return Refused, Outcome{Code: Unavailable, Pushback: DoNotRetry}
 	default:
-		s.budget.done(now, true)
+		s.budget.DoneAt(now, true)
 		return Refused, Outcome{Code: Unavailable, Pushback: d.RetryAfter}
 	}
-	if !s.budget.admit(now, retry, budgeted) {
+	client := clientOf(c)
+	if retry {
+		client = 0 // the interceptor asks about a retry without its client
+	}
+	if !s.budget.AdmitAt(now, retry, client) {
 		c.ov.DiscardAt(now)
 		return Refused, Outcome{Code: Unavailable, Pushback: DoNotRetry}
 	}
@@ -92,7 +105,7 @@ func (s *suiteServer) decided(c *Call, now time.Time, d overload.Decision, retry
 // Done reports how the handler ended: the budget's outcome, then the
 // interceptor's release (a success is learned, a failure discarded).
 func (s *suiteServer) Done(c *Call, now time.Time, code Code, _ bool) {
-	s.budget.done(now, serverFailure(code))
+	s.budget.DoneAt(now, serverFailure(code))
 	if code == OK {
 		c.ov.DoneAt(now)
 	} else {
