@@ -114,12 +114,16 @@
 //
 // # Time
 //
-// The methods without a time (Admit, Ticket.Done, Ticket.Abandon, Need)
-// read the monotonic clock; each has an At form (AdmitAt, DoneAt,
-// AbandonAt, NeedAt) that takes the time from the caller, so that a test
-// or a simulator drives a Guard on its own clock, as x/time/rate's AllowN
-// does. A Guard's time line, and its history's slots, start at the first
-// time it is given.
+// The methods without a time (Admit, Ticket.Done, Ticket.Abandon,
+// Ticket.Discard, Need) read the monotonic clock; each has an At form
+// (AdmitAt, DoneAt, AbandonAt, DiscardAt, NeedAt) that takes the time from
+// the caller, so that a test or a simulator drives a Guard on its own
+// clock, as x/time/rate's AllowN does. Ticket.Wait blocks on its caller's
+// context; its At form, WaitAt, never blocks: it returns the decision made
+// by the time it is given, or Queued, and makes the request leave once its
+// deadline has passed, so that a simulator asks again after each end it
+// reports. A Guard's time line, and its history's slots, start at the
+// first time it is given.
 //
 // docs/overload.md states the rules in full, says why they are these, and
 // gives the measurements behind the defaults.

@@ -219,30 +219,90 @@ func (t *Ticket) Wait(ctx context.Context) (Decision, error) {
 	select {
 	case <-w.done:
 	case <-ctx.Done():
-		if t.m.leave(w) {
-			t.m.g.left.Add(1)
-			t.releaseGlobal()
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) && t.m.lim.meetable(w.due-t.start, &t.m.g.s) {
-				t.m.lim.miss() // its caller missed a deadline the method meets when not overloaded
-			}
-			*t = Ticket{}
+		if t.leave(errors.Is(ctx.Err(), context.DeadlineExceeded)) {
 			return Decision{}, ctx.Err()
 		}
 		<-w.done // decided meanwhile
 	}
+	d := t.decided()
+	if err := ctx.Err(); err != nil && d.Reason == Admitted {
+		t.gone(t.m.g.clock())
+		return Decision{}, err
+	}
+	return d, nil
+}
+
+// WaitAt is Wait at time now for a caller that drives the Guard on its
+// own clock (a simulator) and leaves at the request's deadline: it never
+// blocks. A request decided by now gets its decision, as from Wait. One
+// that still waits gets Queued and keeps its place in the queue (ask again
+// once the method reports an end: a place may have freed then), unless
+// its deadline has passed at now: then it leaves, as Wait does when its
+// context's deadline passes, and WaitAt returns
+// context.DeadlineExceeded; so does a request given a place whose
+// deadline has passed at now, and the place is freed. For a request
+// admitted at once, WaitAt returns the zero Decision (admitted) at once.
+func (t *Ticket) WaitAt(now time.Time) (Decision, error) {
+	w := t.w
+	if w == nil {
+		return Decision{}, nil
+	}
+	at := t.m.g.at(now)
+	late := at >= w.due
+	if !t.Ready() {
+		if !late {
+			return Decision{Reason: Queued}, nil
+		}
+		if t.leave(true) {
+			return Decision{}, context.DeadlineExceeded
+		}
+		<-w.done // decided meanwhile
+	}
+	d := t.decided()
+	if late && d.Reason == Admitted {
+		t.gone(at)
+		return Decision{}, context.DeadlineExceeded
+	}
+	return d, nil
+}
+
+// leave takes the waiting request out of the queue, its caller gone (at
+// its deadline, when deadline says so), and reports whether it was still
+// waiting; if it was, t ignores reports from then on.
+func (t *Ticket) leave(deadline bool) bool {
+	w := t.w
+	if !t.m.leave(w) {
+		return false
+	}
+	t.m.g.left.Add(1)
+	t.releaseGlobal()
+	if deadline && t.m.lim.meetable(w.due-t.start, &t.m.g.s) {
+		t.m.lim.miss() // its caller missed a deadline the method meets when not overloaded
+	}
+	*t = Ticket{}
+	return true
+}
+
+// decided returns the decision made on the request that waited: a
+// refusal's Ticket ignores reports; an admitted one's runs from when it
+// was given its place.
+func (t *Ticket) decided() Decision {
+	w := t.w
 	t.w = nil
 	if w.d.Reason != Admitted {
 		t.releaseGlobal()
 		*t = Ticket{}
-		return w.d, nil
+		return w.d
 	}
 	t.start = w.at
 	t.due = t.m.dueOf(w.at, w.due-w.at)
-	if err := ctx.Err(); err != nil {
-		t.m.g.left.Add(1)
-		t.Discard()
-		*t = Ticket{}
-		return Decision{}, err
-	}
-	return Decision{}, nil
+	return Decision{}
+}
+
+// gone frees, at at (ns on the Guard's time line), the place given to a
+// request whose caller had left when it learned of it: nothing ran.
+func (t *Ticket) gone(at int64) {
+	t.m.g.left.Add(1)
+	t.discard(at)
+	*t = Ticket{}
 }

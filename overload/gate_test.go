@@ -2,6 +2,7 @@ package overload
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -247,5 +248,63 @@ func TestAWaiterGivesBackItsPlaceUnderMaxConcurrency(t *testing.T) {
 		if n, k := m.g.inflight.Load(), m.g.critical.Load(); n != 0 || k != 0 {
 			t.Errorf("critical %v: %d places (%d critical) still held under MaxConcurrency", critical, n, k)
 		}
+	}
+}
+
+// TestWaitAtOnTheGuardsClock: a simulator drives the queue with explicit
+// times. A waiting request polled before a place frees still waits
+// (Queued) and keeps its place in the queue; once an end that a Ticket
+// reports with DiscardAt frees a place, WaitAt admits it, at that time;
+// one whose deadline passes while it waits leaves at WaitAt (the caller
+// gone: DeadlineExceeded) and is never given a place; one given a place
+// whose deadline has passed when it learns so frees it.
+func TestWaitAtOnTheGuardsClock(t *testing.T) {
+	c := newClock()
+	m, limit := engaged(t, c, Config{MinLimit: 3})
+	now := c.Now()
+	open := fill(t, m, now, limit, priority.Default)
+	first, d1 := m.AdmitAt(now, Request{Deadline: now.Add(10 * time.Second)})
+	leaver, d2 := m.AdmitAt(now, Request{Deadline: now.Add(time.Second)})
+	late, d3 := m.AdmitAt(now, Request{Deadline: now.Add(2 * time.Second)})
+	if d1.Reason != Queued || d2.Reason != Queued || d3.Reason != Queued {
+		t.Fatalf("at the limit: %+v, %+v, %+v; want all queued", d1, d2, d3)
+	}
+	if d, err := first.WaitAt(now.Add(100 * time.Millisecond)); err != nil || d.Reason != Queued {
+		t.Fatalf("polled before a place frees: %+v, %v; want still queued", d, err)
+	}
+	if d, err := leaver.WaitAt(now.Add(time.Second)); !errors.Is(err, context.DeadlineExceeded) || d.Reason != Admitted {
+		t.Fatalf("polled at its deadline: %+v, %v; want gone (DeadlineExceeded)", d, err)
+	}
+	if m.Waiting() != 2 {
+		t.Fatalf("%d waiting; want the two whose callers wait", m.Waiting())
+	}
+	// A failed request's place, freed on the Guard's clock, goes to the
+	// first in the queue then; the one that left gets none.
+	freed := now.Add(1500 * time.Millisecond)
+	open[0].DiscardAt(freed)
+	open = open[1:]
+	if d, err := first.WaitAt(freed); err != nil || d.Reason != Admitted {
+		t.Fatalf("given the freed place: %+v, %v; want admitted", d, err)
+	}
+	if first.start != m.g.at(freed) {
+		t.Fatalf("it runs from %d; want %d, when its place freed", first.start, m.g.at(freed))
+	}
+	open = append(open, first)
+	open[0].DoneAt(freed.Add(time.Millisecond)) // its place goes to late
+	open = open[1:]
+	if !late.Ready() {
+		t.Fatal("no place given to the last one")
+	}
+	if _, err := late.WaitAt(now.Add(2 * time.Second)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a place learned of after its deadline: %v; want DeadlineExceeded", err)
+	}
+	for _, tk := range open {
+		tk.DoneAt(now.Add(3 * time.Second))
+	}
+	if m.Inflight() != 0 || m.Waiting() != 0 {
+		t.Errorf("%d in flight, %d waiting; want none", m.Inflight(), m.Waiting())
+	}
+	if st := m.g.Stats(); st.Left < 2 {
+		t.Errorf("%d left; want the two whose callers left", st.Left)
 	}
 }

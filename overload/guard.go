@@ -537,9 +537,24 @@ func (t Ticket) end(end int64, completed bool) {
 // an overloaded method that answers "busy" at once look fast.
 func (t Ticket) Discard() {
 	if t.m != nil && t.w == nil {
-		t.release()
-		t.m.dispatch(t.m.g.clock())
+		t.discard(t.m.g.clock())
 	}
+}
+
+// DiscardAt is Discard at time now: the place it frees may go to a
+// request that waits for one (see Ticket.Wait), which is then given it at
+// now.
+func (t Ticket) DiscardAt(now time.Time) {
+	if t.m != nil && t.w == nil {
+		t.discard(t.m.g.at(now))
+	}
+}
+
+// discard frees the request's place in flight at at (ns on the time
+// line) without learning from it.
+func (t Ticket) discard(at int64) {
+	t.release()
+	t.m.dispatch(at)
 }
 
 // release frees the request's place in flight and returns how many of its

@@ -3,10 +3,10 @@
 // no retries, grpc-go's retryPolicy with and without retryThrottling, the
 // AWS SDKs' standard retry quota (today's and 2026's), Envoy's and
 // Finagle's retry budgets, Google SRE's adaptive throttling, and the
-// suite's defaults, whose budget, breaker and server admission are the
-// library's own code. It answers what the storm lab (real gRPC, real
-// time) cannot on one machine: a fleet of 10,000 pods, or 100,000
-// clients at a call every ten seconds.
+// suite's defaults, whose budget, breaker and server (admission, queue,
+// retry budget) are the library's own code. It answers what the storm lab
+// (real gRPC, real time) cannot on one machine: a fleet of 10,000 pods, or
+// 100,000 clients at a call every ten seconds.
 //
 //	go run ./examples/stormsim                                   # 1,000 clients × 1/s, independent failures at p = 0.5
 //	go run ./examples/stormsim -clients 100000 -rate 0.1 -seconds 600 -failure outage

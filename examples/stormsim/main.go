@@ -117,8 +117,8 @@ func parseFlags(args []string, errOut io.Writer) (options, error) {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: go run ./examples/stormsim [flags]\n\n"+
 			"Simulates a fleet of clients calling one target on a virtual clock, with every\n"+
-			"retry policy side by side; the suite's budget, breaker and server admission are\n"+
-			"the library's code.\n\n")
+			"retry policy side by side; the suite's budget, breaker and server (admission,\n"+
+			"queue, retry budget) are the library's code.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

@@ -41,6 +41,8 @@ type rowJSON struct {
 	RefusedRetry   int            `json:"refused_retry"`
 	ServerRefused  int            `json:"server_refused"`
 	Wasted         int            `json:"wasted"`
+	ServerHeld     int            `json:"server_held"`
+	ServerLeft     int            `json:"server_left"`
 	Codes          map[string]int `json:"codes"`
 	WallS          float64        `json:"wall_s"`
 	Series         seriesJSON     `json:"series"`
@@ -80,6 +82,7 @@ func newReport(cfg fleetsim.Config, res []*fleetsim.Result, wall time.Duration) 
 			Failure: window(r.Window), First: window(r.First), After: window(r.After), All: window(r.All),
 			BurstPerClient: r.BurstPerClient, MaxRetries: r.MaxRetries,
 			RefusedFirst: r.RefusedFirst, RefusedRetry: r.RefusedRetry, ServerRefused: r.ServerRefused, Wasted: r.Wasted,
+			ServerHeld: r.ServerHeld, ServerLeft: r.ServerLeft,
 			Codes: r.Codes, WallS: r.Wall.Seconds(),
 			Series: seriesJSON{StepS: r.Step.Seconds(), Calls: r.Calls, OK: r.OK, Sent: r.Sent, Handled: r.HandledAt},
 			result: r,

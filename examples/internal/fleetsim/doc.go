@@ -8,11 +8,11 @@
 //
 // Everything that decides for the suite is the library's code, driven
 // with explicit times: the client's retry budget (budget.Budget), its
-// breaker (breaker.Breaker) and the server's admission (overload.Guard).
-// The pieces of the suite that are not yet callable without grpc (the
-// client engine's retry rules and endpoint choice, the server's retry
-// budget judgement) sit behind the Client and Server interfaces, in
-// small interim files that name what replaces them. The rival policies
+// breaker (breaker.Breaker), the server's admission and queue
+// (overload.Guard) and its retry budget (budget.Method). The piece of the
+// suite that is not yet callable without grpc (the client engine's retry
+// rules and endpoint choice) sits behind the Client interface, in a small
+// interim file that names what replaces it. The rival policies
 // (grpc-go's retryThrottling, the AWS SDKs' standard retry quota, Envoy's
 // and Finagle's retry budgets, Google SRE's adaptive throttling, naive
 // retries and none) are a few lines each, every constant's source cited.

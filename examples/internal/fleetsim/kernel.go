@@ -24,6 +24,17 @@ type backend struct {
 	last   int64
 	primed bool // the throttle bucket has been filled
 	srv    Server
+	// held is the attempts its server policy holds in its own queue (see
+	// Held), in order of arrival: call slots and their generations. A
+	// slot that left is skipped when reached.
+	held    []heldRef
+	polling bool // poll runs: a poll from within it returns at once
+}
+
+// heldRef is a held attempt's call slot, as of its generation.
+type heldRef struct {
+	idx int32
+	gen uint32
 }
 
 func (b *backend) enqueue(i int32) {
@@ -254,20 +265,74 @@ func (s *sim) send(c *Call, now int64) {
 	s.atServer(c, now)
 }
 
-// atServer runs the attempt's arrival at its backend.
+// atServer runs the attempt's arrival at its backend: its server policy
+// admits it to the handler, refuses it, or holds it in its own queue.
 func (s *sim) atServer(c *Call, now int64) {
-	bk := &s.backends[c.backend]
-	if bk.srv != nil {
-		retry := c.Attempts > 1 && s.marks
-		ok, o := bk.srv.Admit(c, s.at(now), retry, retry && c.budgeted)
-		if !ok {
-			s.m.serverRefused++
-			o.Backend = c.backend
-			s.reply(c, now, o)
+	b := c.backend
+	bk := &s.backends[b]
+	if bk.srv == nil {
+		s.handler(c, now)
+		return
+	}
+	retry := c.Attempts > 1 && s.marks
+	a, o := bk.srv.Admit(c, s.at(now), retry, retry && c.budgeted)
+	switch a {
+	case Admitted:
+		c.svr = true
+		s.handler(c, now)
+	case Held:
+		c.held = true
+		s.m.serverHeld++
+		bk.held = append(bk.held, heldRef{idx: c.idx, gen: c.gen})
+		s.watchDeadline(c)
+	default:
+		s.m.serverRefused++
+		o.Backend = b
+		s.reply(c, now, o)
+	}
+	s.poll(b, now)
+}
+
+// poll asks backend b's server policy about its held attempts, in order
+// of arrival, at now, until one is still held: an admitted one goes to
+// the handler, a refused one is answered. Handling one may end another at
+// the handler and free a place: the loop asks again.
+func (s *sim) poll(b int, now int64) {
+	bk := &s.backends[b]
+	if bk.polling || len(bk.held) == 0 {
+		return
+	}
+	bk.polling = true
+	defer func() { bk.polling = false }()
+	for len(bk.held) > 0 {
+		r := bk.held[0]
+		c := &s.calls[r.idx]
+		if c.gen != r.gen || !c.held || c.dl <= now {
+			// It left, or leaves now (its deadline's event takes it out).
+			bk.held = bk.held[1:]
+			continue
+		}
+		a, o := bk.srv.Decide(c, s.at(now))
+		if a == Held {
 			return
 		}
-		c.svr = true
+		bk.held = bk.held[1:]
+		c.held = false
+		if a == Admitted {
+			c.svr = true
+			s.handler(c, now)
+			continue
+		}
+		s.m.serverRefused++
+		o.Backend = b
+		s.reply(c, now, o)
 	}
+}
+
+// handler runs the attempt at its backend's handler, at now: the
+// failure's answer, or its workers and queue.
+func (s *sim) handler(c *Call, now int64) {
+	bk := &s.backends[c.backend]
 	c.handled++
 	s.m.handled(c, now)
 	f := &s.cfg.Failure
@@ -303,10 +368,13 @@ func (s *sim) draw(c *Call, salt uint64) float64 {
 
 // failNow answers the attempt at once, from the handler.
 func (s *sim) failNow(c *Call, now int64, code Code, pushback time.Duration) {
-	if bk := &s.backends[c.backend]; bk.srv != nil {
+	b := c.backend
+	bk := &s.backends[b]
+	if bk.srv != nil {
 		bk.srv.Done(c, s.at(now), code, false)
 	}
-	s.reply(c, now, Outcome{Code: code, Pushback: pushback, Backend: c.backend})
+	s.reply(c, now, Outcome{Code: code, Pushback: pushback, Backend: b})
+	s.poll(b, now)
 }
 
 // serve gives the attempt to a worker, or queues it, or refuses it when
@@ -378,19 +446,20 @@ func (s *sim) finish(c *Call, now int64, worker bool) {
 	if abandoned {
 		s.m.wasted++
 	}
-	bk := &s.backends[c.backend]
+	b := c.backend
+	bk := &s.backends[b]
 	if bk.srv != nil && c.svr {
 		bk.srv.Done(c, s.at(now), OK, abandoned)
 	}
-	s.reply(c, now, Outcome{Code: OK, Pushback: NoPushback, Backend: c.backend})
-	if !worker {
-		return
-	}
-	if bk.n == 0 {
+	s.reply(c, now, Outcome{Code: OK, Pushback: NoPushback, Backend: b})
+	switch {
+	case !worker:
+	case bk.n == 0:
 		bk.busy--
-		return
+	default:
+		s.start(&s.calls[bk.dequeue()], now, true)
 	}
-	s.start(&s.calls[bk.dequeue()], now, true)
+	s.poll(b, now) // the place the server policy freed, once the worker is free
 }
 
 // reply sends the attempt's outcome back to its client, which gets it an
@@ -461,6 +530,12 @@ func (s *sim) onDeadline(c *Call, now int64) {
 	}
 	if c.inflight {
 		s.clients[c.Client].Settle(c, s.at(now), Outcome{Code: DeadlineExceeded, Pushback: NoPushback, Backend: c.backend})
+	}
+	if c.held {
+		// It leaves its server's queue: nothing will answer it.
+		s.backends[c.backend].srv.Leave(c, s.at(now))
+		s.m.serverLeft++
+		c.held, c.inflight = false, false
 	}
 	s.end(c, now, DeadlineExceeded)
 }

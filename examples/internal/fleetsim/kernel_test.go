@@ -125,3 +125,74 @@ func TestValidate(t *testing.T) {
 		}
 	}
 }
+
+// oneAtATime is a server policy that lets one attempt at a time reach its
+// handler and holds the others in its own queue, for the kernel's tests.
+type oneAtATime struct {
+	t        *testing.T
+	busy     bool
+	held     int
+	order    []int // the calls admitted, by K
+	left     int
+	maxLate  time.Duration // the latest Decide after a held call's deadline
+	deadline map[int]time.Time
+}
+
+func (g *oneAtATime) Admit(c *Call, now time.Time, _, _ bool) (Admission, Outcome) {
+	if g.busy || g.held > 0 {
+		g.held++
+		g.deadline[c.K] = c.Deadline
+		return Held, Outcome{}
+	}
+	g.busy = true
+	g.order = append(g.order, c.K)
+	return Admitted, Outcome{}
+}
+
+func (g *oneAtATime) Decide(c *Call, now time.Time) (Admission, Outcome) {
+	if !now.Before(c.Deadline) {
+		g.t.Errorf("call %d asked about at %v, its deadline %v", c.K, now, c.Deadline)
+	}
+	if g.busy {
+		return Held, Outcome{}
+	}
+	g.busy = true
+	g.held--
+	g.order = append(g.order, c.K)
+	return Admitted, Outcome{}
+}
+
+func (g *oneAtATime) Leave(c *Call, now time.Time) {
+	if !now.Equal(g.deadline[c.K]) {
+		g.t.Errorf("call %d left at %v, its deadline %v", c.K, now, g.deadline[c.K])
+	}
+	g.held--
+	g.left++
+}
+
+func (g *oneAtATime) Done(*Call, time.Time, Code, bool) { g.busy = false }
+
+// TestHeldAttemptsWaitInOrderAndLeaveAtTheirDeadline: a server policy
+// that holds attempts in its own queue gets them back in order of
+// arrival, one each time a place frees, and those whose callers' deadline
+// comes first leave then, unanswered: their calls fail DEADLINE_EXCEEDED,
+// and the handler never sees them. (This server does not refuse what can
+// no longer end in time, as the suite's does: of those it admits, the
+// ones that waited longest end after their callers left.)
+func TestHeldAttemptsWaitInOrderAndLeaveAtTheirDeadline(t *testing.T) {
+	g := &oneAtATime{t: t, deadline: map[int]time.Time{}}
+	srv := &ServerPolicy{Key: "one", Name: "one at a time", New: func(*Env, int) Server { return g }}
+	r := run(t, Config{Groups: []Group{{Clients: 1, Rate: 100}}, Backends: Backends{M: 1, Service: 50 * time.Millisecond},
+		Duration: time.Second, Deadline: 120 * time.Millisecond, Seed: 1, Client: PolicyNone(), Server: srv})
+	for i := 1; i < len(g.order); i++ {
+		if g.order[i] <= g.order[i-1] {
+			t.Fatalf("admitted out of arrival order: %v", g.order)
+		}
+	}
+	if g.left == 0 || g.held != 0 || r.ServerLeft != g.left || r.ServerHeld != r.ServerLeft+len(g.order)-1 {
+		t.Errorf("left %d (counted %d), still held %d, held %d, admitted %d: want some gone, each held one admitted or gone", g.left, r.ServerLeft, g.held, r.ServerHeld, len(g.order))
+	}
+	if r.All.Handled != len(g.order) || r.All.OK == 0 || r.Codes["DeadlineExceeded"] != r.All.Calls-r.All.OK {
+		t.Errorf("%+v, codes %v: want the %d admitted handled, and every call not ok out of time", r.All, r.Codes, len(g.order))
+	}
+}

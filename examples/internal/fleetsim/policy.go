@@ -81,6 +81,7 @@ type Call struct {
 	pushback time.Duration   // the reply's pushback, while the reply travels
 	ov       overload.Ticket // the suite's server: the attempt's ticket
 	svr      bool            // the suite's server admitted the attempt
+	held     bool            // the attempt waits in its server's queue (Held)
 	slow     bool
 }
 
@@ -105,13 +106,40 @@ type Client interface {
 	End(c *Call, now time.Time, ok bool)
 }
 
+// Admission is a server policy's decision on an attempt.
+type Admission uint8
+
+// The decisions on an attempt.
+const (
+	// Refused: the attempt is answered at once, with the decision's
+	// Outcome.
+	Refused Admission = iota
+	// Admitted: the attempt goes to the handler (its workers and queue).
+	Admitted
+	// Held: the attempt waits in the server's own queue, before the
+	// handler, holding no worker, until the server decides it (see
+	// Server.Decide) or its caller leaves (Server.Leave).
+	Held
+)
+
 // Server is one backend's server-side policy: what runs before the
 // handler.
 type Server interface {
 	// Admit decides an attempt arriving at now, retry saying whether it
 	// says it is one and budgeted whether its client's budget paid for
-	// it. A refused attempt is answered at once with the returned Outcome.
-	Admit(c *Call, now time.Time, retry, budgeted bool) (bool, Outcome)
+	// it (the client's word). A refused attempt is answered at once with
+	// the returned Outcome.
+	Admit(c *Call, now time.Time, retry, budgeted bool) (Admission, Outcome)
+	// Decide is asked, at now, about an attempt that Admit held: still
+	// Held, or Admitted, or Refused with the Outcome to answer. The kernel
+	// asks about a backend's held attempts in the order they arrived,
+	// after each Admit and each Done of that backend (when a place may
+	// have freed), until one is still held; it does not ask about an
+	// attempt whose caller's deadline has come.
+	Decide(c *Call, now time.Time) (Admission, Outcome)
+	// Leave is told that the caller of an attempt still held left at now
+	// (its deadline passed): the attempt is gone, and nothing answers it.
+	Leave(c *Call, now time.Time)
 	// Done is told how an admitted attempt ended at the handler, at now:
 	// its code, and whether its caller had left (its deadline passed)
 	// while it ran.

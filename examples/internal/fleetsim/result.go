@@ -57,6 +57,11 @@ type Result struct {
 	// refused; Wasted the requests the handler completed after their
 	// caller had left.
 	RefusedFirst, RefusedRetry, ServerRefused, Wasted int
+	// ServerHeld counts the attempts the server policy held in its own
+	// queue before deciding them (the suite's server at an engaged
+	// adaptive limit), ServerLeft those of them whose callers left while
+	// held (neither admitted nor refused).
+	ServerHeld, ServerLeft int
 	// Codes counts how the calls ended, by code.
 	Codes map[string]int
 	// Series is the run over time, one entry per Step: the calls due in
@@ -89,6 +94,8 @@ type meter struct {
 	refusedFirst     int
 	refusedRetry     int
 	serverRefused    int
+	serverHeld       int
+	serverLeft       int
 	wasted           int
 	clients          int
 }
@@ -157,6 +164,7 @@ func (m *meter) result(cfg *Config) *Result {
 		Window: m.window(m.from, m.to), First: m.window(m.from, m.settle), After: m.window(m.settle, m.to),
 		All:          m.window(0, int64(cfg.Duration)),
 		RefusedFirst: m.refusedFirst, RefusedRetry: m.refusedRetry, ServerRefused: m.serverRefused, Wasted: m.wasted,
+		ServerHeld: m.serverHeld, ServerLeft: m.serverLeft,
 		Codes: map[string]int{}, FailureStart: time.Duration(m.from), FailureEnd: time.Duration(m.to),
 		Calls: m.calls, OK: m.ok, Sent: m.sentAt, HandledAt: m.handAt, Recovery: -1,
 	}
