@@ -8,10 +8,8 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
-	"google.golang.org/grpc/status"
 
 	"github.com/stormguard/stormguard/deadline"
 	"github.com/stormguard/stormguard/idempotency"
@@ -249,12 +247,6 @@ func (c *call) RetryIf(o engine.Outcome) bool {
 		err = c.timeoutError()
 	}
 	return f(c.ctx, c.route.method, err)
-}
-
-// timeoutError is the status of an attempt that ran past its per-attempt
-// timeout.
-func (c *call) timeoutError() error {
-	return status.Errorf(codes.DeadlineExceeded, "stormguard: no answer within the per-attempt timeout (%v)", c.route.eng.PerAttempt)
 }
 
 // callerScope returns what identifies the caller's logical call in ctx: its

@@ -167,7 +167,7 @@ func (c *call) open(a *attempt, kind engine.Kind, mode attemptMode) (Reason, err
 	}
 	a.ctx, a.cancel, a.span, a.pt, a.ended, a.creds, a.peerp = nil, nil, nil, nil, 0, nil, nil
 	a.shared = mode == streamAttemptMode
-	if reason, err := c.admitted(c.e.Open(&a.Attempt, kind, now), now); reason != "" {
+	if reason, err := c.admitted(&a.Attempt, c.e.Open(&a.Attempt, kind, now), now); reason != "" {
 		return reason, err
 	}
 	actx := c.ctx

@@ -17,27 +17,27 @@ import (
 // target serves nothing, the service config's throttle, the budget, the
 // endpoints, shadow mode); here is what its answers become for a grpc-go
 // caller: the status a call refused before it sent anything fails with,
-// and the events of shadow mode and of probes.
+// and the events of shadow mode, of probes and of hedges.
 
-// admitted records what the engine's admission said of an attempt at now
-// (a refusal that did not stand in shadow mode, a probe), and returns why
-// the attempt may not be sent ("" when it may), with the status a call
-// refused before it sent anything fails with.
-func (c *call) admitted(adm engine.Admission, now time.Time) (Reason, error) {
+// admitted records what the engine's admission said of attempt a at now
+// (a refusal that did not stand in shadow mode, a probe, a hedge sent),
+// and returns why a may not be sent ("" when it may), with the status a
+// call refused before it sent anything fails with.
+func (c *call) admitted(a *engine.Attempt, adm engine.Admission, now time.Time) (Reason, error) {
 	if adm.Would != 0 {
 		c.wouldRefuse(reasonOf(adm.Would))
 	}
 	if adm.Probe != 0 {
 		c.event(semconv.EventOuterProbe, semconv.AttrReason.String(adm.Probe.String()))
 	}
-	if adm.Refused == 0 {
-		return "", nil
+	switch {
+	case adm.Refused != 0:
+		return reasonOf(adm.Refused), c.gateError(adm, now)
+	case a.Kind == engine.Hedge:
+		c.event(semconv.EventHedgeSent, semconv.AttrPreviousAttempts.Int(c.e.Sent()-1))
 	}
-	return reasonOf(adm.Refused), c.gateError(adm, now)
+	return "", nil
 }
-
-// reasonOf is the Reason the engine's refusal r shows.
-func reasonOf(r engine.Reason) Reason { return Reason(r.String()) }
 
 // gateError is the status of a call refused at now, before it sent
 // anything, by the gate that refused it: time left, or the open breaker.

@@ -145,39 +145,43 @@ func (h *hedger) send(c *call, a *attempt) outcome {
 }
 
 // answer takes a finished attempt through the call's step, with the
-// attempts still in flight; done says the call is over, with err.
+// attempts still in flight; done says the call is over, with err. An
+// attempt refused at its pick (a fail-over retry with nowhere to go that
+// the budget would not pay for) was never sent; nor is a retry the
+// admission refuses. While others run, nothing more is sent then, and
+// one of them may yet answer.
 func (h *hedger) answer(c *call, res hedgeResult) (done bool, err error) {
 	h.inflight--
 	a := res.a.attempt
-	if reason, perr := c.atPick(a); reason != "" {
-		if h.inflight == 0 || a.Kind == engine.First {
-			return true, c.notSent(reason, perr)
+	reason, err := c.atPick(a)
+	sent := reason == ""
+	if sent {
+		var next engine.Next
+		switch next, err = c.step(a, outcome{err: res.err, tr: res.a.trailer}, h.inflight); {
+		case next == engine.Done:
+			h.winner = res.a
+			return true, err
+		case next == engine.Wait:
+			h.refused(c, "", "") // refused, recorded by the step
+			return false, nil
+		case err != nil:
+			return true, err // the caller left
 		}
-		// A fail-over retry with nowhere to go that the budget would not
-		// pay for: not sent. Nothing more is sent; an attempt still
-		// running may yet answer.
-		h.stop(c)
-		c.refuse(reason, semconv.EventRetryRefused)
-		return false, nil
-	}
-	switch next, err := c.step(a, outcome{err: res.err, tr: res.a.trailer}, h.inflight); {
-	case next == engine.Done:
-		h.winner = res.a
-		return true, err
-	case next == engine.Wait:
-		h.stop(c) // one of the others may succeed
-		return false, nil
-	case err != nil:
-		return true, err // the caller left
-	}
-	if reason, err := h.open(c, engine.Retry); reason != "" {
+		if reason, err = h.open(c, engine.Retry); reason == "" {
+			h.arm(c)
+			return false, nil
+		}
 		if h.inflight == 0 {
 			h.winner = res.a
-			return true, c.notSent(reason, err)
 		}
-		h.stop(c)
 	}
-	h.arm(c)
+	if h.inflight == 0 || (!sent && a.Kind == engine.First) {
+		return true, c.notSent(reason, err)
+	}
+	if sent {
+		reason = "" // recorded by the admission, if at all
+	}
+	h.refused(c, reason, semconv.EventRetryRefused)
 	return false, nil
 }
 
@@ -201,12 +205,9 @@ func (h *hedger) fire(c *call) {
 		reason, _ = h.open(c, engine.Hedge)
 	}
 	if reason != "" {
-		c.refuse(reason, semconv.EventHedgeRefused)
-		h.hedging = false
-		h.arm(c) // a per-attempt timeout may still be due
+		h.refused(c, reason, semconv.EventHedgeRefused) // a per-attempt timeout may still be due
 		return
 	}
-	c.event(semconv.EventHedgeSent, semconv.AttrPreviousAttempts.Int(c.e.Sent()-1))
 	h.arm(c)
 }
 
@@ -220,12 +221,13 @@ func (h *hedger) timedOut(c *call, now time.Time) {
 		reason = c.e.Peek(now, engine.Retry, true)
 	}
 	if reason != 0 {
-		h.keep(c, reasonOf(reason))
+		h.refused(c, reasonOf(reason), semconv.EventTimeoutKept)
 		return
 	}
-	c.scheduled(engine.Verdict{}, c.timeoutError(), nil)
+	err := c.timeoutError()
+	c.scheduled(engine.Verdict{}, err, nil)
 	if reason, _ := h.open(c, engine.Retry); reason != "" {
-		h.keep(c, reason)
+		h.refused(c, reason, semconv.EventTimeoutKept)
 		return
 	}
 	h.arm(c)
@@ -271,17 +273,23 @@ func runHedgeAttempt(wg *sync.WaitGroup, results chan<- hedgeResult, ha *hedgeAt
 	results <- hedgeResult{a: ha, err: err}
 }
 
-// keep records that no retry was sent on a per-attempt timeout, for
-// reason.
-func (h *hedger) keep(c *call, reason Reason) {
-	c.refuse(reason, semconv.EventTimeoutKept)
-	h.timing = false
-	h.arm(c) // a hedge may still be due
-}
-
-// stop sends nothing more: the attempts in flight may yet answer.
-func (h *hedger) stop(c *call) {
-	h.hedging, h.timing = false, false
+// refused records that what event says (a retry after a failure, a hedge,
+// a retry beside a slow attempt) was refused for reason, and sends no
+// more of it: after a failure, nothing more is sent; the attempts in
+// flight may yet answer, and a timer of the other kind may still be due.
+// An empty reason records nothing.
+func (h *hedger) refused(c *call, reason Reason, event string) {
+	if reason != "" {
+		c.refuse(reason, event)
+	}
+	switch event {
+	case semconv.EventHedgeRefused:
+		h.hedging = false
+	case semconv.EventTimeoutKept:
+		h.timing = false
+	default:
+		h.hedging, h.timing = false, false
+	}
 	h.arm(c)
 }
 

@@ -5,6 +5,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -150,4 +151,13 @@ func (c *call) endCall(err error) {
 		t.retryDelay.Record(c.ctx, c.e.Idle().Seconds(), rt.perCallOpts()...)
 	}
 	endSpan(c.span, code, st.Message())
+}
+
+// reasonOf is the Reason the engine's refusal r shows.
+func reasonOf(r engine.Reason) Reason { return Reason(r.String()) }
+
+// timeoutError is the status of an attempt that ran past its per-attempt
+// timeout.
+func (c *call) timeoutError() error {
+	return status.Errorf(codes.DeadlineExceeded, "stormguard: no answer within the per-attempt timeout (%v)", c.route.eng.PerAttempt)
 }
