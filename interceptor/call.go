@@ -56,6 +56,24 @@ type call struct {
 	madeKey string
 }
 
+// Per-call options.
+
+// MaxAttempts limits the attempts of one call, the first included
+// (1 disables retries and hedging for the call). It can raise the client's
+// limit up to 10, but never makes a method that may not be repeated retry.
+func MaxAttempts(n int) grpc.CallOption { return maxAttemptsOption{n: clampAttempts(n)} }
+
+// NoHedging turns hedging off for one call; failed attempts may still be
+// retried.
+func NoHedging() grpc.CallOption { return noHedgingOption{} }
+
+type maxAttemptsOption struct {
+	grpc.EmptyCallOption
+	n int
+}
+
+type noHedgingOption struct{ grpc.EmptyCallOption }
+
 // callSettings are the per-call options found among a call's CallOptions.
 type callSettings struct {
 	maxAttempts int
