@@ -252,21 +252,6 @@ func (c *call) priorityFrom(ctx context.Context) context.Context {
 	return ctx
 }
 
-// RetryIf implements engine.Host: it asks RetryPolicy.If, if any, whether
-// the failure o may be retried (o.Err, or, for an attempt about to run
-// past its per-attempt timeout, DEADLINE_EXCEEDED).
-func (c *call) RetryIf(o engine.Outcome) bool {
-	f := c.client.o.retryIf
-	if f == nil {
-		return true
-	}
-	err := o.Err
-	if err == nil {
-		err = c.timeoutError()
-	}
-	return f(c.ctx, c.route.method, err)
-}
-
 // callerScope returns what identifies the caller's logical call in ctx: its
 // Done channel, shared by the contexts a loop derives from it for each try
 // (metadata, values); or, for a context that is never done, the context
@@ -361,8 +346,8 @@ func (a *attempt) endOnce() bool {
 
 // peer returns the endpoint a went to, if known.
 func (a *attempt) peer() net.Addr {
-	if a.creds != nil && a.creds.sent.addr != nil {
-		return a.creds.sent.addr
+	if a.creds != nil && a.creds.committed.addr != nil {
+		return a.creds.committed.addr
 	}
 	if a.peerp != nil {
 		return a.peerp.Addr

@@ -53,16 +53,16 @@ type attemptCreds struct {
 	n     atomic.Int32
 	tries int32
 
-	called atomic.Bool // GetRequestMetadata ran since prepare
-	mu     sync.Mutex
-	pick   engine.Pick // the attempt's picks, judged under mu
-	staged pickSeen    // what the last pick decided, written under mu
-	sent   pickSeen    // what the attempt's last pick decided, once the invocation returned (collect)
+	called    atomic.Bool // GetRequestMetadata ran since prepare
+	mu        sync.Mutex
+	pick      engine.Pick // the attempt's picks, judged under mu
+	staged    pickSeen    // what the last pick decided, written under mu
+	committed pickSeen    // what the attempt's last pick decided, once the invocation returned (collect)
 }
 
 // pickSeen is what a pick decided.
 type pickSeen struct {
-	addr    net.Addr // where it went (sent: nil when it was not sent there)
+	addr    net.Addr // where it went (committed: nil when it was not sent there)
 	again   bool     // the endpoint is avoided: the attempt is invoked again
 	refused bool     // refused for good (a guarded pick, an unpaid fail-over); in shadow mode sent all the same
 	stands  bool     // ...and the refusal stands
@@ -128,7 +128,7 @@ func (a *attemptCreds) RequireTransportSecurity() bool {
 }
 
 // collect runs after an invocation: it commits what the last pick
-// decided (a.sent), and reports whether the pick was of an endpoint the
+// decided (a.committed), and reports whether the pick was of an endpoint the
 // attempt avoids (see errAvoided), in which case the caller invokes
 // again. Nothing to lock when grpc never asked (the attempt failed before
 // a pick, or no transport ran).
@@ -143,13 +143,13 @@ func (a *attemptCreds) collect() (again bool) {
 		return false
 	}
 	a.mu.Lock()
-	a.sent, a.staged = a.staged, pickSeen{}
+	a.committed, a.staged = a.staged, pickSeen{}
 	a.mu.Unlock()
-	if a.sent.again || (a.sent.refused && a.sent.stands) {
-		a.sent.addr = nil // not sent there
+	if a.committed.again || (a.committed.refused && a.committed.stands) {
+		a.committed.addr = nil // not sent there
 	}
 	a.called.Store(false)
-	return a.sent.again
+	return a.committed.again
 }
 
 // recount starts counting grpc-go's attempts again, before an attempt is
@@ -173,7 +173,7 @@ func (a *attemptCreds) triesSoFar() int32 {
 // GetRequestMetadata runs concurrently: grpc calls it only once the
 // attempt is invoked.
 func (a *attemptCreds) prepare(c *call, at *attempt) {
-	a.pick, a.staged, a.sent = c.e.Pick(&at.Attempt), pickSeen{}, pickSeen{}
+	a.pick, a.staged, a.committed = c.e.Pick(&at.Attempt), pickSeen{}, pickSeen{}
 	a.count, a.tries = c.watched != nil, 0
 	if a.n.Load() != 0 { // a load is cheaper than a store
 		a.n.Store(0)
@@ -187,7 +187,7 @@ func (a *attemptCreds) reset(c *call, cs *callSettings) {
 	if c != nil {
 		a.client, a.prio, a.deadline = c.client, c.prio, c.e.Deadline
 	} else {
-		a.pick, a.staged, a.sent = engine.Pick{}, pickSeen{}, pickSeen{}
+		a.pick, a.staged, a.committed = engine.Pick{}, pickSeen{}, pickSeen{}
 		a.count, a.tries = false, 0
 	}
 	if cs != nil && cs.hasCreds {
@@ -224,7 +224,7 @@ func (c *call) atPick(a *attempt) (Reason, error) {
 	if !a.AtPick() {
 		return "", nil
 	}
-	refused := a.creds != nil && a.creds.sent.refused
+	refused := a.creds != nil && a.creds.committed.refused
 	now := c.client.now()
 	adm := c.e.Picked(&a.Attempt, refused, now)
 	if adm.Would != 0 {

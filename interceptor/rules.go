@@ -94,3 +94,18 @@ func retryInfoOf(err error) engine.Delay {
 	}
 	return out
 }
+
+// RetryIf implements engine.Host: it asks RetryPolicy.If, if any, whether
+// the failure o may be retried (o.Err, or, for an attempt about to run
+// past its per-attempt timeout, DEADLINE_EXCEEDED).
+func (c *call) RetryIf(o engine.Outcome) bool {
+	f := c.client.o.retryIf
+	if f == nil {
+		return true
+	}
+	err := o.Err
+	if err == nil {
+		err = c.timeoutError()
+	}
+	return f(c.ctx, c.route.method, err)
+}
