@@ -23,7 +23,10 @@ import (
 // from a server, by grpc-retry-pushback-ms or by google.rpc.RetryInfo: a
 // server asking for a longer wait is taken to mean "do not retry", so that
 // a call without a deadline never sleeps for days on a server's word.
-const MaxPushback = engine.MaxPushback
+const MaxPushback = time.Minute
+
+// The engine takes the same longest delay (a constant overflow otherwise).
+const _ = uint64(MaxPushback-engine.MaxPushback) + uint64(engine.MaxPushback-MaxPushback)
 
 // pushbackOf reads grpc-retry-pushback-ms from trailers (see
 // parsePushback).
