@@ -17,14 +17,13 @@ import (
 // slow one it rescues; the floor keeps hedges to the attempts that are
 // slow for their method. The median is interpolated within its bucket (as
 // if the bucket's attempts were spread evenly over it), not taken at the
-// bucket's upper bound: that bound overstates the median by up to a
-// bucket's width, 12.5%, and so the floor by up to three times that, a
-// delay that a slow attempt's caller waits out in full and that jumps
-// whenever the median crosses a bucket's edge. See delayOf. It is
-// lock-free: an observation
-// is two atomic adds; every recomputeEvery observations, one of them
-// recomputes the quantile. Counts are halved when they pass decayAt, so the
-// delay follows the latency of the last few thousand attempts.
+// bucket's upper bound: that bound overstates the median, and so the
+// floor, by up to a bucket's width (12.5%), a delay that every slow
+// attempt's caller waits out in full, and makes the floor jump whenever
+// the median crosses a bucket's edge. See delayOf. It is lock-free: an
+// observation is two atomic adds; every recomputeEvery observations, one
+// of them recomputes the delay. Counts are halved when they pass decayAt,
+// so the delay follows the latency of the last few thousand attempts.
 //
 // An attempt cancelled because another attempt won is recorded at the time
 // it had run when it was cancelled: a lower bound of its latency. Quantiles
