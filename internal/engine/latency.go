@@ -15,10 +15,15 @@ import (
 // same time and a few take far longer (a long tail), the quantile alone
 // falls among the ordinary ones and hedges them by the hundred for each
 // slow one it rescues; the floor keeps hedges to the attempts that are
-// slow for their method. It is lock-free: an observation
-// is two atomic adds; every recomputeEvery observations, one of them
-// recomputes the quantile. Counts are halved when they pass decayAt, so the
-// delay follows the latency of the last few thousand attempts.
+// slow for their method. The median is interpolated within its bucket (as
+// if the bucket's attempts were spread evenly over it), not taken at the
+// bucket's upper bound: that bound overstates the median, and so the
+// floor, by up to a bucket's width (12.5%), a delay that every slow
+// attempt's caller waits out in full, and makes the floor jump whenever
+// the median crosses a bucket's edge. See delayOf. It is lock-free: an
+// observation is two atomic adds; every recomputeEvery observations, one
+// of them recomputes the delay. Counts are halved when they pass decayAt,
+// so the delay follows the latency of the last few thousand attempts.
 //
 // An attempt cancelled because another attempt won is recorded at the time
 // it had run when it was cancelled: a lower bound of its latency. Quantiles
@@ -80,19 +85,43 @@ func (l *Latency) recompute() {
 	if total == 0 {
 		return
 	}
-	d := int64(-1)
-	if i, ok := loghist.Quantile(counts[:], total, l.q); ok {
-		d = int64(upperBound(i))
-		if m, ok := loghist.Quantile(counts[:], total, 0.5); ok {
-			d = max(d, hedgeFloor*int64(upperBound(m)))
-		}
-	}
-	l.delay.Store(d)
+	l.delay.Store(delayOf(&counts, total, l.q))
 	if total > decayAt {
 		for i := range l.buckets {
 			l.buckets[i].Store(l.buckets[i].Load() / 2)
 		}
 	}
+}
+
+// delayOf returns the hedging delay in ns for counts, which hold total
+// observations: the upper bound of the q-quantile's bucket, and at least
+// hedgeFloor times the median, interpolated within its bucket; -1 if
+// counts hold fewer than total. It is cheap: two passes over the buckets,
+// no sorting.
+func delayOf(counts *[numBuckets]uint32, total uint64, q float64) int64 {
+	i, ok := loghist.Quantile(counts[:], total, q)
+	if !ok {
+		return -1
+	}
+	d := int64(upperBound(i))
+	// The median: the rank total/2 among the attempts of its bucket m,
+	// spread evenly between the bucket's bounds.
+	rank := total / 2
+	var below uint64 // the attempts in the buckets before m
+	for m, c := range counts {
+		if below+uint64(c) <= rank {
+			below += uint64(c)
+			continue
+		}
+		lo := int64(0)
+		if m > 0 {
+			lo = int64(upperBound(m - 1))
+		}
+		width := int64(upperBound(m)) - lo
+		median := lo + int64(float64(width)*float64(rank-below)/float64(c))
+		return max(d, hedgeFloor*median)
+	}
+	return d
 }
 
 // hedgeDelay returns the adaptive delay, or false while there is not enough
