@@ -83,7 +83,7 @@ func TestHedgeDelayFloorIsThreeInterpolatedMedians(t *testing.T) {
 		want:    6174720 * time.Nanosecond,
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := newLatency(0.925)
+			l := NewLatency(0.925)
 			// In a fixed mixed order: the delay depends only on the
 			// counts when it is recomputed.
 			var order []time.Duration
