@@ -160,7 +160,7 @@ func trainedGuard(t *testing.T, now time.Time) *overload.Guard {
 	m := g.Method(echov1.EchoService_Put_FullMethodName)
 	var open []overload.Ticket
 	admit := func() {
-		tk, d := m.AdmitAt(clock, clock.Add(time.Hour), true, false)
+		tk, d := m.AdmitAt(clock, overload.Request{Deadline: clock.Add(time.Hour)})
 		require.Equal(t, overload.Admitted, d.Reason)
 		open = append(open, tk)
 	}

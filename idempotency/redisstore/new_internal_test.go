@@ -94,15 +94,12 @@ func TestNewResolvesConfig(t *testing.T) {
 			}
 		})
 	}
-	c := Config{Client: rc, Breaker: breaker.Config{Target: "mine"}}
+	c := Config{Client: rc}
 	s, err := New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if got := s.br.Target(); got != "mine" {
-		t.Errorf("breaker target %q, want the one given", got)
-	}
 	s2, err := New(c)
 	if err != nil {
 		t.Fatal(err)

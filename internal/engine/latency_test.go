@@ -1,4 +1,4 @@
-package interceptor
+package engine
 
 import (
 	"math/rand/v2"
@@ -29,7 +29,7 @@ func TestLatencyBuckets(t *testing.T) {
 // attempts and hedging never stops; the delay is three times the median
 // attempt's (1.5 ms, within a bucket), above the fast attempts.
 func TestLatencyQuantileWithCensoredAttempts(t *testing.T) {
-	l := newLatency(0.925)
+	l := NewLatency(0.925)
 	if _, ok := l.hedgeDelay(); ok {
 		t.Fatal("a delay before any data")
 	}
@@ -83,7 +83,7 @@ func TestHedgeDelayFloorIsThreeInterpolatedMedians(t *testing.T) {
 		want:    6174720 * time.Nanosecond,
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := newLatency(0.925)
+			l := NewLatency(0.925)
 			// In a fixed mixed order: the delay depends only on the
 			// counts when it is recomputed.
 			var order []time.Duration

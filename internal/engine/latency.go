@@ -1,4 +1,4 @@
-package interceptor
+package engine
 
 import (
 	"sync/atomic"
@@ -7,7 +7,7 @@ import (
 	"github.com/stormguard/stormguard/internal/loghist"
 )
 
-// latency tracks one route's attempt latencies in a log-linear histogram
+// Latency tracks one route's attempt latencies in a log-linear histogram
 // (about 12% wide buckets from 1µs to hours) to choose an adaptive hedging
 // delay: the q-quantile of recent attempts, and at least hedgeFloor times
 // their median. An attempt only a little slower than most is about to
@@ -32,7 +32,9 @@ import (
 // attempts as "longer than anything" instead would make the quantile land
 // among them whenever hedges win more often than the budget ratio, and stop
 // hedging exactly when it helps.
-type latency struct {
+//
+// Make one with NewLatency; a Latency is safe for concurrent use.
+type Latency struct {
 	q       float64
 	buckets [numBuckets]atomic.Uint32
 	n       atomic.Uint32
@@ -51,8 +53,10 @@ const (
 
 var layout = loghist.Layout{K: 3, N: numBuckets}
 
-func newLatency(q float64) *latency {
-	l := &latency{q: q}
+// NewLatency returns the Latency of a route that hedges at the q-quantile
+// of its attempts.
+func NewLatency(q float64) *Latency {
+	l := &Latency{q: q}
 	l.delay.Store(-1)
 	return l
 }
@@ -64,14 +68,14 @@ func upperBound(i int) time.Duration { return layout.UpperBound(i) }
 
 // observe records an attempt that took d (or, if it was cancelled, had run
 // for d).
-func (l *latency) observe(d time.Duration) {
+func (l *Latency) observe(d time.Duration) {
 	l.buckets[bucketOf(d)].Add(1)
 	if n := l.n.Add(1); n >= warmup && n%recomputeEvery == 0 {
 		l.recompute()
 	}
 }
 
-func (l *latency) recompute() {
+func (l *Latency) recompute() {
 	var counts [numBuckets]uint32
 	var total uint64
 	for i := range l.buckets {
@@ -122,7 +126,7 @@ func delayOf(counts *[numBuckets]uint32, total uint64, q float64) int64 {
 
 // hedgeDelay returns the adaptive delay, or false while there is not enough
 // data.
-func (l *latency) hedgeDelay() (time.Duration, bool) {
+func (l *Latency) hedgeDelay() (time.Duration, bool) {
 	d := l.delay.Load()
 	return time.Duration(d), d >= 0
 }
