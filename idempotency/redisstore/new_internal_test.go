@@ -7,7 +7,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/idempotency/redisstore/internal/redistest"
 )
