@@ -87,7 +87,7 @@ const (
 
 // New returns a closed Breaker configured by c (see Config for defaults).
 // Its target is "": a Registry names its breakers.
-func New(c Config) *Breaker { return newNamed("", c) }
+func New(c Config) *Breaker { return newNamed(c.name, c) }
 
 // newNamed returns a closed Breaker for target configured by c.
 func newNamed(target string, c Config) *Breaker {

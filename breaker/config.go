@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/stormguard/stormguard/internal/breakername"
 	"github.com/stormguard/stormguard/internal/breakerrand"
 	"github.com/stormguard/stormguard/internal/satmath"
 )
@@ -110,10 +111,16 @@ type Config struct {
 	// module's tests and simulators seed it (internal/breakerrand), so that
 	// a half-open instant is exact or a run repeats.
 	rand func() float64
+
+	// name is the Target of the Breaker New makes; "" by default. It is no
+	// configuration: the module's client names its routes' breakers
+	// (internal/breakername); a Registry names its own.
+	name string
 }
 
 func init() {
 	breakerrand.Set = func(c any, f func() float64) { c.(*Config).rand = f }
+	breakername.Set = func(c any, name string) { c.(*Config).name = name }
 }
 
 // settings is a Config with defaults applied and every value valid.

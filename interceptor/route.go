@@ -9,6 +9,7 @@ import (
 
 	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/internal/breakername"
 	"github.com/stormguard/stormguard/internal/engine"
 	"github.com/stormguard/stormguard/internal/protoreg"
 )
@@ -202,7 +203,8 @@ func (c *Client) newBreaker(k routeKey, known bool) *routeBreaker {
 			callHook(c, "OnBreakerChange", c.o.hooks.OnBreakerChange, BreakerEvent{Target: k.target, Method: k.method, From: from, To: to})
 		}
 	}
-	rb.b = breaker.NewRegistry(cfg).For(k.target + k.method)
+	breakername.Set(&cfg, k.target+k.method)
+	rb.b = breaker.New(cfg)
 	return rb
 }
 
