@@ -85,6 +85,9 @@ type callSettings struct {
 }
 
 func scanCallOptions(opts []grpc.CallOption) (s callSettings) {
+	if len(opts) == 0 {
+		return s
+	}
 	for _, o := range opts {
 		switch o := o.(type) {
 		case maxAttemptsOption:
@@ -119,7 +122,7 @@ type shape struct{ hedge, beside bool }
 // request, by which a try that comes back is known (nil for streams). It
 // sets c.ctx to the context the attempts are sent with, and returns the
 // CancelFunc to call when the call is over and how its attempts are sent.
-func (c *call) setup(ctx context.Context, cs callSettings, cc *grpc.ClientConn, w *svcconfig.Watch, req any) (context.CancelFunc, shape, error) {
+func (c *call) setup(ctx context.Context, cs *callSettings, cc *grpc.ClientConn, w *svcconfig.Watch, req any) (context.CancelFunc, shape, error) {
 	r := c.route
 	now := c.client.now()
 	if req != nil {
@@ -206,7 +209,7 @@ func (c *call) startSpan(ctx context.Context) {
 // metadata: the caller's (its call option, or its context), or, for a
 // retry_with_key method, one the Client makes (the same for every try of
 // a logical call that came back). It reports whether the call has a key.
-func (c *call) withKey(ctx context.Context, cs callSettings) (context.Context, bool, error) {
+func (c *call) withKey(ctx context.Context, cs *callSettings) (context.Context, bool, error) {
 	key, hasKey := cs.key, cs.hasKey
 	if !hasKey {
 		key, hasKey = idempotency.KeyFromContext(ctx)

@@ -113,7 +113,7 @@ func (c *call) step(a *attempt, out outcome, others int) (engine.Next, error) {
 func (c *call) outcome(o *engine.Outcome, a *attempt, err error, tr metadata.MD) {
 	o.Endpoint, o.At, o.Err = a.peer(), a.Start, err
 	if err == nil {
-		if a.span != nil || c.route.eng.Latency != nil || c.client.tel.duration.Enabled(c.ctx) {
+		if a.span != nil || c.route.eng.Latency != nil || c.client.tel.durationOn(c.ctx) {
 			o.At = c.client.now()
 		}
 		return
@@ -181,8 +181,8 @@ func (c *call) open(a *attempt, kind engine.Kind, mode attemptMode) (Reason, err
 		}
 	}
 	actx = c.attemptContext(actx, a, now, mode)
-	ao := c.route.tel.attemptOpts(kind)
 	if c.recording {
+		ao := c.route.tel.attemptOpts(kind)
 		actx, a.span = c.client.tel.tracer.Start(actx, c.route.tel.attemptSpanName(), ao.span...)
 		a.span.SetAttributes(semconv.AttrPreviousAttempts.Int(c.e.Prior() + c.e.Sent() - 1))
 	}
@@ -194,8 +194,8 @@ func (c *call) open(a *attempt, kind engine.Kind, mode attemptMode) (Reason, err
 		p.Inject(actx, mdCarrier(md))
 		actx = metadata.NewOutgoingContext(actx, md)
 	}
-	if !a.AtPick() {
-		c.client.tel.attempts.Add(c.ctx, 1, ao.metric...)
+	if !a.AtPick() && c.client.tel.metrics {
+		c.client.tel.attempts.Add(c.ctx, 1, c.route.tel.attemptOpts(kind).metric...)
 	}
 	a.ctx = actx
 	return "", nil

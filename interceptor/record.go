@@ -121,11 +121,30 @@ func (c *call) event(name string, attrs ...attribute.KeyValue) {
 // back is not another logical call: the calls and the call duration count
 // its logical call's first try only.
 func (c *call) endCall(err error) {
-	st, _ := status.FromError(err)
-	code := st.Code()
+	code, msg := codes.OK, ""
+	if err != nil {
+		st, _ := status.FromError(err)
+		code, msg = st.Code(), st.Message()
+	}
 	if p := &c.route.eng.Probes; err == nil && p.Locked() {
 		p.Heal(c.client.now())
 	}
+	if c.client.tel.metrics {
+		c.recordCall(code)
+	}
+	if c.recording {
+		switch {
+		case c.e.Rule.FromServiceConfig:
+			c.span.SetAttributes(semconv.AttrServiceConfig.String(scApplied))
+		case c.scIgnored != "":
+			c.span.SetAttributes(semconv.AttrServiceConfig.String(c.scIgnored))
+		}
+	}
+	endSpan(c.span, code, msg)
+}
+
+// recordCall records the call's metrics, for its status code.
+func (c *call) recordCall(code codes.Code) {
 	t, rt := c.client.tel, c.route.tel
 	if c.back == nil {
 		t.calls.Add(c.ctx, 1, rt.callOpts(code)...)
@@ -139,18 +158,9 @@ func (c *call) endCall(err error) {
 	if n := c.e.Hedges(); n > 0 {
 		t.hedges.Record(c.ctx, int64(n), rt.perCallOpts()...)
 	}
-	if c.recording {
-		switch {
-		case c.e.Rule.FromServiceConfig:
-			c.span.SetAttributes(semconv.AttrServiceConfig.String(scApplied))
-		case c.scIgnored != "":
-			c.span.SetAttributes(semconv.AttrServiceConfig.String(c.scIgnored))
-		}
-	}
 	if c.e.Retries() > 0 || c.e.Hedges() > 0 {
 		t.retryDelay.Record(c.ctx, c.e.Idle().Seconds(), rt.perCallOpts()...)
 	}
-	endSpan(c.span, code, st.Message())
 }
 
 // reasonOf is the Reason the engine's refusal r shows.

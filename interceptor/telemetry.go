@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	otelconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -35,6 +36,7 @@ const (
 // telemetry holds the tracer and the instruments of one Client.
 type telemetry struct {
 	tracer      trace.Tracer // nil: spans off (an explicit no-op provider)
+	metrics     bool         // false: an explicit no-op MeterProvider, whose instruments a call skips
 	calls       metric.Int64Counter
 	attempts    metric.Int64Counter
 	refusals    metric.Int64Counter
@@ -57,11 +59,14 @@ func newTelemetry(o *clientOptions, c *Client) *telemetry {
 	}
 	t := &telemetry{}
 	// A no-op provider given explicitly costs nothing at all: no spans are
-	// started (the global provider, which may get an SDK later, always
-	// gets its spans).
+	// started, no instrument is used on a call's path (the global
+	// providers, which may get an SDK later, always get their spans and
+	// measurements).
 	if _, isNoop := tp.(noop.TracerProvider); !isNoop {
 		t.tracer = tp.Tracer(semconv.ScopeName, trace.WithSchemaURL(otelconv.SchemaURL))
 	}
+	_, noMetrics := mp.(metricnoop.MeterProvider)
+	t.metrics = !noMetrics
 	m := mp.Meter(semconv.ScopeName, metric.WithSchemaURL(otelconv.SchemaURL))
 	// Instrument errors go to the global OTel error handler; the returned
 	// instrument is then a working no-op.
@@ -96,6 +101,12 @@ func newTelemetry(o *clientOptions, c *Client) *telemetry {
 	handle(err)
 	t.reg = registerGauges(m, c)
 	return t
+}
+
+// durationOn reports whether the call duration is recorded for a call
+// with ctx.
+func (t *telemetry) durationOn(ctx context.Context) bool {
+	return t.metrics && t.duration.Enabled(ctx)
 }
 
 // latencyBounds are gRFC A66's latency bucket boundaries, in seconds, of

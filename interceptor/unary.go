@@ -31,30 +31,27 @@ func (c *Client) Unary() grpc.UnaryClientInterceptor { return c.unaryInterceptor
 
 func (c *Client) unaryInterceptor(w *svcconfig.Watch) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		return c.unary(ctx, method, req, reply, cc, invoker, opts, w)
+		st := unaryPool.Get().(*unaryState)
+		defer st.release()
+		return st.call(c, ctx, method, req, reply, cc, invoker, opts, w)
 	}
-}
-
-func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, w *svcconfig.Watch) error {
-	st := unaryPool.Get().(*unaryState)
-	defer st.release()
-	return st.call(c, ctx, method, req, reply, cc, invoker, opts, w)
 }
 
 // call runs a unary call of Client cl with st as its state.
 func (st *unaryState) call(cl *Client, ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, w *svcconfig.Watch) error {
 	c := &st.c // cleared when it was put in the pool (release)
 	c.client, c.route = cl, cl.routeOf(targetOf(cc), method)
-	cs := scanCallOptions(opts)
+	cs := &st.cs
+	*cs = scanCallOptions(opts)
 	cancel, sh, err := c.setup(ctx, cs, cc, w, req)
 	if err != nil {
 		return err
 	}
 	defer cancel()
 	if m, ok := reply.(proto.Message); ok && (sh.hedge || sh.beside) {
-		err = runHedged(c, sh, method, req, m, cc, invoker, opts, cs)
+		err = runHedged(c, sh, method, req, m, cc, invoker, opts, *cs)
 	} else {
-		st.method, st.req, st.reply, st.cc, st.invoker, st.cs = method, req, reply, cc, invoker, cs
+		st.method, st.req, st.reply, st.cc, st.invoker = method, req, reply, cc, invoker
 		st.prepare(c, opts)
 		err = c.run(st, c.e.FirstKind(), plainAttempt)
 	}
@@ -95,22 +92,35 @@ type unaryState struct {
 
 	opts     []grpc.CallOption // the caller's, and ours but the credentials
 	withCred []grpc.CallOption // opts and the credentials
-	creds    attemptCreds
-	credsOpt grpc.CallOption
-	tr       metadata.MD
-	trOpt    grpc.CallOption
-	hdr      metadata.MD // a watched call's response header (see grpcRetries)
-	hdrOpt   grpc.CallOption
-	peer     peer.Peer
-	peerOpt  grpc.CallOption
+	buf      []grpc.CallOption // what opts and withCred are cut from when the caller gave options
+	// own are our options, which capture what the call needs to see, in
+	// the order they are sent: the header, the trailer, the peer, the
+	// credentials. A call without options of the caller's sends a run of
+	// them (see prepare).
+	own   [ownLen]grpc.CallOption
+	creds attemptCreds
+	tr    metadata.MD
+	hdr   metadata.MD // a watched call's response header (see grpcRetries)
+	peer  peer.Peer
 }
+
+// The indexes of unaryState.own.
+const (
+	ownHdr = iota
+	ownTr
+	ownPeer
+	ownCreds
+	ownLen
+)
 
 var unaryPool = sync.Pool{New: func() any {
 	s := &unaryState{}
-	s.credsOpt = grpc.PerRPCCredentials(&s.creds)
-	s.trOpt = grpc.TrailerCallOption{TrailerAddr: &s.tr}
-	s.hdrOpt = grpc.HeaderCallOption{HeaderAddr: &s.hdr}
-	s.peerOpt = grpc.PeerCallOption{PeerAddr: &s.peer}
+	s.own = [ownLen]grpc.CallOption{
+		ownHdr:   grpc.HeaderCallOption{HeaderAddr: &s.hdr},
+		ownTr:    grpc.TrailerCallOption{TrailerAddr: &s.tr},
+		ownPeer:  grpc.PeerCallOption{PeerAddr: &s.peer},
+		ownCreds: grpc.PerRPCCredentials(&s.creds),
+	}
 	return s
 }}
 
@@ -127,35 +137,53 @@ func (s *unaryState) clear() {
 	s.method, s.req, s.reply, s.cc, s.invoker, s.cs, s.trp = "", nil, nil, nil, nil, callSettings{}, nil
 	s.tr, s.hdr, s.peer = nil, nil, peer.Peer{}
 	s.creds.reset(nil, nil)
-	clear(s.creds.md)
-	clear(s.opts)
-	s.opts = s.opts[:0]
-	clear(s.withCred)
-	s.withCred = s.withCred[:0]
+	if len(s.creds.md) > 0 {
+		clear(s.creds.md)
+	}
+	s.opts, s.withCred = nil, nil // cut from own or buf
+	clear(s.buf)
+	s.buf = s.buf[:0]
 }
 
-// prepare fills s.opts with the options every attempt of c is sent with:
-// the caller's, and those that capture what the call needs to see. Every
-// attempt learns the endpoint it went to (grpc.Peer); one that may retry
-// also captures its trailer (a server's pushback); a call whose grpc-go
-// retries are watched (see grpcRetries) its header and trailer.
+// prepare sets s.opts to the options every attempt of c is sent with: the
+// caller's, and those that capture what the call needs to see; and
+// s.withCred to them and the call credentials. Every attempt learns the
+// endpoint it went to (grpc.Peer); one that may retry also captures its
+// trailer (a server's pushback); a call whose grpc-go retries are watched
+// (see grpcRetries) its header and trailer.
 func (s *unaryState) prepare(c *call, opts []grpc.CallOption) {
-	s.opts = append(s.opts, opts...)
-	if c.watched != nil {
-		s.opts = append(s.opts, s.hdrOpt)
-	}
-	if c.e.MaxAttempts() > 1 || c.watched != nil {
+	tr := c.e.MaxAttempts() > 1 || c.watched != nil
+	if tr {
 		for _, o := range opts {
 			if t, ok := o.(grpc.TrailerCallOption); ok {
 				s.trp = t.TrailerAddr
 			}
 		}
 		if s.trp == nil {
-			s.opts, s.trp = append(s.opts, s.trOpt), &s.tr
+			s.trp = &s.tr
 		}
 	}
-	s.opts = append(s.opts, s.peerOpt)
 	s.creds.reset(c, &s.cs)
+	if len(opts) == 0 {
+		first := ownPeer
+		switch {
+		case c.watched != nil:
+			first = ownHdr
+		case tr:
+			first = ownTr
+		}
+		s.opts, s.withCred = s.own[first:ownCreds], s.own[first:]
+		return
+	}
+	b := append(s.buf[:0], opts...)
+	if c.watched != nil {
+		b = append(b, s.own[ownHdr])
+	}
+	if s.trp == &s.tr {
+		b = append(b, s.own[ownTr])
+	}
+	b = append(b, s.own[ownPeer], s.own[ownCreds])
+	s.buf, s.opts, s.withCred = b, b[:len(b)-1], b
 }
 
 // attempt returns the call's one attempt value, which its attempts reuse.
@@ -169,7 +197,6 @@ func (s *unaryState) send(c *call, a *attempt) outcome {
 	aopts := s.opts
 	if c.needsCreds(a, &s.cs) {
 		a.creds = creds
-		s.withCred = append(append(s.withCred[:0], s.opts...), s.credsOpt)
 		aopts = s.withCred
 	}
 	a.peerp = &s.peer

@@ -47,7 +47,7 @@ func TestUnaryStateClearDropsEveryReference(t *testing.T) {
 	}
 	st.clear()
 	// The state's own options point into it.
-	self := map[string]bool{"unaryState.credsOpt": true, "unaryState.trOpt": true, "unaryState.hdrOpt": true, "unaryState.peerOpt": true}
+	self := map[string]bool{"unaryState.own": true}
 	var held []string
 	heldRefs(reflect.ValueOf(st).Elem(), "unaryState", self, &held)
 	if len(held) > 0 {
