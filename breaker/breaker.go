@@ -117,6 +117,9 @@ func (b *Breaker) init(c Config) {
 // load each.
 func (b *Breaker) noteOK(now time.Duration) {
 	w := b.s.width
+	if old := b.lastOK.Load(); old != 0 && now-time.Duration(old-1) < w {
+		return // in the bucket noted last, or before it: nothing to divide
+	}
 	bucket := now / w
 	if now < 0 && bucket*w != now {
 		bucket-- // round towards −∞, as the window does
@@ -217,6 +220,16 @@ func (t *Ticket) Done(failed bool) {
 // read the clock (it saves a clock read on the hot path).
 func (t *Ticket) DoneAt(failed bool, now time.Time) {
 	if t.b != nil && atomic.CompareAndSwapUint32(&t.reported, 0, 1) {
+		t.b.report(t.gen, failed, false, t.b.at(now))
+	}
+}
+
+// doneAlone is DoneAt for a Ticket that one goroutine alone reports
+// through (internal/breakerticket): a plain load and store stand in for
+// the compare-and-swap (an atomic store is a locked instruction too).
+func (t *Ticket) doneAlone(failed bool, now time.Time) {
+	if t.b != nil && t.reported == 0 {
+		t.reported = 1
 		t.b.report(t.gen, failed, false, t.b.at(now))
 	}
 }

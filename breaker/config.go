@@ -8,6 +8,7 @@ import (
 
 	"github.com/stormguard/stormguard/internal/breakername"
 	"github.com/stormguard/stormguard/internal/breakerrand"
+	"github.com/stormguard/stormguard/internal/breakerticket"
 	"github.com/stormguard/stormguard/internal/satmath"
 )
 
@@ -121,6 +122,7 @@ type Config struct {
 func init() {
 	breakerrand.Set = func(c any, f func() float64) { c.(*Config).rand = f }
 	breakername.Set = func(c any, name string) { c.(*Config).name = name }
+	breakerticket.DoneAt = func(t any, failed bool, now time.Time) { t.(*Ticket).doneAlone(failed, now) }
 }
 
 // settings is a Config with defaults applied and every value valid.

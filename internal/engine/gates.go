@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/stormguard/stormguard/breaker"
+	"github.com/stormguard/stormguard/internal/breakerticket"
 )
 
 // The admission: may an attempt be sent now (peek), and send it (take).
@@ -309,7 +310,8 @@ func (c *Call) Picked(a *Attempt, refused bool, now time.Time) Admission {
 // with: the breaker (by the attempt's ticket), the endpoint table, the
 // throttle, the route's latency and its probes. abandoned is true for a
 // hedge cancelled because another attempt won, which says nothing about
-// the target.
+// the target. It runs once per attempt, on the goroutine that ends it: the
+// ticket is reported without a compare-and-swap (breakerticket).
 func (c *Call) learn(a *Attempt, o *Outcome, abandoned bool) {
 	r := c.r
 	switch {
@@ -321,7 +323,7 @@ func (c *Call) learn(a *Attempt, o *Outcome, abandoned bool) {
 	case a.shadowed:
 		a.ticket.Ignore()
 	case o.Code == OK:
-		a.ticket.DoneAt(false, o.At)
+		breakerticket.DoneAt(&a.ticket, false, o.At)
 		r.Endpoints.Record(o.Endpoint, false, o.At)
 		if c.Throttle != nil {
 			c.Throttle.Success()
@@ -331,7 +333,7 @@ func (c *Call) learn(a *Attempt, o *Outcome, abandoned bool) {
 		}
 	default:
 		failed := r.Config.Failures.Has(o.Code)
-		a.ticket.DoneAt(failed, o.At)
+		breakerticket.DoneAt(&a.ticket, failed, o.At)
 		r.Probes.failed(o.At)
 		r.Endpoints.Record(o.Endpoint, failed, o.At)
 		if r.Latency != nil && !c.Rule.Retryable.Has(o.Code) {
