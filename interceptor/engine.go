@@ -28,8 +28,9 @@ type sender interface {
 	// attempt returns a new attempt for open to fill.
 	attempt() *attempt
 	// send sends attempt a, which open has admitted, and returns what came
-	// back. It settles a pick the attempt was sent to (atPick).
-	send(c *call, a *attempt) outcome
+	// back, in the sender's own outcome, which the next send overwrites.
+	// It settles a pick the attempt was sent to (atPick).
+	send(c *call, a *attempt) *outcome
 }
 
 // outcome is what a sender got for an attempt.
@@ -65,43 +66,43 @@ func (c *call) run(s sender, kind engine.Kind, mode attemptMode) error {
 		case out.kept:
 			return nil
 		}
-		if next, err := c.step(a, out, 0); next != engine.Again || err != nil {
+		if next, err := c.step(a, out.err, out.tr, 0); next != engine.Again || err != nil {
 			return err
 		}
 		kind = engine.Retry
 	}
 }
 
-// step takes attempt a, which came back with out, through the engine's
+// step takes attempt a, which came back with err and trailer tr, through the engine's
 // one step, while others of the call's attempts still run (a hedged
 // call's): it records what the verdict leaves behind (a refusal, a retry
 // scheduled) and waits a retry's delay. It returns what the call does
 // next: engine.Done with the call's error, engine.Again to send a retry
 // now (with an error: the caller left while the retry waited, and the
 // call is over with it), or engine.Wait for the others.
-func (c *call) step(a *attempt, out outcome, others int) (engine.Next, error) {
+func (c *call) step(a *attempt, err error, tr metadata.MD, others int) (engine.Next, error) {
 	var o engine.Outcome
-	c.outcome(&o, a, out.err, out.tr)
+	c.outcome(&o, a, err, tr)
 	ea := &a.Attempt
 	if a.endOnce() {
-		c.endAttempt(a, out.err)
+		c.endAttempt(a, err)
 	} else {
 		ea = nil // ended already (a stream's, when its caller left)
 	}
 	v := c.e.Step(c, ea, &o, others)
-	if out.err == nil {
+	if err == nil {
 		return engine.Done, nil
 	}
-	c.lastErr = out.err
+	c.lastErr = err
 	switch v.Next {
 	case engine.Wait:
 		// Refused, but others still run; one of them may succeed.
 		c.refuse(reasonOf(v.Reason), semconv.EventRetryRefused)
 		return engine.Wait, nil
 	case engine.Done:
-		return engine.Done, c.conclude(reasonOf(v.Reason), out.err)
+		return engine.Done, c.conclude(reasonOf(v.Reason), err)
 	}
-	c.scheduled(v, out.err, out.tr)
+	c.scheduled(v, err, tr)
 	return engine.Again, c.wait(v.Delay)
 }
 
@@ -167,7 +168,9 @@ func (c *call) open(a *attempt, kind engine.Kind, mode attemptMode) (Reason, err
 	}
 	a.ctx, a.cancel, a.span, a.pt, a.ended, a.creds, a.peerp = nil, nil, nil, nil, 0, nil, nil
 	a.shared = mode == streamAttemptMode
-	if reason, err := c.admitted(&a.Attempt, c.e.Open(&a.Attempt, kind, now), now); reason != "" {
+	var adm engine.Admission // filled in place: no copy of it to reread
+	c.e.Open(&a.Attempt, kind, now, &adm)
+	if reason, err := c.admitted(&a.Attempt, &adm, now); reason != "" {
 		return reason, err
 	}
 	actx := c.ctx

@@ -23,7 +23,7 @@ import (
 // (a refusal that did not stand in shadow mode, a probe, a hedge sent),
 // and returns why a may not be sent ("" when it may), with the status a
 // call refused before it sent anything fails with.
-func (c *call) admitted(a *engine.Attempt, adm engine.Admission, now time.Time) (Reason, error) {
+func (c *call) admitted(a *engine.Attempt, adm *engine.Admission, now time.Time) (Reason, error) {
 	if adm.Would != 0 {
 		c.wouldRefuse(reasonOf(adm.Would))
 	}
@@ -42,7 +42,7 @@ func (c *call) admitted(a *engine.Attempt, adm engine.Admission, now time.Time) 
 // gateError is the status of a call refused at now, before it sent
 // anything, by the gate that refused it: time left, or the open breaker.
 // Other refusals leave the call with its last attempt's status (nil).
-func (c *call) gateError(adm engine.Admission, now time.Time) error {
+func (c *call) gateError(adm *engine.Admission, now time.Time) error {
 	if !adm.Fails {
 		return nil
 	}

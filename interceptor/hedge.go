@@ -66,6 +66,7 @@ type hedger struct {
 	timing   bool        // more retries may be sent on a per-attempt timeout
 	timer    clock.Timer // the next hedge or retry; nil when none is due
 	next     engine.Kind // what the timer sends: engine.Hedge or engine.Retry
+	out      outcome     // what send returns
 	watched  bool        // a timer watched the first attempt (see yield)
 	late     bool        // ... and fired
 }
@@ -122,7 +123,7 @@ func (h *hedger) attempt() *attempt {
 // others run, opening each attempt and taking each that comes back
 // through the call's one step, until one answers or none may follow. The
 // outcome is settled: it is the call's.
-func (h *hedger) send(c *call, a *attempt) outcome {
+func (h *hedger) send(c *call, a *attempt) *outcome {
 	h.launch(c, h.first)
 	h.arm(c)
 	for {
@@ -133,13 +134,15 @@ func (h *hedger) send(c *call, a *attempt) outcome {
 		select {
 		case res := <-h.results:
 			if done, err := h.answer(c, res); done {
-				return outcome{err: err, settled: true}
+				h.out = outcome{err: err, settled: true}
+				return &h.out
 			}
 		case <-due:
 			h.timer = nil
 			h.fire(c)
 		case <-c.ctx.Done():
-			return outcome{err: status.FromContextError(c.ctx.Err()).Err(), settled: true}
+			h.out = outcome{err: status.FromContextError(c.ctx.Err()).Err(), settled: true}
+			return &h.out
 		}
 	}
 }
@@ -157,7 +160,7 @@ func (h *hedger) answer(c *call, res hedgeResult) (done bool, err error) {
 	sent := reason == ""
 	if sent {
 		var next engine.Next
-		switch next, err = c.step(a, outcome{err: res.err, tr: res.a.trailer}, h.inflight); {
+		switch next, err = c.step(a, res.err, res.a.trailer, h.inflight); {
 		case next == engine.Done:
 			h.winner = res.a
 			return true, err

@@ -25,7 +25,8 @@ func failed(c *Client, r *route, ctx context.Context, req any, err error) {
 	now := c.now()
 	k.e.Begin(&r.eng, now, 0)
 	var a engine.Attempt
-	k.e.Open(&a, engine.First, now) // the one attempt it sent
+	var adm engine.Admission
+	k.e.Open(&a, engine.First, now, &adm) // the one attempt it sent
 	k.remember(req, err)
 }
 

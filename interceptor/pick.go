@@ -173,7 +173,8 @@ func (a *attemptCreds) triesSoFar() int32 {
 // GetRequestMetadata runs concurrently: grpc calls it only once the
 // attempt is invoked.
 func (a *attemptCreds) prepare(c *call, at *attempt) {
-	a.pick, a.staged, a.committed = c.e.Pick(&at.Attempt), pickSeen{}, pickSeen{}
+	c.e.Pick(&a.pick, &at.Attempt)
+	a.staged, a.committed = pickSeen{}, pickSeen{}
 	a.count, a.tries = c.watched != nil, 0
 	if a.n.Load() != 0 { // a load is cheaper than a store
 		a.n.Store(0)
@@ -234,7 +235,7 @@ func (c *call) atPick(a *attempt) (Reason, error) {
 		c.client.tel.attempts.Add(c.ctx, 1, c.route.tel.attemptOpts(a.Kind).metric...)
 		return "", nil
 	}
-	err := c.gateError(adm, now)
+	err := c.gateError(&adm, now)
 	msg := "stormguard: no other endpoint to fail over to, and no budget"
 	if err != nil {
 		msg = status.Convert(err).Message()

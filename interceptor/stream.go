@@ -86,6 +86,7 @@ type clientStream struct {
 	// it (nil for the first); the caller holds its recvMu.
 	replacing *streamAttempt
 	latest    *streamAttempt // the attempt the engine last sent
+	out       outcome        // what send returned for it
 
 	mu        sync.Mutex
 	stop      func() bool // stops the AfterFunc watching ctx; nil until it is set
@@ -136,7 +137,7 @@ func (s *clientStream) attempt() *attempt {
 // place of the one it replaces, replaying what the caller sent: the
 // stream is then kept, handed to the caller. An attempt that fails before
 // it is handed over is settled by the engine like a unary one.
-func (s *clientStream) send(c *call, a *attempt) outcome {
+func (s *clientStream) send(c *call, a *attempt) *outcome {
 	sa := s.latest
 	// The call credentials go along only when they have work (as in
 	// unary calls); without them, the endpoint is read from the stream's
@@ -162,15 +163,18 @@ func (s *clientStream) send(c *call, a *attempt) outcome {
 		}
 	}
 	if reason, perr := c.atPick(a); reason != "" {
-		return outcome{refused: reason, err: perr}
+		s.out = outcome{refused: reason, err: perr}
+		return &s.out
 	}
 	if err == nil {
 		if err = s.install(sa, s.replacing); err == nil {
-			return outcome{kept: true}
+			s.out = outcome{kept: true}
+			return &s.out
 		}
 		if errors.Is(err, errFinished) {
 			c.end(a, nil, true)
-			return outcome{err: s.finalError(), settled: true}
+			s.out = outcome{err: s.finalError(), settled: true}
+			return &s.out
 		}
 	}
 	// The attempt failed before it was handed to the caller.
@@ -182,7 +186,8 @@ func (s *clientStream) send(c *call, a *attempt) outcome {
 	if c.watched != nil && creds != nil {
 		c.noteGRPCRetries(a, creds.tries, err, hdr, tr, nil)
 	}
-	return outcome{err: err, tr: tr}
+	s.out = outcome{err: err, tr: tr}
+	return &s.out
 }
 
 // SendMsg records m for replay (until commit) and sends it on the current

@@ -126,7 +126,7 @@ func (s *clientStream) fail(a *streamAttempt, err error) error {
 		hdr, _ := a.inner.Header() // the attempt has ended: this does not wait
 		c.noteGRPCRetries(a.attempt, a.creds.triesSoFar(), err, hdr, tr, nil)
 	}
-	if next, serr := c.step(a.attempt, outcome{err: err, tr: tr}, 0); next != engine.Again || serr != nil {
+	if next, serr := c.step(a.attempt, err, tr, 0); next != engine.Again || serr != nil {
 		s.finish(serr)
 		return serr
 	}

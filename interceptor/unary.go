@@ -89,6 +89,7 @@ type unaryState struct {
 	invoker grpc.UnaryInvoker
 	cs      callSettings
 	trp     *metadata.MD // where the call's trailers land (nil: not captured)
+	out     outcome      // what send returns
 
 	opts     []grpc.CallOption // the caller's, and ours but the credentials
 	withCred []grpc.CallOption // opts and the credentials
@@ -134,8 +135,11 @@ func (s *unaryState) release() {
 func (s *unaryState) clear() {
 	s.c = call{}
 	s.a = attempt{}
-	s.method, s.req, s.reply, s.cc, s.invoker, s.cs, s.trp = "", nil, nil, nil, nil, callSettings{}, nil
-	s.tr, s.hdr, s.peer = nil, nil, peer.Peer{}
+	s.method, s.req, s.reply, s.cc, s.invoker, s.trp = "", nil, nil, nil, nil, nil
+	s.cs = callSettings{} // each struct zeroed in place, not copied from a zero aside
+	s.out = outcome{}
+	s.tr, s.hdr = nil, nil
+	s.peer = peer.Peer{}
 	s.creds.reset(nil, nil)
 	if len(s.creds.md) > 0 {
 		clear(s.creds.md)
@@ -191,7 +195,7 @@ func (s *unaryState) attempt() *attempt { return &s.a }
 
 // send invokes attempt a, with the call credentials only when they have
 // work (see needsCreds).
-func (s *unaryState) send(c *call, a *attempt) outcome {
+func (s *unaryState) send(c *call, a *attempt) *outcome {
 	creds := &s.creds
 	creds.prepare(c, a)
 	aopts := s.opts
@@ -215,7 +219,8 @@ func (s *unaryState) send(c *call, a *attempt) outcome {
 		err = c.finish(a, err)
 	}
 	if reason, perr := c.atPick(a); reason != "" {
-		return outcome{refused: reason, err: perr}
+		s.out = outcome{refused: reason, err: perr}
+		return &s.out
 	}
 	var tr metadata.MD
 	if s.trp != nil {
@@ -224,5 +229,6 @@ func (s *unaryState) send(c *call, a *attempt) outcome {
 	if c.watched != nil && a.creds != nil {
 		c.noteGRPCRetries(a, creds.tries, err, s.hdr, tr, s.req)
 	}
-	return outcome{err: err, tr: tr}
+	s.out = outcome{err: err, tr: tr}
+	return &s.out
 }

@@ -187,14 +187,14 @@ func (a *Attempt) Paid() bool { return a.paid }
 // retry.
 func (a *Attempt) AtPick() bool { return a.guarded != nil || a.free }
 
-// Open opens attempt a of kind k at now: the admission (Admission), then,
-// if it may be sent, counts it. An attempt decided at its pick
-// (Attempt.AtPick) is settled by Picked once it has been sent.
-func (c *Call) Open(a *Attempt, k Kind, now time.Time) Admission {
+// Open opens attempt a of kind k at now: the admission, which says in
+// *adm what it decided (adm must point to a zero Admission: the attempt
+// admitted), then, if a may be sent, counts it. An attempt decided at its
+// pick (Attempt.AtPick) is settled by Picked once it has been sent.
+func (c *Call) Open(a *Attempt, k Kind, now time.Time, adm *Admission) {
 	*a = Attempt{Kind: k, Start: now}
-	adm := c.take(a, now)
-	if adm.Refused != 0 {
-		return adm
+	if c.take(a, now, adm); adm.Refused != 0 {
+		return
 	}
 	if c.pay == payPrepaid {
 		c.pay = payBudget
@@ -205,7 +205,6 @@ func (c *Call) Open(a *Attempt, k Kind, now time.Time) Admission {
 	}
 	c.live++
 	c.count(k, 1)
-	return adm
 }
 
 // count adds n (±1) attempts of kind k to the tally.

@@ -61,7 +61,8 @@ func begin(r *Route, now time.Time) *Call {
 func open(t *testing.T, c *Call, k Kind, now time.Time) *Attempt {
 	t.Helper()
 	a := new(Attempt)
-	if adm := c.Open(a, k, now); adm.Refused != 0 {
+	var adm Admission
+	if c.Open(a, k, now, &adm); adm.Refused != 0 {
 		t.Fatalf("%v at %v refused: %v", k, now.Sub(t0), adm.Refused)
 	}
 	return a
@@ -208,7 +209,8 @@ func TestAdmission(t *testing.T) {
 			tc.set(c, r)
 			c.Begin(r, t0, 0)
 			a := new(Attempt)
-			adm := c.Open(a, tc.kind, t0.Add(ms))
+			var adm Admission
+			c.Open(a, tc.kind, t0.Add(ms), &adm)
 			want := tc.reason
 			if shadow && (want == ReasonBudget || want == ReasonBreaker) {
 				if adm.Refused != 0 || adm.Would != want || a.Paid() {
@@ -281,7 +283,8 @@ func TestServesNothingThresholds(t *testing.T) {
 		if got := c.Peek(now, Retry, false) == ReasonBreaker; got != tc.refusedWhenDue {
 			t.Errorf("%d failures: refused when due: %v, want %v", tc.failures, got, tc.refusedWhenDue)
 		}
-		if adm := c.Open(new(Attempt), First, now); adm.Refused != 0 {
+		var adm Admission
+		if c.Open(new(Attempt), First, now, &adm); adm.Refused != 0 {
 			t.Errorf("%d failures: a first attempt refused for %v", tc.failures, adm.Refused)
 		}
 	}
@@ -311,7 +314,8 @@ func TestFailover(t *testing.T) {
 	if !retry.AtPick() || retry.Paid() {
 		t.Fatalf("fail-over retry: at pick %v, paid %v; want decided at its pick, unpaid", retry.AtPick(), retry.Paid())
 	}
-	p := c.Pick(retry)
+	var p Pick
+	c.Pick(&p, retry)
 	for range maxFreeRepicks {
 		if got := p.Judge(epA); got != PickAgain {
 			t.Fatalf("pick of the outlier: %v, want PickAgain", got)
@@ -326,7 +330,8 @@ func TestFailover(t *testing.T) {
 	if adm := c.Picked(retry, true, now); adm.Refused != ReasonBudget || c.Sent() != 1 {
 		t.Errorf("picked, refused: %+v, sent %d; want refused for the budget, not counted", adm, c.Sent())
 	}
-	if p2 := c.Pick(retry); p2.Judge(epB) != PickSend {
+	var p2 Pick
+	if c.Pick(&p2, retry); p2.Judge(epB) != PickSend {
 		t.Error("a pick of the endpoint that serves is not sent")
 	}
 }
@@ -348,7 +353,8 @@ func TestGuardedFirstAttempt(t *testing.T) {
 	if !a.AtPick() {
 		t.Fatal("the first attempt is not decided at its pick")
 	}
-	p := c.Pick(a)
+	var p Pick
+	c.Pick(&p, a)
 	if got := p.Judge(epB); got != PickSend {
 		t.Errorf("pick of the endpoint that serves: %v", got)
 	}
@@ -357,7 +363,8 @@ func TestGuardedFirstAttempt(t *testing.T) {
 	}
 	c2 := begin(r, now)
 	a2 := open(t, c2, First, now)
-	p2 := c2.Pick(a2)
+	var p2 Pick
+	c2.Pick(&p2, a2)
 	for range maxRepicks {
 		p2.Judge(epA)
 	}

@@ -76,32 +76,35 @@ func (g *gate) timeLeft(at time.Time) bool {
 func (g *gate) throttled() bool { return g.Throttle != nil && g.Throttle.Throttled() }
 
 // take runs the gates for attempt a at now, taking what it is sent with
-// (the breaker's ticket, the budget's token); in shadow mode a refusal by
+// (the breaker's ticket, the budget's token), and says what it decided in
+// *adm, which is zero on entry (it admits a); in shadow mode a refusal by
 // the breaker or the budget does not stand, and a try that came back may
 // be sent as a probe.
-func (c *Call) take(a *Attempt, now time.Time) Admission {
-	adm := c.admit(a, now)
+func (c *Call) take(a *Attempt, now time.Time, adm *Admission) {
+	c.admit(a, now, adm)
 	switch {
 	case adm.Refused == 0:
-		return adm
+		return
 	case !c.r.stands(adm.Refused):
 		a.ticket.Ignore()
 		a.ticket, a.shadowed = breaker.Ticket{}, true
-		return Admission{Would: adm.Refused}
+		*adm = Admission{Would: adm.Refused}
+		return
 	}
 	a.ticket.Ignore()
 	if c.probe(a, now, adm.Refused) {
-		return Admission{Probe: adm.Refused}
+		*adm = Admission{Probe: adm.Refused}
 	}
-	return adm
 }
 
 // admit asks, in order, time left, the breaker, whether the target serves
 // nothing, the throttle and the budget whether attempt a may be sent at
-// now, and takes what it is sent with.
-func (c *Call) admit(a *Attempt, now time.Time) Admission {
+// now, and takes what it is sent with. It writes a refusal to *adm, and
+// leaves *adm as it is when a may be sent.
+func (c *Call) admit(a *Attempt, now time.Time, adm *Admission) {
 	if !c.timeLeft(now) {
-		return Admission{Refused: ReasonDeadline, Fails: true}
+		*adm = Admission{Refused: ReasonDeadline, Fails: true}
+		return
 	}
 	r := c.r
 	if b := r.Breaker; b != nil {
@@ -112,16 +115,18 @@ func (c *Call) admit(a *Attempt, now time.Time) Admission {
 		case a.Kind == First && c.guardPick(now):
 			a.guarded = b // refused at the pick, if it picks an endpoint that served nothing
 		default:
-			return Admission{Refused: ReasonBreaker, Fails: true, RetryAfter: b.RetryAfterAt(now)}
+			*adm = Admission{Refused: ReasonBreaker, Fails: true, RetryAfter: b.RetryAfterAt(now)}
+			return
 		}
 		if a.Kind != First && !a.probe && c.servesNothing(now, nothingWhenDue, nil) {
-			return Admission{Refused: ReasonBreaker}
+			*adm = Admission{Refused: ReasonBreaker}
+			return
 		}
 	}
 	switch {
 	case a.Kind == First:
 	case c.throttled():
-		return Admission{Refused: ReasonThrottle}
+		*adm = Admission{Refused: ReasonThrottle}
 	case a.probe: // nobody pays
 	case a.Kind == Retry && c.pay == payPrepaid:
 		a.paid = r.budgetPays() // withdrawn at its per-attempt timeout (see Cut)
@@ -129,15 +134,15 @@ func (c *Call) admit(a *Attempt, now time.Time) Admission {
 		a.free = true // the budget pays at the pick if it cannot fail over
 	case a.Kind == Hedge:
 		if !r.Budget.HedgeAt(now) { // a nil budget grants
-			return Admission{Refused: ReasonBudget}
+			*adm = Admission{Refused: ReasonBudget}
+			return
 		}
 		a.paid = r.budgetPays()
 	case !r.Budget.WithdrawAt(now): // a nil budget grants
-		return Admission{Refused: ReasonBudget}
+		*adm = Admission{Refused: ReasonBudget}
 	default:
 		a.paid = r.budgetPays()
 	}
-	return Admission{}
 }
 
 // peek reports why an attempt of kind k could not be sent (its reason), or
@@ -182,7 +187,8 @@ func (c *Call) probe(a *Attempt, now time.Time, reason Reason) bool {
 		return false
 	}
 	*a = Attempt{Kind: a.Kind, Start: a.Start, probe: true}
-	if adm := c.admit(a, now); adm.Refused != 0 {
+	var adm Admission
+	if c.admit(a, now, &adm); adm.Refused != 0 {
 		a.ticket.Ignore()
 		return false
 	}

@@ -49,16 +49,19 @@ const (
 	PickUnpaid                     // a fail-over with nowhere else to go, which the budget would not pay for
 )
 
-// Pick returns the Pick of attempt a, just opened.
-func (c *Call) Pick(a *Attempt) Pick {
-	p := Pick{r: c.r, avoid: c.avoid, guard: a.guarded != nil, free: a.free}
+// Pick sets *p to the Pick of attempt a, just opened, field by field (a
+// Pick built aside and copied would be reread before its parts are
+// stored, on every call).
+func (c *Call) Pick(p *Pick, a *Attempt) {
+	p.r, p.avoid, p.guard, p.free, p.paid = c.r, c.avoid, a.guarded != nil, a.free, false
 	switch {
 	case len(c.avoid) > 0 && a.free:
 		p.repick = maxFreeRepicks
 	case len(c.avoid) > 0:
 		p.repick = maxRepicks
+	default:
+		p.repick = 0
 	}
-	return p
 }
 
 // Judge judges a pick of the endpoint addr.
