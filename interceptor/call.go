@@ -264,11 +264,15 @@ func callerScope(ctx context.Context) any {
 	if d := ctx.Done(); d != nil {
 		return d
 	}
-	if ctx == context.Background() || ctx == context.TODO() {
-		return nil
+	if t := words(ctx)[0]; t == backgroundType || t == todoType {
+		return nil // context.Background() or TODO(): its type says so, without comparing values
 	}
 	return ctx
 }
+
+// The dynamic types of context.Background() and context.TODO(), which
+// hold nothing: a context of either type is that context.
+var backgroundType, todoType = words(context.Background())[0], words(context.TODO())[0]
 
 // callerDone reports whether the caller's context, identified by scope
 // (see callerScope), is done: a context that is not a Done channel is

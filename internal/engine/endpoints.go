@@ -53,10 +53,15 @@ type judgement struct {
 }
 
 // Current returns the endpoints attempts avoid: the outliers, judged
-// again at most every epRejudge (one atomic load on the success path),
-// unless the transport has lately had nowhere else to send attempts.
+// again at most every epRejudge (two atomic loads on the success path),
+// unless the transport has lately had nowhere else to send attempts. A
+// table of one endpoint, or none, whose last judgement found no outliers
+// has none: it is not judged again until it knows two.
 func (t *Endpoints) Current(now time.Time) []net.Addr {
 	j := t.judged.Load()
+	if (j == nil || len(j.outliers) == 0) && t.n.Load() < 2 {
+		return nil
+	}
 	if j != nil && now.Before(j.until) && !now.Before(j.at) {
 		return t.avoidable(j.outliers, now)
 	}
