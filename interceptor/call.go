@@ -84,10 +84,9 @@ type callSettings struct {
 	hasCreds    bool
 }
 
-func scanCallOptions(opts []grpc.CallOption) (s callSettings) {
-	if len(opts) == 0 {
-		return s
-	}
+// scanCallOptions sets *s to the per-call options among opts, in place.
+func scanCallOptions(s *callSettings, opts []grpc.CallOption) {
+	*s = callSettings{}
 	for _, o := range opts {
 		switch o := o.(type) {
 		case maxAttemptsOption:
@@ -106,7 +105,6 @@ func scanCallOptions(opts []grpc.CallOption) (s callSettings) {
 			s.userCreds, s.hasCreds = o, o.Creds != nil
 		}
 	}
-	return s
 }
 
 // shape is how a call's attempts are sent: one after the other, or by the

@@ -48,12 +48,18 @@ type route struct {
 // name built for each call, two routes on one slot) goes to routeFor.
 func (c *Client) routeOf(target, method string) *route {
 	i := routeSlot(method)
-	if r := c.routeCache[i].Load(); r != nil && r.method == method && r.rawTarget == target {
+	if r := c.routeCache[i].Load(); r != nil && sameString(r.method, method) && sameString(r.rawTarget, target) {
 		return r
 	}
 	r := c.routeFor(target, method)
 	c.routeCache[i].Store(r)
 	return r
+}
+
+// sameString reports whether a == b, without comparing bytes when they
+// are the same bytes (a route's method and target are, call after call).
+func sameString(a, b string) bool {
+	return len(a) == len(b) && (unsafe.StringData(a) == unsafe.StringData(b) || a == b)
 }
 
 // routeCacheSize is the number of slots of Client.routeCache.

@@ -44,7 +44,8 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 // unary call's attempts are.
 func newClientStream(cl *Client, ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts []grpc.CallOption, w *svcconfig.Watch) (grpc.ClientStream, error) {
 	c := &call{client: cl, route: cl.routeOf(targetOf(cc), method)}
-	cs := scanCallOptions(opts)
+	var cs callSettings
+	scanCallOptions(&cs, opts)
 	cancel, _, err := c.setup(ctx, &cs, cc, w, nil) // streams are not hedged
 	if err != nil {
 		return nil, err

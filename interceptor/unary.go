@@ -42,7 +42,7 @@ func (st *unaryState) call(cl *Client, ctx context.Context, method string, req, 
 	c := &st.c // cleared when it was put in the pool (release)
 	c.client, c.route = cl, cl.routeOf(targetOf(cc), method)
 	cs := &st.cs
-	*cs = scanCallOptions(opts)
+	scanCallOptions(cs, opts)
 	cancel, sh, err := c.setup(ctx, cs, cc, w, req)
 	if err != nil {
 		return err
@@ -226,7 +226,7 @@ func (s *unaryState) send(c *call, a *attempt) *outcome {
 	if s.trp != nil {
 		tr = *s.trp
 	}
-	if c.watched != nil && a.creds != nil {
+	if c.watched != nil && a.creds != nil && (err != nil || creds.tries > 1) { // else nothing to note
 		c.noteGRPCRetries(a, creds.tries, err, s.hdr, tr, s.req)
 	}
 	s.out = outcome{err: err, tr: tr}
