@@ -124,8 +124,9 @@ func (c *call) setup(ctx context.Context, cs *callSettings, cc *grpc.ClientConn,
 	r := c.route
 	now := c.client.now()
 	if req != nil {
-		c.scope = callerScope(ctx)
-		c.back = c.client.cameBack(c.scope, r, req, now)
+		if c.scope = callerScope(ctx); c.scope != nil && c.client.returns.Load() != nil {
+			c.back = c.client.cameBack(c.scope, r, req, now)
+		}
 	}
 	prior := 0
 	if b := c.back; b != nil {
@@ -153,7 +154,9 @@ func (c *call) setup(ctx context.Context, cs *callSettings, cc *grpc.ClientConn,
 	sh := shape{hedge: more && e.Rule.Hedge && !cs.noHedge, beside: more && r.eng.PerAttempt > 0}
 	ctx, cancel := c.callContext(ctx, now, mc.timeout)
 	e.Begin(&r.eng, now, prior)
-	c.startSpan(ctx)
+	if c.ctx = ctx; c.client.tel.tracer != nil {
+		c.startSpan(ctx)
+	}
 	return cancel, sh, nil
 }
 

@@ -140,7 +140,9 @@ func (c *call) endCall(err error) {
 			c.span.SetAttributes(semconv.AttrServiceConfig.String(c.scIgnored))
 		}
 	}
-	endSpan(c.span, code, msg)
+	if c.span != nil {
+		endSpan(c.span, code, msg)
+	}
 }
 
 // recordCall records the call's metrics, for its status code.
