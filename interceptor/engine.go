@@ -84,10 +84,10 @@ func (c *call) step(a *attempt, err error, tr metadata.MD, others int) (engine.N
 	var o engine.Outcome
 	c.outcome(&o, a, err, tr)
 	ea := &a.Attempt
-	if a.endOnce() {
-		c.endAttempt(a, err)
-	} else {
+	if !a.endOnce() {
 		ea = nil // ended already (a stream's, when its caller left)
+	} else if a.cancel != nil || a.span != nil { // else nothing to release
+		c.endAttempt(a, err)
 	}
 	v := c.e.Step(c, ea, &o, others)
 	if err == nil {
@@ -170,8 +170,10 @@ func (c *call) open(a *attempt, kind engine.Kind, mode attemptMode) (Reason, err
 	a.shared = mode == streamAttemptMode
 	var adm engine.Admission // filled in place: no copy of it to reread
 	c.e.Open(&a.Attempt, kind, now, &adm)
-	if reason, err := c.admitted(&a.Attempt, &adm, now); reason != "" {
-		return reason, err
+	if adm != (engine.Admission{}) || kind == engine.Hedge { // else admitted, nothing to record
+		if reason, err := c.admitted(&a.Attempt, &adm, now); reason != "" {
+			return reason, err
+		}
 	}
 	actx := c.ctx
 	if n := c.e.Prior() + c.e.Sent() - 1; n > 0 {

@@ -218,9 +218,11 @@ func (s *unaryState) send(c *call, a *attempt) *outcome {
 	if a.pt != nil {
 		err = c.finish(a, err)
 	}
-	if reason, perr := c.atPick(a); reason != "" {
-		s.out = outcome{refused: reason, err: perr}
-		return &s.out
+	if a.AtPick() { // else nothing was decided at the pick
+		if reason, perr := c.atPick(a); reason != "" {
+			s.out = outcome{refused: reason, err: perr}
+			return &s.out
+		}
 	}
 	var tr metadata.MD
 	if s.trp != nil {

@@ -102,7 +102,7 @@ func (c *Call) take(a *Attempt, now time.Time, adm *Admission) {
 // now, and takes what it is sent with. It writes a refusal to *adm, and
 // leaves *adm as it is when a may be sent.
 func (c *Call) admit(a *Attempt, now time.Time, adm *Admission) {
-	if !c.timeLeft(now) {
+	if !c.Deadline.IsZero() && !c.timeLeft(now) {
 		*adm = Admission{Refused: ReasonDeadline, Fails: true}
 		return
 	}
@@ -330,7 +330,9 @@ func (c *Call) learn(a *Attempt, o *Outcome, abandoned bool) {
 		a.ticket.Ignore()
 	case o.Code == OK:
 		breakerticket.DoneAt(&a.ticket, false, o.At)
-		r.Endpoints.Record(o.Endpoint, false, o.At)
+		if o.Endpoint != nil { // an unknown endpoint is not recorded
+			r.Endpoints.Record(o.Endpoint, false, o.At)
+		}
 		if c.Throttle != nil {
 			c.Throttle.Success()
 		}
