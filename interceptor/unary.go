@@ -48,7 +48,12 @@ func (st *unaryState) call(cl *Client, ctx context.Context, method string, req, 
 		return err
 	}
 	defer cancel()
-	if m, ok := reply.(proto.Message); ok && (sh.hedge || sh.beside) {
+	var m proto.Message
+	hedged := sh.hedge || sh.beside
+	if hedged { // a reply that is not a proto message is retried one attempt after the other
+		m, hedged = reply.(proto.Message)
+	}
+	if hedged {
 		err = runHedged(c, sh, method, req, m, cc, invoker, opts, *cs)
 	} else {
 		st.method, st.req, st.reply, st.cc, st.invoker = method, req, reply, cc, invoker
