@@ -172,6 +172,7 @@ type call struct {
 	tally     tally
 	pay       payment
 	stopped   bool  // a server said "do not retry": no attempt follows any more
+	dry       bool  // the server said its retry budget could not pay for a retry: the budget pays from its credit, never lent
 	lastErr   error // the last attempt's error
 	avoid     []net.Addr
 	failedOn  []net.Addr // the endpoints the call's attempts failed on
@@ -575,7 +576,7 @@ func (c *call) gate(a *attempt, now time.Time) (Reason, error) {
 			return ReasonBudget, nil
 		}
 		a.paid = true
-	case !c.route.budget.WithdrawAt(now): // a nil budget grants
+	case !c.withdraw(now): // a nil budget grants
 		return ReasonBudget, nil
 	default:
 		a.paid = true
@@ -800,6 +801,7 @@ func (c *call) decide(err error, tr metadata.MD, a *attempt) (time.Duration, Rea
 		c.stopped = true // for the attempts still running (hedged calls)
 		return 0, ReasonPushback, false
 	}
+	c.dry = budgetDry(tr)
 	now := c.client.now()
 	if w := c.watch; w != nil && c.grpc.mc.gen != w.Generation() {
 		// The resolver gave another service config since the call read
@@ -866,13 +868,41 @@ func (c *call) fundable(now time.Time) Reason {
 		return ReasonThrottle // the service config's retryThrottling: no shadow mode
 	case c.route.breaker != nil && (c.route.breaker.RetryAfterAt(now) > 0 || c.deadForSure(now)):
 		r = ReasonBreaker
-	case c.route.budget != nil && c.pay == payBudget && !c.client.o.shadow && !c.route.budget.PeekAt(now):
+	case c.route.budget != nil && c.pay == payBudget && !c.client.o.shadow && !c.peek(now):
 		r = ReasonBudget
 	}
 	if r != "" && !c.enforce(r, nil) {
 		return ""
 	}
 	return r
+}
+
+// peek asks the budget whether it would pay for the retry being decided at
+// now: from its credit alone when the server said its own retry budget
+// could not pay (a client's start-up loan is for a failure the fleet's
+// server has not yet paid for: its server, which sees the fleet, knows
+// better).
+func (c *call) peek(now time.Time) bool {
+	if c.dry {
+		return c.route.budget.PeekNoNewLoanAt(now)
+	}
+	return c.route.budget.PeekAt(now)
+}
+
+// withdraw takes the retry's token from the budget at now, from its
+// credit alone when the server said its budget was dry (see peek).
+func (c *call) withdraw(now time.Time) bool {
+	if c.dry {
+		return c.route.budget.WithdrawNoNewLoanAt(now)
+	}
+	return c.route.budget.WithdrawAt(now)
+}
+
+// budgetDry reports whether trailer tr says the server's retry budget
+// could not pay for a retry (semconv.BudgetDryKey).
+func budgetDry(tr metadata.MD) bool {
+	vs := tr[semconv.BudgetDryKey]
+	return len(vs) == 1 && vs[0] == "1"
 }
 
 // failOver decides whether the retry after attempt a is a fail-over: a

@@ -1,0 +1,158 @@
+package interceptor_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/stormguard/stormguard/interceptor"
+	"github.com/stormguard/stormguard/internal/origin"
+	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
+	"github.com/stormguard/stormguard/semconv"
+)
+
+// sentCounter counts the attempts that reach a server, before its
+// interceptors decide anything: what the clients send, by request id.
+type sentCounter struct {
+	mu   sync.Mutex
+	sent map[string]int
+}
+
+func (c *sentCounter) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if r, ok := req.(interface{ GetRequestId() string }); ok {
+		c.mu.Lock()
+		c.sent[r.GetRequestId()]++
+		c.mu.Unlock()
+	}
+	return h(ctx, req)
+}
+
+func (c *sentCounter) of(id string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sent[id]
+}
+
+// promiseServer serves script behind the suite's server with its
+// defaults, counting what is sent to it, and returns a ClientConn maker.
+func promiseServer(t *testing.T, script origin.Script) (*sentCounter, func(opts ...grpc.DialOption) echov1.EchoServiceClient) {
+	t.Helper()
+	c := &sentCounter{sent: map[string]int{}}
+	s := interceptor.NewServer()
+	l := origin.Bufconn()
+	srv := origin.Serve(l, origin.New(script), grpc.ChainUnaryInterceptor(c.unary, s.Unary()))
+	t.Cleanup(srv.Stop)
+	return c, func(opts ...grpc.DialOption) echov1.EchoServiceClient {
+		cc, err := grpc.NewClient(l.Target, l.ConnectOptions(opts...)...)
+		require.NoError(t, err)
+		t.Cleanup(func() { cc.Close() })
+		return echov1.NewEchoServiceClient(cc)
+	}
+}
+
+// When the method fails and its retry budget cannot pay for a retry, the
+// suite's server says so on the failed attempt (stormguard-budget-dry),
+// so that the suite's client does not start a loan for a retry the
+// server's budget would refuse: a client with nothing banked sends no
+// retry. One that banked credit (its calls paid for it) still retries
+// from it: that is its share of the fleet's ratio, and the server's
+// budget is one backend's, which may fail alone while the others serve.
+// A plain grpc-go client is not told (its retryPolicy would take the
+// marker's only form it reads, "do not retry", for every backend): its
+// retry is sent, and refused before the handler. A method not safe to
+// repeat is sent once, as ever; a success carries neither trailer.
+func TestServerSaysItsBudgetIsDry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sent, dial := promiseServer(t, func(c origin.Call) origin.Reply {
+			if strings.HasPrefix(c.RequestID, "ok") {
+				return origin.Reply{}
+			}
+			return origin.Reply{Code: codes.Unavailable, Message: "fails"}
+		})
+		plain := dial()
+		grpcgo := dial(grpc.WithDefaultServiceConfig(fleetRetryConfig))
+		// A fleet's failures and retries spend the method's budget: its
+		// credit, and the loan it makes one client at the failure's start.
+		for i := range 40 {
+			_, err := grpcgo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("drain-", i)})
+			require.Equal(t, codes.Unavailable, status.Code(err))
+		}
+		var tr metadata.MD
+		_, err := plain.Put(t.Context(), &echov1.PutRequest{RequestId: "plain"}, grpc.Trailer(&tr))
+		require.Equal(t, codes.Unavailable, status.Code(err))
+		require.Equal(t, []string{"1"}, tr.Get(semconv.BudgetDryKey), "a failure the budget cannot pay a retry of says so")
+		assert.Empty(t, tr.Get(semconv.PushbackKey), "and does not say do not retry")
+
+		guard := interceptor.NewClient(append(noopProviders(), fast)...)
+		defer guard.Close()
+		suite := dial(guard.DialOptions()...)
+		_, err = suite.Put(t.Context(), &echov1.PutRequest{RequestId: "suite"})
+		assert.Equal(t, codes.Unavailable, status.Code(err))
+		assert.Equal(t, 1, sent.of("suite"), "the suite's client started a loan for a retry the server's budget could not pay for")
+		assert.Equal(t, interceptor.ReasonBudget, interceptor.RefusedBy(err))
+
+		banked := interceptor.NewClient(append(noopProviders(), fast)...)
+		defer banked.Close()
+		rich := dial(banked.DialOptions()...)
+		for i := range 20 { // 20 calls bank 2 retries of credit (another method: the server's Put budget stays dry)
+			_, err := rich.Get(t.Context(), &echov1.GetRequest{RequestId: fmt.Sprint("ok-", i)})
+			require.NoError(t, err)
+		}
+		_, err = rich.Put(t.Context(), &echov1.PutRequest{RequestId: "banked"})
+		assert.Equal(t, codes.Unavailable, status.Code(err))
+		assert.Equal(t, 2, sent.of("banked"), "a client's banked credit still pays for a retry")
+
+		_, err = grpcgo.Put(t.Context(), &echov1.PutRequest{RequestId: "grpc-go"})
+		assert.Equal(t, codes.Unavailable, status.Code(err))
+		assert.Equal(t, 2, sent.of("grpc-go"), "grpc-go's retryPolicy: a failure, and a retry the server refuses with do not retry")
+
+		_, err = suite.Notify(t.Context(), &echov1.NotifyRequest{RequestId: "notify"})
+		assert.Equal(t, codes.Unavailable, status.Code(err))
+		assert.Equal(t, 1, sent.of("notify"), "a method not safe to repeat is sent once")
+
+		_, err = plain.Put(t.Context(), &echov1.PutRequest{RequestId: "ok"}, grpc.Trailer(&tr))
+		require.NoError(t, err)
+		assert.Empty(t, tr.Get(semconv.BudgetDryKey), "a success is not marked")
+		assert.Empty(t, tr.Get(semconv.PushbackKey), "a success carries no pushback")
+	})
+}
+
+// When the method fails and its retry budget can pay for a retry, the
+// failed attempt carries no "do not retry": the retry is promised, sent,
+// admitted and served, from the suite's client and from grpc-go's
+// retryPolicy alike.
+func TestServerPromisesTheRetryItCanPayFor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sent, dial := promiseServer(t, func(c origin.Call) origin.Reply {
+			if strings.HasPrefix(c.RequestID, "rescued") && c.Attempt > 1 {
+				return origin.Reply{}
+			}
+			return origin.Reply{Code: codes.Unavailable, Message: "fails"}
+		})
+		plain := dial()
+		for i := range 10 { // the method fails: 10 outcomes, all failures
+			_, _ = plain.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("fail-", i)})
+		}
+		guard := interceptor.NewClient(append(noopProviders(), fast)...)
+		defer guard.Close()
+		suite := dial(guard.DialOptions()...)
+		_, err := suite.Put(t.Context(), &echov1.PutRequest{RequestId: "rescued-suite"})
+		require.NoError(t, err)
+		assert.Equal(t, 2, sent.of("rescued-suite"), "the suite's client: a failure and its retry")
+
+		grpcgo := dial(grpc.WithDefaultServiceConfig(fleetRetryConfig))
+		_, err = grpcgo.Put(t.Context(), &echov1.PutRequest{RequestId: "rescued-grpc-go"})
+		require.NoError(t, err)
+		assert.Equal(t, 2, sent.of("rescued-grpc-go"), "grpc-go's retryPolicy: a failure and its retry")
+	})
+}
