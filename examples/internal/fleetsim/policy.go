@@ -39,6 +39,9 @@ type Outcome struct {
 	Pushback time.Duration
 	// Backend is the backend the attempt went to.
 	Backend int
+	// Dry is the suite's server's stormguard-budget-dry: its retry budget
+	// could not pay for a retry of the attempt.
+	Dry bool
 }
 
 // Verdict is a client's decision on a failed attempt: retry after Delay,
@@ -82,6 +85,8 @@ type Call struct {
 	ov       overload.Ticket // the suite's server: the attempt's ticket
 	svr      bool            // the suite's server admitted the attempt
 	held     bool            // the attempt waits in its server's queue (Held)
+	asRetry  bool            // the suite's server took the attempt for a retry
+	dry      bool            // the last reply's Outcome.Dry
 	slow     bool
 }
 
@@ -142,8 +147,9 @@ type Server interface {
 	Leave(c *Call, now time.Time)
 	// Done is told how an admitted attempt ended at the handler, at now:
 	// its code, and whether its caller had left (its deadline passed)
-	// while it ran.
-	Done(c *Call, now time.Time, code Code, abandoned bool)
+	// while it ran. It reports whether the server says, with the answer,
+	// that its retry budget could not pay for a retry (Outcome.Dry).
+	Done(c *Call, now time.Time, code Code, abandoned bool) (dry bool)
 }
 
 // Env is what a run gives its policies: the clock's origin, the run's

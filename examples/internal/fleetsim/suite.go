@@ -81,7 +81,7 @@ func (s *suiteClient) Settle(c *Call, now time.Time, o Outcome) Verdict {
 		return Verdict{}
 	}
 	d, ok := s.rules(c, now, o)
-	if !ok || s.breaker.RetryAfterAt(now) > 0 || s.servedNothing(now, minDeadForSure) || !s.budget.PeekAt(now) {
+	if !ok || s.breaker.RetryAfterAt(now) > 0 || s.servedNothing(now, minDeadForSure) || !s.peek(c, now) {
 		return Verdict{}
 	}
 	return Verdict{Retry: true, Delay: d}
@@ -94,12 +94,29 @@ func (s *suiteClient) Send(c *Call, now time.Time) bool {
 	if err != nil {
 		return false
 	}
-	if s.servedNothing(now, minServedNothing) || !s.budget.WithdrawAt(now) {
+	if s.servedNothing(now, minServedNothing) || !s.withdraw(c, now) {
 		t.Ignore()
 		return false
 	}
 	c.ticket, c.budgeted = t, true
 	return true
+}
+
+// peek and withdraw are the engine's: after a failure the server said its
+// retry budget could not pay a retry of (Outcome.Dry), the budget pays
+// from its credit alone, never lent.
+func (s *suiteClient) peek(c *Call, now time.Time) bool {
+	if c.dry {
+		return s.budget.PeekNoNewLoanAt(now)
+	}
+	return s.budget.PeekAt(now)
+}
+
+func (s *suiteClient) withdraw(c *Call, now time.Time) bool {
+	if c.dry {
+		return s.budget.WithdrawNoNewLoanAt(now)
+	}
+	return s.budget.WithdrawAt(now)
 }
 
 func (s *suiteClient) End(*Call, time.Time, bool) {}
