@@ -70,7 +70,7 @@ func NewServer(opts ...ServerOption) *Server {
 // call made from that handler sets it when it refuses a retry (budget,
 // breaker, pushback, attempts exhausted). The Server sets dry when the
 // handler failed and the method's retry budget could not pay for a retry
-// of the call (see promiseRetry).
+// of the call (see ended).
 type refusalMarker struct{ set, dry atomic.Bool }
 
 type markerKey struct{}
