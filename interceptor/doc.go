@@ -128,9 +128,12 @@
 // pushback, throttle, attempts exhausted): only the layer next to the
 // failure retries. When a call fails while the method's retry budget
 // could not pay for a retry of it, the Server says so in the trailers
-// (stormguard-budget-dry: 1); the suite's Client then pays that call's
-// retry from its budget's credit only, starting no loan (other clients
-// are not told: their retries are refused before the handler, as ever).
+// (stormguard-budget-dry: 1). The trailer speaks for the endpoint that
+// answered: the suite's Client sends that call's retry neither to it nor
+// to any endpoint that failed an attempt in the last 10 s, not at all if
+// that leaves none, and otherwise pays it from its budget's credit only,
+// starting no loan (other clients are not told: their retries are refused
+// before the handler, as ever).
 // A unary call meets them in
 // that order: a retry of a write that already completed is answered from
 // the dedupe store before the overload protection, which neither refuses

@@ -100,6 +100,9 @@ func (t *endpoints) nowhereElse(now time.Time) {
 type endpoint struct {
 	addr net.Addr
 	w    *window.Counter
+	// lastFail is when (UnixNano) the endpoint last failed an attempt; 0:
+	// never.
+	lastFail atomic.Int64
 }
 
 // The kinds an endpoint's window counts.
@@ -135,6 +138,9 @@ func (t *endpoints) record(addr net.Addr, failed bool, now time.Time) {
 		kind = epFail
 	}
 	e.(*endpoint).w.Add(now.UnixNano(), kind, 1)
+	if failed {
+		e.(*endpoint).lastFail.Store(now.UnixNano())
+	}
 	if !failed && t.nowhere.Load() != 0 {
 		// An endpoint that is not an outlier serves: grpc has somewhere
 		// else to send attempts again.
@@ -242,6 +248,31 @@ func (t *endpoints) servedRecently(now time.Time) (served, known bool) {
 		return into[0] == 0
 	})
 	return into[0] > 0, true
+}
+
+// epFailedMemory is how long failedLately takes an endpoint that failed
+// an attempt for failing: the budget's JudgeWindow, over which a client
+// that calls every few seconds still meets each of a few endpoints.
+const epFailedMemory = 10 * time.Second
+
+// failedLately appends to avoid the endpoints that failed an attempt
+// within epFailedMemory of now, and reports whether every endpoint the
+// table knows is in the result.
+func (t *endpoints) failedLately(avoid []net.Addr, now time.Time) (_ []net.Addr, all bool) {
+	all = true
+	t.m.Range(func(_, v any) bool {
+		e := v.(*endpoint)
+		if slices.Contains(avoid, e.addr) {
+			return true
+		}
+		if f := e.lastFail.Load(); f != 0 && now.UnixNano()-f < int64(epFailedMemory) {
+			avoid = append(avoid, e.addr)
+		} else {
+			all = false
+		}
+		return true
+	})
+	return avoid, all
 }
 
 // dead returns the endpoints that served nothing in the window ending now

@@ -848,6 +848,9 @@ func (c *call) decide(err error, tr metadata.MD, a *attempt) (time.Duration, Rea
 		return 0, ReasonDeadline, false
 	}
 	c.failOver(a, now)
+	if c.dry && c.dryEverywhere(a, now) {
+		return 0, ReasonBudget, false
+	}
 	if reason := c.fundable(now); reason != "" {
 		return 0, reason, false
 	}
@@ -896,6 +899,27 @@ func (c *call) withdraw(now time.Time) bool {
 		return c.route.budget.WithdrawNoNewLoanAt(now)
 	}
 	return c.route.budget.WithdrawAt(now)
+}
+
+// dryEverywhere is the retry's answer to a server that said its retry
+// budget could not pay for it (semconv.BudgetDryKey): the server speaks
+// for its own endpoint, which would refuse the retry, so the retry avoids
+// it, and every endpoint that failed an attempt in the last 10 s (their
+// servers are likely dry too; see endpoints.failedLately). It
+// reports whether that leaves no endpoint the target's table knows: then
+// the retry is not sent. Otherwise it goes, picking again away from them,
+// and is paid for by the budget from its credit (see peek); with
+// WithoutFailover it picks as any attempt does.
+func (c *call) dryEverywhere(a *attempt, now time.Time) bool {
+	avoid := slices.Clip(c.avoid)
+	if p := a.peer(); p != nil && !slices.Contains(avoid, p) {
+		avoid = append(avoid, p)
+	}
+	avoid, all := c.route.endpoints.failedLately(avoid, now)
+	if !c.client.o.noFailover {
+		c.avoid = avoid
+	}
+	return all
 }
 
 // budgetDry reports whether trailer tr says the server's retry budget

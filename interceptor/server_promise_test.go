@@ -3,6 +3,7 @@ package interceptor_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -12,8 +13,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/stormguard/stormguard/interceptor"
 	"github.com/stormguard/stormguard/internal/origin"
@@ -62,11 +67,11 @@ func promiseServer(t *testing.T, script origin.Script) (*sentCounter, func(opts 
 
 // When the method fails and its retry budget cannot pay for a retry, the
 // suite's server says so on the failed attempt (stormguard-budget-dry),
-// so that the suite's client does not start a loan for a retry the
-// server's budget would refuse: a client with nothing banked sends no
-// retry. One that banked credit (its calls paid for it) still retries
-// from it: that is its share of the fleet's ratio, and the server's
-// budget is one backend's, which may fail alone while the others serve.
+// and the suite's client sends no retry to that endpoint, nor to any that
+// failed lately: here the target's only endpoint, so no retry at all, from
+// a client with nothing banked (no loan starts) as from one whose calls
+// banked credit (the server would refuse it: its budget is dry). A retry
+// that can go to another endpoint goes (TestDryEndpointFailsOver).
 // A plain grpc-go client is not told (its retryPolicy would take the
 // marker's only form it reads, "do not retry", for every backend): its
 // retry is sent, and refused before the handler. A method not safe to
@@ -110,7 +115,8 @@ func TestServerSaysItsBudgetIsDry(t *testing.T) {
 		}
 		_, err = rich.Put(t.Context(), &echov1.PutRequest{RequestId: "banked"})
 		assert.Equal(t, codes.Unavailable, status.Code(err))
-		assert.Equal(t, 2, sent.of("banked"), "a client's banked credit still pays for a retry")
+		assert.Equal(t, 1, sent.of("banked"), "a retry to the endpoint that said it is dry, paid from banked credit")
+		assert.Equal(t, interceptor.ReasonBudget, interceptor.RefusedBy(err))
 
 		_, err = grpcgo.Put(t.Context(), &echov1.PutRequest{RequestId: "grpc-go"})
 		assert.Equal(t, codes.Unavailable, status.Code(err))
@@ -154,5 +160,77 @@ func TestServerPromisesTheRetryItCanPayFor(t *testing.T) {
 		_, err = grpcgo.Put(t.Context(), &echov1.PutRequest{RequestId: "rescued-grpc-go"})
 		require.NoError(t, err)
 		assert.Equal(t, 2, sent.of("rescued-grpc-go"), "grpc-go's retryPolicy: a failure and its retry")
+	})
+}
+
+// The dry trailer speaks for the endpoint that sent it. Of two backends
+// behind the suite's servers, one fails every Put and its budget is dry;
+// the other serves. A suite client that banked credit calls Put over both,
+// round robin: a call whose first attempt meets the dry backend retries,
+// from the client's credit, on the other, which serves it; none is sent to
+// the dry backend twice.
+func TestDryEndpointFailsOver(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fails := func(c origin.Call) origin.Reply {
+			if strings.HasPrefix(c.RequestID, "ok") {
+				return origin.Reply{}
+			}
+			return origin.Reply{Code: codes.Unavailable, Message: "fails"}
+		}
+		scripts := []origin.Script{fails, origin.Succeed()}
+		counters := make([]*sentCounter, len(scripts))
+		listeners := map[string]*origin.Listener{}
+		var addrs []resolver.Address
+		for i, script := range scripts {
+			counters[i] = &sentCounter{sent: map[string]int{}}
+			l := origin.Bufconn()
+			srv := origin.Serve(l, origin.New(script), grpc.ChainUnaryInterceptor(counters[i].unary, interceptor.NewServer().Unary()))
+			t.Cleanup(srv.Stop)
+			addr := fmt.Sprint("backend-", i)
+			listeners[addr] = l
+			addrs = append(addrs, resolver.Address{Addr: addr})
+		}
+		dialer := grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			c, err := listeners[addr].Listener.(*bufconn.Listener).DialContext(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return peerConn{c, backendAddr(addr)}, nil
+		})
+		// A fleet's failures and retries dry the failing backend's budget.
+		direct, err := grpc.NewClient(listeners["backend-0"].Target, listeners["backend-0"].ConnectOptions(grpc.WithDefaultServiceConfig(fleetRetryConfig))...)
+		require.NoError(t, err)
+		defer direct.Close()
+		for i := range 40 {
+			_, err := echov1.NewEchoServiceClient(direct).Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint("drain-", i)})
+			require.Equal(t, codes.Unavailable, status.Code(err))
+		}
+
+		r := manual.NewBuilderWithScheme("sg")
+		r.InitialState(resolver.State{Addresses: addrs})
+		guard := interceptor.NewClient(append(noopProviders(), fast)...)
+		defer guard.Close()
+		cc, err := grpc.NewClient(r.Scheme()+":///backends", append(guard.DialOptions(),
+			grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(r), dialer,
+			grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))...)
+		require.NoError(t, err)
+		defer cc.Close()
+		echo := echov1.NewEchoServiceClient(cc)
+		failedOver := 0
+		for i := range 4 {
+			for j := range 20 { // 20 calls bank a full credit, 2 retries (Gets: the dry backend's Put budget stays dry)
+				_, err := echo.Get(t.Context(), &echov1.GetRequest{RequestId: fmt.Sprint("ok-", i, "-", j)})
+				require.NoError(t, err)
+			}
+			id := fmt.Sprint("fo-", i)
+			var tr metadata.MD
+			_, err := echo.Put(t.Context(), &echov1.PutRequest{RequestId: id}, grpc.Trailer(&tr))
+			require.NoError(t, err, "call %s", id)
+			dry, ok := counters[0].of(id), counters[1].of(id)
+			assert.LessOrEqual(t, dry, 1, "call %s: sent to the dry backend again", id)
+			assert.Equal(t, 1, ok, "call %s: served once by the backend that serves", id)
+			failedOver += dry
+		}
+		assert.Positive(t, failedOver, "round robin sent some first attempts to the dry backend")
 	})
 }
