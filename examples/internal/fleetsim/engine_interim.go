@@ -19,7 +19,9 @@ import (
 // another one without paying the budget and makes later attempts avoid
 // it, is not transcribed; the suite's client picks backends round robin
 // as the rivals do, and the figures that depend on fail-over (one backend
-// of M dead) are the suite without it until the engine is wired.
+// of M dead) are the suite without it until the engine is wired. Only a
+// retry after a server's stormguard-budget-dry re-picks away from the
+// backends that failed lately (suiteClient.Pick), as the engine's does.
 
 // The suite's RetryPolicy defaults (interceptor/options.go) and the
 // engine's thresholds (interceptor/engine.go, interceptor/endpoint.go).
@@ -31,6 +33,8 @@ const (
 	minDeadForSure   = 10 // engine.go: ... that refuse it before its backoff
 	epSlots          = 4  // endpoint.go: the outcomes of the last 3 to 4 s
 	epSlotWidth      = time.Second
+	epFailedMemory   = 10 * time.Second // endpoint.go: failedLately
+	maxRepicks       = 3                // endpoint.go: an attempt's re-picks away from endpoints it avoids
 )
 
 // interimEngine is one client's share of the engine: its retry rules,

@@ -15,6 +15,10 @@ type suiteClient struct {
 	interimEngine
 	budget  *budget.Budget
 	breaker *breaker.Breaker
+	// failedAt is, per backend, when its last failure came (the engine's
+	// endpoint.lastFail), in ns since the run's origin; 0: none yet.
+	failedAt []int64
+	base     time.Time
 }
 
 // SuiteOptions shape the suite's client: a budget Config, an attempt
@@ -49,6 +53,8 @@ func PolicySuiteWith(o SuiteOptions) *ClientPolicy {
 				interimEngine: g,
 				budget:        budget.New(o.Budget),
 				breaker:       breaker.New(breaker.Config{Rand: e.Rand.Float64}),
+				failedAt:      make([]int64, max(e.Backends, 1)),
+				base:          e.Base,
 			}
 		}}
 }
@@ -77,11 +83,14 @@ func (s *suiteClient) Settle(c *Call, now time.Time, o Outcome) Verdict {
 	failed := failure(o.Code)
 	c.ticket.DoneAt(failed, now)
 	s.record(now, failed)
+	if failed {
+		s.failedAt[o.Backend] = max(now.Sub(s.base).Nanoseconds(), 1)
+	}
 	if o.Code == OK {
 		return Verdict{}
 	}
 	d, ok := s.rules(c, now, o)
-	if !ok || s.breaker.RetryAfterAt(now) > 0 || s.servedNothing(now, minDeadForSure) || !s.peek(c, now) {
+	if !ok || s.dryEverywhere(c, now) || s.breaker.RetryAfterAt(now) > 0 || s.servedNothing(now, minDeadForSure) || !s.peek(c, now) {
 		return Verdict{}
 	}
 	return Verdict{Retry: true, Delay: d}
@@ -94,12 +103,52 @@ func (s *suiteClient) Send(c *Call, now time.Time) bool {
 	if err != nil {
 		return false
 	}
-	if s.servedNothing(now, minServedNothing) || !s.withdraw(c, now) {
+	if s.dryEverywhere(c, now) || s.servedNothing(now, minServedNothing) || !s.withdraw(c, now) {
 		t.Ignore()
 		return false
 	}
 	c.ticket, c.budgeted = t, true
 	return true
+}
+
+// failedLately is the engine's endpoints.failedLately for backend b: it
+// failed an attempt within epFailedMemory of now.
+func (s *suiteClient) failedLately(b int, now time.Time) bool {
+	f := s.failedAt[b]
+	return f != 0 && now.Sub(s.base).Nanoseconds()-f < int64(epFailedMemory)
+}
+
+// dryEverywhere is the engine's: after a failure whose server said its
+// retry budget could not pay for a retry (Outcome.Dry), the retry avoids
+// that backend and every backend that failed an attempt in the last 10 s,
+// and is not sent when that leaves none (see Pick).
+func (s *suiteClient) dryEverywhere(c *Call, now time.Time) bool {
+	if !c.dry {
+		return false
+	}
+	for b := range s.failedAt {
+		if !s.failedLately(b, now) {
+			return false
+		}
+	}
+	return true
+}
+
+// Pick is the engine's pick through grpc-go's round_robin: a retry after a
+// dry answer picks again, at most maxRepicks times, while it picks a
+// backend it avoids (see dryEverywhere), and then goes where it picked.
+func (s *suiteClient) Pick(c *Call, now time.Time, m int) int {
+	b := s.roundRobin.Pick(c, now, m)
+	if c.Attempts == 0 || !c.dry {
+		return b
+	}
+	for range maxRepicks {
+		if !s.failedLately(b, now) {
+			break
+		}
+		b = s.roundRobin.Pick(c, now, m)
+	}
+	return b
 }
 
 // peek and withdraw are the engine's: after a failure the server said its
