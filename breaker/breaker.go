@@ -86,8 +86,12 @@ const (
 )
 
 // New returns a closed Breaker configured by c (see Config for defaults).
-func New(c Config) *Breaker {
-	b := &Breaker{target: c.Target}
+// Its target is "": a Registry names its breakers.
+func New(c Config) *Breaker { return newNamed(c.name, c) }
+
+// newNamed returns a closed Breaker for target configured by c.
+func newNamed(target string, c Config) *Breaker {
+	b := &Breaker{target: target}
 	b.init(c)
 	return b
 }
@@ -162,7 +166,8 @@ func (b *Breaker) toTime(d time.Duration) time.Time {
 	return procEpoch.Add(satmath.Add(time.Duration(first), d))
 }
 
-// Target returns the name given in Config.Target or to Registry.For.
+// Target returns the target Registry.For made the breaker for ("" for one
+// made by New).
 func (b *Breaker) Target() string { return b.target }
 
 // Ticket is the admission of one attempt by Admit. Report its outcome with

@@ -51,7 +51,6 @@ type harness struct {
 
 func newHarness(t *testing.T, c Config) *harness {
 	h := &harness{t: t, clk: newClock()}
-	c.Target = "t"
 	c.OnStateChange = func(target string, from, to State) {
 		if target != "t" {
 			t.Errorf("OnStateChange target = %q", target)
@@ -60,7 +59,7 @@ func newHarness(t *testing.T, c Config) *harness {
 		h.changes = append(h.changes, from.String()+">"+to.String())
 		h.mu.Unlock()
 	}
-	h.b = New(c)
+	h.b = newNamed("t", c)
 	return h
 }
 
@@ -334,17 +333,17 @@ func TestTransitions(t *testing.T) {
 		}, ""},
 		{"jitter lengthens the open period by Jitter*Rand", with(func(c *Config) {
 			c.Jitter = 0.2
-			c.Rand = func() float64 { return 0.5 }
+			c.rand = func() float64 { return 0.5 }
 		}), seq(open20, []step{
 			retryAfter(5500 * time.Millisecond), tick(5500*time.Millisecond - 1), refused(), tick(1), want(StateHalfOpen),
 			fail(1), retryAfter(11 * s),
 		}), "closed>open open>half-open half-open>open"},
 		{"Rand out of range is clamped", with(func(c *Config) {
 			c.Jitter = 0.5
-			c.Rand = func() float64 { return 7 }
+			c.rand = func() float64 { return 7 }
 		}), seq(open20, []step{retryAfter(7500 * time.Millisecond)}), "closed>open"},
 		{"NaN Rand means no jitter", with(func(c *Config) {
-			c.Rand = func() float64 { return math.NaN() }
+			c.rand = func() float64 { return math.NaN() }
 		}), seq(open20, []step{retryAfter(5 * s)}), "closed>open"},
 	}
 	for _, tc := range cases {
@@ -481,7 +480,7 @@ func TestZeroValueBreaker(t *testing.T) {
 func TestOpenUntilAndTarget(t *testing.T) {
 	clk := newClock()
 	start := clk.Now()
-	b := New(Config{Target: "db:5432", MinAttempts: 1, OpenTimeout: 5 * time.Second, Jitter: -1})
+	b := NewRegistry(Config{MinAttempts: 1, OpenTimeout: 5 * time.Second, Jitter: -1}).For("db:5432")
 	if !b.OpenUntilAt(clk.Now()).IsZero() || b.RetryAfterAt(clk.Now()) != 0 {
 		t.Fatal("closed breaker reports an open period")
 	}

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/stormguard/stormguard/internal/breakername"
+	"github.com/stormguard/stormguard/internal/breakerrand"
 	"github.com/stormguard/stormguard/internal/satmath"
 )
 
@@ -91,9 +93,6 @@ type Config struct {
 	// to the next caller.
 	OnStateChange func(target string, from, to State)
 
-	// Target names the breaker in OnStateChange and Target(). Registry.For
-	// sets it to the target it was asked for.
-	Target string
 	// MaxOpenTimeout caps the open period, which doubles for each
 	// consecutive failed probe round (OpenTimeout, 2×, 4×, ...) and returns
 	// to OpenTimeout once the breaker closes. ≤ 0 → 4×OpenTimeout; below
@@ -104,12 +103,24 @@ type Config struct {
 	// together. The period is never shortened: OpenTimeout is a minimum.
 	// 0 or NaN → 0.2; negative → no jitter; above 1 → 1.
 	Jitter float64
-	// Rand returns the random number in [0, 1) used for jitter; values
+
+	// rand returns the random number in [0, 1) used for jitter; values
 	// outside [0, 1] are clamped (NaN → 0). It is called once per opening,
 	// and must be safe for concurrent use if breakers share it (a Registry
-	// does). nil → math/rand/v2's Float64. Tests may return a constant to
-	// make the half-open instant exact.
-	Rand func() float64
+	// does). nil → math/rand/v2's Float64. It is no configuration: the
+	// module's tests and simulators seed it (internal/breakerrand), so that
+	// a half-open instant is exact or a run repeats.
+	rand func() float64
+
+	// name is the Target of the Breaker New makes; "" by default. It is no
+	// configuration: the module's client names its routes' breakers
+	// (internal/breakername); a Registry names its own.
+	name string
+}
+
+func init() {
+	breakerrand.Set = func(c any, f func() float64) { c.(*Config).rand = f }
+	breakername.Set = func(c any, name string) { c.(*Config).name = name }
 }
 
 // settings is a Config with defaults applied and every value valid.
@@ -136,7 +147,7 @@ func (c Config) settings() settings {
 		maxOpen:     c.MaxOpenTimeout,
 		probes:      c.HalfOpenProbes,
 		jitter:      c.Jitter,
-		rand:        c.Rand,
+		rand:        c.rand,
 		onChange:    c.OnStateChange,
 	}
 	switch {

@@ -90,7 +90,7 @@ func TestDefaultBreakerOpensWhenEveryAttemptFailed(t *testing.T) {
 func TestDefaultBreakerOpenPeriod(t *testing.T) {
 	for _, u := range []float64{0, 0.5, 0.999999} {
 		t.Run(fmt.Sprintf("rand %v", u), func(t *testing.T) {
-			h := newHarness(t, Config{Rand: func() float64 { return u }})
+			h := newHarness(t, Config{rand: func() float64 { return u }})
 			jittered := func(d time.Duration) time.Duration { return d + time.Duration(float64(d)*0.2*u) }
 			var got []string
 			// openFor checks that the breaker is open for exactly d, then
@@ -208,7 +208,7 @@ func TestConfigDefaultsAndClamping(t *testing.T) {
 }
 
 func TestOpenPeriodSaturates(t *testing.T) {
-	s := Config{OpenTimeout: math.MaxInt64 / 3, Jitter: 1, Rand: func() float64 { return 0.99 }}.settings()
+	s := Config{OpenTimeout: math.MaxInt64 / 3, Jitter: 1, rand: func() float64 { return 0.99 }}.settings()
 	for rounds := range 70 {
 		d := s.openPeriod(rounds)
 		if d < s.openTimeout || d > s.maxOpen {
@@ -233,11 +233,11 @@ func TestInvalidConfigNeverPanics(t *testing.T) {
 	}{
 		{Config{FailureRatio: nan, MinAttempts: -5, Window: -1, ConsecutiveFailures: -3, OpenTimeout: -1, HalfOpenProbes: -2, Jitter: nan},
 			[]State{StateOpen, StateHalfOpen}},
-		{Config{FailureRatio: inf, Window: 1, OpenTimeout: 1, MaxOpenTimeout: math.MaxInt64, Jitter: inf, Rand: func() float64 { return -inf }},
+		{Config{FailureRatio: inf, Window: 1, OpenTimeout: 1, MaxOpenTimeout: math.MaxInt64, Jitter: inf, rand: func() float64 { return -inf }},
 			nil}, // a 10ns window never holds MinAttempts
-		{Config{FailureRatio: -inf, OpenTimeout: math.MaxInt64, Jitter: 1, Rand: func() float64 { return nan }},
+		{Config{FailureRatio: -inf, OpenTimeout: math.MaxInt64, Jitter: 1, rand: func() float64 { return nan }},
 			[]State{StateOpen}},
-		{Config{OpenTimeout: math.MaxInt64, Jitter: 1, Rand: func() float64 { return inf }},
+		{Config{OpenTimeout: math.MaxInt64, Jitter: 1, rand: func() float64 { return inf }},
 			[]State{StateOpen}},
 	} {
 		clk := newClock()

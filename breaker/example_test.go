@@ -13,15 +13,14 @@ import (
 // the monotonic clock.
 func Example() {
 	now := time.Unix(0, 0)
-	b := breaker.New(breaker.Config{
+	b := breaker.NewRegistry(breaker.Config{
 		FailureRatio: 0.5, // open once half the attempts in the window failed (default: all)
 		MinAttempts:  4,   // and there were at least 4
 		Jitter:       -1,  // (no jitter, so the output is exact)
-		Target:       "payments:443",
 		OnStateChange: func(target string, from, to breaker.State) {
 			fmt.Printf("%s: %v -> %v\n", target, from, to)
 		},
-	})
+	}).For("payments:443") // a Registry names its breakers by their target
 
 	call := func(fail bool) {
 		t, err := b.AdmitAt(now)

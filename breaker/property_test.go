@@ -80,7 +80,7 @@ func TestPropertyStateMachine(t *testing.T) {
 			Jitter:              float64(rapid.IntRange(-1, 10).Draw(rt, "jitter10")) / 10,
 		}
 		u := float64(rapid.IntRange(0, 99).Draw(rt, "rand100")) / 100
-		cfg.Rand = func() float64 { return u }
+		cfg.rand = func() float64 { return u }
 		s := cfg.settings()
 
 		clk := newClock()

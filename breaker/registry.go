@@ -15,7 +15,7 @@ type Registry struct {
 }
 
 // NewRegistry returns an empty Registry whose breakers are configured by c;
-// each gets its own target as Config.Target.
+// each is named by its own target (Breaker.Target, OnStateChange).
 func NewRegistry(c Config) *Registry {
 	return &Registry{c: c}
 }
@@ -30,9 +30,7 @@ func (r *Registry) For(target string) *Breaker {
 }
 
 func (r *Registry) create(target string) *Breaker {
-	c := r.c
-	c.Target = target
-	return New(c)
+	return newNamed(target, r.c)
 }
 
 // Range calls f for each target and its Breaker, in no particular order,

@@ -13,7 +13,7 @@ func TestRegistryForIsPerTarget(t *testing.T) {
 	var mu sync.Mutex
 	var changes []string
 	r := NewRegistry(Config{
-		MinAttempts: 2, OpenTimeout: 5 * time.Second, Jitter: -1, Target: "ignored",
+		MinAttempts: 2, OpenTimeout: 5 * time.Second, Jitter: -1,
 		OnStateChange: func(target string, from, to State) {
 			mu.Lock()
 			changes = append(changes, target+":"+from.String()+">"+to.String())

@@ -16,6 +16,7 @@ import (
 	"github.com/stormguard/stormguard/idempotency"
 	"github.com/stormguard/stormguard/internal/clock"
 	"github.com/stormguard/stormguard/internal/cowmap"
+	"github.com/stormguard/stormguard/internal/engine"
 	"github.com/stormguard/stormguard/internal/limits"
 	"github.com/stormguard/stormguard/internal/svcconfig"
 )
@@ -47,12 +48,15 @@ type Client struct {
 	routes    cowmap.Map[routeKey, *route]
 	// routeCache is routes' direct-mapped front (see routeOf).
 	routeCache [routeCacheSize]atomic.Pointer[route]
-	endpoints  cowmap.Map[string, *endpoints] // per canonical target
+	endpoints  cowmap.Map[string, *engine.Endpoints] // per canonical target
+	// engine is what the engine takes from the Client's options (see
+	// engine.Config).
+	engine engine.Config
 	// otherTel holds, per target name, the metrics of the routes of the
 	// methods the protobuf registry does not know (see otherMetricsOf).
 	otherTel cowmap.Map[string, *routeMetrics]
-	yields   cowmap.Map[string, *yield]  // per canonical target (see yield)
-	returns  atomic.Pointer[returnTable] // failed calls, made on the first failure (see outer.go)
+	yields   cowmap.Map[string, *engine.Yield] // per canonical target
+	returns  atomic.Pointer[returnTable]       // failed calls, made on the first failure (see outer.go)
 	// lastFailed is when (UnixNano, on the Client's clock) a call last
 	// failed: the table is looked at only for returnWindow after.
 	lastFailed atomic.Int64
@@ -137,6 +141,8 @@ func NewClient(opts ...ClientOption) *Client {
 	c.dl = deadline.NewClient(o.deadlineCfg)
 	c.retryable = resolveCodes(o.retryable, idempotency.Codes(codes.Unavailable))
 	c.failures = resolveCodes(o.failures, idempotency.Codes(codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Internal))
+	c.engine = engine.Config{Shadow: o.shadow, NoFailover: o.noFailover, MinRemaining: max(o.deadlineCfg.MinRemaining, 0),
+		Failures: engine.CodeSet(c.failures)}
 	c.tel = newTelemetry(&c.o, c)
 	return c
 }

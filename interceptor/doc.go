@@ -140,4 +140,32 @@
 // it nor learns from it. Every call the Server refuses before its handler
 // runs is counted by reason in stormguard.server.refusals
 // (WithServerTelemetry).
+//
+// # Reading the code
+//
+// A client call's decisions are made by package internal/engine, which
+// speaks no gRPC (its doc says where each is); this package adapts it to
+// grpc-go. Each question has a file:
+//
+//   - what is this call? call.go (its state, options, setup, idempotency
+//     key); route.go (what a Client keeps per target and method);
+//   - what happens next? engine.go: the loop (run), opening an attempt
+//     (open), and the one step after every attempt (step), which the
+//     senders unary.go, hedge.go and stream.go (a stream's retry in
+//     stream_replay.go) all call; pertry.go is the per-attempt timer;
+//   - may an attempt be sent, or paid for, now? gates.go (the engine's
+//     admission: deadline, breaker, throttle, budget, endpoints, shadow
+//     mode; what its answers become for grpc-go);
+//   - should a failure be retried, and when? rules.go (the engine's rules;
+//     the server's pushback and RetryInfo read; RetryPolicy.If asked);
+//   - what does a decision leave behind? record.go (refusals, events,
+//     metrics, hooks, the end of a call); refusal.go (the refusal table and
+//     the statuses a caller gets);
+//   - what did the pick do? pick.go (the per-attempt credentials that
+//     watch grpc-go's pick, with their staged and committed state);
+//   - what does the operator's config say? serviceconfig.go and
+//     grpcretry.go (grpc-go's own retries);
+//   - retry loops outside the suite: outer.go, outer_table.go;
+//   - options and what a Client shows: options.go, hooks.go, state.go,
+//     telemetry.go; the server side: server*.go.
 package interceptor

@@ -71,19 +71,19 @@ func (c *Client) grpcRetriesOf(cc *grpc.ClientConn) *grpcRetries {
 const retryBuffer = 256 << 10
 
 // noteGRPCRetries reads what grpc-go did with attempt a of the suite, of
-// a method that has a retryPolicy, when the Client watches it (c.watch):
+// a method that has a retryPolicy, when the Client watches it (c.watched):
 // calls is how many attempts grpc-go made (the call credentials' count),
 // err the attempt's outcome, hdr its response header (nil: none came, the
 // response was trailers only, or the stream ended before one) and tr its
 // trailer. req is the request, nil for a stream.
 func (c *call) noteGRPCRetries(a *attempt, calls int32, err error, hdr, tr metadata.MD, req any) {
-	w := c.grpc.watched
+	w := c.watched
 	if w == nil {
 		return
 	}
-	if !c.grpc.mc.grpcRetry && err != nil {
+	if !c.mc.grpcRetry && err != nil {
 		// Sent before the ClientConn had its service config: read it now.
-		c.grpc.mc = c.route.readMethodConfig(c.cc, c.client.now(), c.watch)
+		c.mc = c.route.readMethodConfig(c.mc.cc, c.client.now(), c.mc.watch)
 	}
 	switch {
 	case err != nil && c.grpcWouldRetry(a, calls, err, hdr, tr, req):
@@ -104,7 +104,7 @@ func (c *call) noteGRPCRetries(a *attempt, calls int32, err error, hdr, tr metad
 // the policy's attempts: a failure after one is evidence like a failure
 // after a single try, as long as the tries leave attempts.
 func (c *call) grpcWouldRetry(a *attempt, calls int32, err error, hdr, tr metadata.MD, req any) bool {
-	mc := c.grpc.mc
+	mc := c.mc
 	if calls < 1 || hdr != nil || a.ctx.Err() != nil || !mc.grpcRetry || int(calls) >= mc.grpcAttempts || !mc.grpcCodes.Has(status.Code(err)) {
 		return false
 	}

@@ -7,7 +7,6 @@ import (
 	"github.com/stormguard/stormguard/semconv"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
@@ -15,6 +14,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/stormguard/stormguard/internal/clock"
+	"github.com/stormguard/stormguard/internal/engine"
 )
 
 // hedger runs one hedged unary call: attempts overlap, the first OK or
@@ -65,7 +65,7 @@ type hedger struct {
 	hedging  bool        // more hedges may be sent
 	timing   bool        // more retries may be sent on a per-attempt timeout
 	timer    clock.Timer // the next hedge or retry; nil when none is due
-	next     attemptKind // what the timer sends: kindHedge or kindRetry
+	next     engine.Kind // what the timer sends: engine.Hedge or engine.Retry
 	watched  bool        // a timer watched the first attempt (see yield)
 	late     bool        // ... and fired
 }
@@ -83,16 +83,16 @@ type hedgeResult struct {
 	err error
 }
 
-// runHedged runs a hedged call. The hedger lives on its stack: the
-// attempts' goroutines see only their own attempt.
-func runHedged(c *call, method string, req any, reply proto.Message, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, cs callSettings) error {
+// runHedged runs a hedged call of shape sh. The hedger lives on its
+// stack: the attempts' goroutines see only their own attempt.
+func runHedged(c *call, sh shape, method string, req any, reply proto.Message, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, cs callSettings) error {
 	h := hedger{method: method, req: req, reply: reply, cc: cc, invoker: invoker, cs: cs,
 		mt:      reply.ProtoReflect().Type(), // before any attempt writes to reply
 		base:    make([]grpc.CallOption, 0, len(opts)+4),
-		results: make(chan hedgeResult, c.plan.maxAttempts),
+		results: make(chan hedgeResult, c.e.MaxAttempts()),
 		wg:      new(sync.WaitGroup),
-		hedging: c.plan.hedge,
-		timing:  c.plan.beside,
+		hedging: sh.hedge,
+		timing:  sh.beside,
 	}
 	for _, o := range opts {
 		switch o := o.(type) {
@@ -107,111 +107,134 @@ func runHedged(c *call, method string, req any, reply proto.Message, cc *grpc.Cl
 		}
 	}
 	defer h.finish(c)
-	return c.run(&h, c.firstKind(), cancelableAttempt)
+	return c.run(&h, c.e.FirstKind(), cancelableAttempt)
 }
 
-// attempt returns the first attempt of the group (the engine's run opens
+// attempt returns the first attempt of the group (the call's run opens
 // it), which send then launches.
 func (h *hedger) attempt() *attempt {
 	h.first = &hedgeAttempt{attempt: new(attempt), reply: h.reply}
 	return h.first.attempt
 }
 
-// send runs a hedged group from its first attempt a (opened by the
-// engine): it launches a, then hedges, and retries a failed attempt at
-// once while others run, opening and settling each attempt with the
-// engine, until one answers or none may follow. The outcome is settled:
-// it is the call's.
+// send runs a hedged group from its first attempt a (opened by run): it
+// launches a, then hedges, and retries a failed attempt at once while
+// others run, opening each attempt and taking each that comes back
+// through the call's one step, until one answers or none may follow. The
+// outcome is settled: it is the call's.
 func (h *hedger) send(c *call, a *attempt) outcome {
 	h.launch(c, h.first)
 	h.arm(c)
 	for {
-		var hedgeDue <-chan time.Time
+		var due <-chan time.Time
 		if h.timer != nil {
-			hedgeDue = h.timer.C()
+			due = h.timer.C()
 		}
 		select {
 		case res := <-h.results:
 			if done, err := h.answer(c, res); done {
 				return outcome{err: err, settled: true}
 			}
-		case <-hedgeDue:
+		case <-due:
 			h.timer = nil
-			if h.yields(c) {
-				continue
-			}
-			if h.next == kindRetry {
-				h.timedOut(c)
-				continue
-			}
-			if reason, _ := h.open(c, kindHedge); reason != "" {
-				c.refuse(reason, semconv.EventHedgeRefused)
-				h.hedging = false
-				continue
-			}
-			c.event(semconv.EventHedgeSent, semconv.AttrPreviousAttempts.Int(c.tally.sent-1))
-			h.arm(c)
+			h.fire(c)
 		case <-c.ctx.Done():
 			return outcome{err: status.FromContextError(c.ctx.Err()).Err(), settled: true}
 		}
 	}
 }
 
-// answer handles a finished attempt; done says the call is over, with err.
+// answer takes a finished attempt through the call's step, with the
+// attempts still in flight; done says the call is over, with err. An
+// attempt refused at its pick (a fail-over retry with nowhere to go that
+// the budget would not pay for) was never sent; nor is a retry the
+// admission refuses. While others run, nothing more is sent then, and
+// one of them may yet answer.
 func (h *hedger) answer(c *call, res hedgeResult) (done bool, err error) {
 	h.inflight--
 	a := res.a.attempt
-	if reason, perr := c.atPick(a); reason != "" {
-		if h.inflight == 0 || a.kind == kindFirst {
-			return true, c.notSent(reason, perr)
+	reason, err := c.atPick(a)
+	sent := reason == ""
+	if sent {
+		var next engine.Next
+		switch next, err = c.step(a, outcome{err: res.err, tr: res.a.trailer}, h.inflight); {
+		case next == engine.Done:
+			h.winner = res.a
+			return true, err
+		case next == engine.Wait:
+			h.refused(c, "", "") // refused, recorded by the step
+			return false, nil
+		case err != nil:
+			return true, err // the caller left
 		}
-		// A fail-over retry with nowhere to go that the budget would not
-		// pay for: not sent. Nothing more is sent; an attempt still
-		// running may yet answer.
-		h.hedging, h.timing = false, false
-		h.arm(c)
-		c.refuse(reason, semconv.EventRetryRefused)
-		return false, nil
-	}
-	v := c.settle(a, res.err, res.a.trailer)
-	h.winner = res.a // until proven otherwise
-	if res.err == nil {
-		return true, nil
-	}
-	if !v.retry {
-		if v.reason != "" && !v.reason.info().fatal && h.inflight > 0 {
-			// Refused, but others still run; one of them may succeed.
-			// Nothing more is sent.
-			h.winner, h.hedging, h.timing = nil, false, false
+		if reason, err = h.open(c, engine.Retry); reason == "" {
 			h.arm(c)
-			c.refuse(v.reason, semconv.EventRetryRefused)
 			return false, nil
 		}
-		return true, c.conclude(v)
-	}
-	h.winner = nil
-	if h.inflight > 0 {
-		v.delay = 0
-	}
-	c.scheduled(v)
-	if err := c.wait(v.delay); err != nil {
-		return true, err
-	}
-	if reason, err := h.open(c, kindRetry); reason != "" {
 		if h.inflight == 0 {
 			h.winner = res.a
-			return true, c.notSent(reason, err)
 		}
-		h.hedging, h.timing = false, false
-		h.arm(c)
-		return false, nil
 	}
-	h.arm(c)
+	if h.inflight == 0 || (!sent && a.Kind == engine.First) {
+		return true, c.notSent(reason, err)
+	}
+	if sent {
+		reason = "" // recorded by the admission, if at all
+	}
+	h.refused(c, reason, semconv.EventRetryRefused)
 	return false, nil
 }
 
-// open opens an attempt of the given kind with the engine and launches it.
-func (h *hedger) open(c *call, kind attemptKind) (Reason, error) {
+// fire sends the hedge, or the retry beside the latest attempt, whose
+// timer fired, if the rules and the admission allow one; the first time,
+// it counts the first attempt as one that ran past its delay (see
+// engine.Yield). A hedge that may not be sent stops the hedging; the
+// attempts in flight run on.
+func (h *hedger) fire(c *call) {
+	now := c.client.now()
+	if !h.late {
+		h.late = true
+		c.e.Late(now)
+	}
+	if h.next == engine.Retry {
+		h.timedOut(c, now)
+		return
+	}
+	reason := reasonOf(c.e.Peek(now, engine.Hedge, false))
+	if reason == "" {
+		reason, _ = h.open(c, engine.Hedge)
+	}
+	if reason != "" {
+		h.refused(c, reason, semconv.EventHedgeRefused) // a per-attempt timeout may still be due
+		return
+	}
+	h.arm(c)
+}
+
+// timedOut sends a retry beside the latest attempt, which has not answered
+// within the per-attempt timeout at now, if one may be sent; if not, the
+// attempts in flight run on and no more retries are sent on a timeout.
+func (h *hedger) timedOut(c *call, now time.Time) {
+	c.e.Beside()
+	reason := c.e.MayFollow(c)
+	if reason == 0 {
+		reason = c.e.Peek(now, engine.Retry, true)
+	}
+	if reason != 0 {
+		h.refused(c, reasonOf(reason), semconv.EventTimeoutKept)
+		return
+	}
+	err := c.timeoutError()
+	c.scheduled(engine.Verdict{}, err, nil)
+	if reason, _ := h.open(c, engine.Retry); reason != "" {
+		h.refused(c, reason, semconv.EventTimeoutKept)
+		return
+	}
+	h.arm(c)
+}
+
+// open opens an attempt of the given kind and launches it.
+func (h *hedger) open(c *call, kind engine.Kind) (Reason, error) {
 	ha := &hedgeAttempt{attempt: new(attempt), reply: h.reply}
 	if reason, err := c.open(ha.attempt, kind, cancelableAttempt); reason != "" {
 		return reason, err
@@ -250,87 +273,41 @@ func runHedgeAttempt(wg *sync.WaitGroup, results chan<- hedgeResult, ha *hedgeAt
 	results <- hedgeResult{a: ha, err: err}
 }
 
-// timedOut sends a retry beside the latest attempt, which has not answered
-// within the per-attempt timeout, if one may be sent; if not, the attempts
-// in flight run on and no more retries are sent on a timeout.
-func (h *hedger) timedOut(c *call) {
-	err := status.Errorf(codes.DeadlineExceeded, "stormguard: no answer within the per-attempt timeout (%v)", c.route.perAttempt)
-	if f := c.client.o.retryIf; f != nil && !f(c.ctx, c.route.method, err) {
-		h.keep(c, ReasonRetryIf)
-		return
+// refused records that what event says (a retry after a failure, a hedge,
+// a retry beside a slow attempt) was refused for reason, and sends no
+// more of it: after a failure, nothing more is sent; the attempts in
+// flight may yet answer, and a timer of the other kind may still be due.
+// An empty reason records nothing.
+func (h *hedger) refused(c *call, reason Reason, event string) {
+	if reason != "" {
+		c.refuse(reason, event)
 	}
-	if c.pay == payFailover {
-		c.pay = payBudget
-	}
-	c.scheduled(verdict{err: err})
-	if reason, _ := h.open(c, kindRetry); reason != "" {
-		h.keep(c, reason)
-		return
+	switch event {
+	case semconv.EventHedgeRefused:
+		h.hedging = false
+	case semconv.EventTimeoutKept:
+		h.timing = false
+	default:
+		h.hedging, h.timing = false, false
 	}
 	h.arm(c)
 }
 
-// yields counts a first attempt that ran past its delay, and reports
-// whether the hedge or retry due now yields to the target's overload (see
-// yield): then it is not sent, the slow attempt runs on, and no more are
-// sent on that timer.
-func (h *hedger) yields(c *call) bool {
-	now := c.client.now()
-	if !h.late {
-		h.late = true
-		c.route.yield.late(now)
-	}
-	if !c.route.yield.yields(now) {
-		return false
-	}
-	if h.next == kindRetry {
-		h.keep(c, ReasonOverload)
-		return true
-	}
-	c.refuse(ReasonOverload, semconv.EventHedgeRefused)
-	h.hedging = false
-	h.arm(c) // a per-attempt timeout may still be due
-	return true
-}
-
-// keep records that no retry was sent on a per-attempt timeout, for
-// reason.
-func (h *hedger) keep(c *call, reason Reason) {
-	c.refuse(reason, semconv.EventTimeoutKept)
-	h.timing = false
-	h.arm(c) // a hedge may still be due
-}
-
 // arm sets the timer of the next hedge or per-attempt timeout retry, if
-// one may be sent: whichever is due first.
+// one may be sent: whichever is due first (engine.Call.NextTimer).
 func (h *hedger) arm(c *call) {
 	if h.timer != nil {
 		h.timer.Stop()
 		h.timer = nil
 	}
-	if c.tally.sent >= c.plan.maxAttempts {
+	var d time.Duration
+	if d, h.next = c.e.NextTimer(h.hedging, h.timing); d <= 0 {
 		return
 	}
-	var d time.Duration
-	if h.hedging && c.tally.hedges < c.rule.maxHedges {
-		d = c.rule.hedgeDelay
-		if d == 0 && c.route.lat != nil {
-			var ok bool
-			if d, ok = c.route.lat.hedgeDelay(); !ok {
-				d = 0 // adaptive, not warm yet: no hedge
-			}
-		}
-	}
-	h.next = kindHedge
-	if p := c.route.perAttempt; h.timing && p > 0 && (d == 0 || p < d) {
-		d, h.next = p, kindRetry
-	}
-	if d > 0 {
-		h.timer = c.client.newTimer(d)
-		if !h.watched {
-			h.watched = true
-			c.route.yield.watched(c.client.now())
-		}
+	h.timer = c.client.newTimer(d)
+	if !h.watched {
+		h.watched = true
+		c.e.Watched(c.client.now())
 	}
 }
 

@@ -205,7 +205,8 @@ func TestOuterLoopManyCallsInFlight(t *testing.T) {
 // busy as above (64 calls a second), the bound holds. With a quiet one (a
 // call a second) and no breaker to refuse its calls' first tries, every
 // try after the first is taken for a retry: the budget gets one deposit
-// per logical call; what the probes of its dead target add is logged.
+// per logical call; what the probes of its dead target add is logged. With
+// the breaker (the default), it opens and the bound holds.
 func TestOuterLoopLongBackoffWithoutDeadline(t *testing.T) {
 	t.Run("busy", func(t *testing.T) {
 		rate := 64.0
@@ -214,6 +215,12 @@ func TestOuterLoopLongBackoffWithoutDeadline(t *testing.T) {
 		}
 		synctest.Test(t, func(t *testing.T) {
 			per := perLogicalCall(t, newLibraryLoop(), codes.Unavailable, rate, 2*time.Second, 2*time.Minute, 0)
+			assert.LessOrEqual(t, per, 1.2)
+		})
+	})
+	t.Run("quiet with the default breaker", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			per := perLogicalCall(t, newLibraryLoop(), codes.Unavailable, 1, 2*time.Second, 10*time.Minute, 0)
 			assert.LessOrEqual(t, per, 1.2)
 		})
 	})

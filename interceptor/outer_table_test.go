@@ -13,16 +13,20 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/stormguard/stormguard/internal/clock"
+	"github.com/stormguard/stormguard/internal/engine"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
 )
 
 // failed remembers a failed call of route r with req in ctx's scope at
 // now, as a unary call that sent one attempt would be.
 func failed(c *Client, r *route, ctx context.Context, req any, err error) {
-	k := &call{client: c, route: r, rule: &r.rule, lastErr: err}
-	k.outer.req, k.outer.scope, k.outer.done = req, callerScope(ctx), ctx.Done()
-	k.tally.sent = 1
-	c.noteFailed(k, err)
+	k := &call{client: c, route: r, lastErr: err, scope: callerScope(ctx)}
+	k.e.Rule = &r.eng.Rule
+	now := c.now()
+	k.e.Begin(&r.eng, now, 0)
+	var a engine.Attempt
+	k.e.Open(&a, engine.First, now) // the one attempt it sent
+	k.remember(req, err)
 }
 
 // The remembered calls stay within returnMaxBytes whatever the servers
@@ -81,8 +85,8 @@ func TestReturnTableForgets(t *testing.T) {
 	assert.Nil(t, c.cameBack(callerScope(done), r, req, now), "its context is done")
 
 	now = now.Add(time.Second)
-	r.outer.locked.Store(now.UnixNano())
-	r.outer.heal(now)
+	r.eng.Probes.Lock(now)
+	r.eng.Probes.Heal(now)
 	assert.Nil(t, c.cameBack(callerScope(live), r, req, now), "failed before its route healed")
 	now = now.Add(time.Second)
 	failed(c, r, live, req, err)

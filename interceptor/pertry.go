@@ -5,12 +5,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/stormguard/stormguard/internal/svcconfig"
-	"github.com/stormguard/stormguard/semconv"
-
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/stormguard/stormguard/internal/engine"
+	"github.com/stormguard/stormguard/semconv"
 )
 
 // Calls whose reply is a proto message are retried on a per-attempt
@@ -37,75 +37,51 @@ const (
 // retry may follow. Its timer runs fire on another goroutine; the call
 // reads the outcome with finish once the attempt has returned. It reads
 // nothing of the call that the call's goroutine may write meanwhile: what
-// it needs is copied in when it is made.
+// it needs is copied in when it is made (cut: the engine's admission).
 type perTry struct {
-	watch  *svcconfig.Watch // the call's (see servedNothing)
 	state  atomic.Uint32
 	d      time.Duration
 	cancel context.CancelFunc // the attempt's
 	stop   func() bool        // stops the timer
-	// What fire decides with, and records a kept attempt with.
-	ctx         context.Context // the call's
-	span        trace.Span      // the call's, nil when it does not record
-	client      *Client
-	route       *route
-	deadline    time.Time
-	hasDeadline bool
-	backoff     time.Duration // the longest the retry's backoff can be
-	attempts    int           // attempts sent, this one included
+	cut    engine.Cut
+	// What fire records a kept attempt with.
+	ctx      context.Context // the call's
+	span     trace.Span      // the call's, nil when it does not record
+	client   *Client
+	route    *route
+	attempts int // attempts sent, this one included
 	// kept is the refusal of a kept attempt (state ptKept), written by
 	// fire before it sets the state; finish hands it to the OnRefusal
 	// hook on the call's goroutine.
 	kept RefusalEvent
 }
 
-// newPerTry arms the per-attempt timeout d of an attempt of c, whose
-// context cancel is cancel.
-func (c *call) newPerTry(d time.Duration, cancel context.CancelFunc) *perTry {
+// newPerTry arms the per-attempt timeout d of the attempt of c just
+// opened at now, whose context cancel is cancel.
+func (c *call) newPerTry(d time.Duration, cancel context.CancelFunc, now time.Time) *perTry {
 	p := &perTry{
-		d: d, cancel: cancel, ctx: c.ctx, client: c.client, route: c.route, watch: c.watch,
-		deadline: c.dl.at, hasDeadline: c.dl.ok, backoff: c.backoffCeil(),
-		attempts: c.tally.sent + 1,
+		d: d, cancel: cancel, ctx: c.ctx, client: c.client, route: c.route,
+		cut: c.e.Cut(now), attempts: c.e.Sent(),
 	}
 	if c.recording {
 		p.span = c.span
-	}
-	if c.tally.sent == 0 {
-		c.route.yield.watched(c.client.now())
 	}
 	p.stop = c.client.afterFunc(d, p.fire)
 	return p
 }
 
-// mayFollow reports whether a retry may follow a timed-out attempt of c
-// about to be sent, as far as is known before it is sent: the method may
-// be repeated, attempts are left, and RetryPolicy.If does not refuse a
-// timeout. The breaker and the budget are asked when the timeout fires.
-func (c *call) mayFollow() bool {
-	if !c.plan.repeatable || c.plan.grpcRetry || c.tally.sent+1 >= c.plan.maxAttempts {
-		return false
-	}
-	if f := c.client.o.retryIf; f != nil && !f(c.ctx, c.route.method, status.Error(codes.DeadlineExceeded, "stormguard: attempt timed out")) {
-		return false
-	}
-	return true
-}
-
 // fire runs when the per-attempt timeout expires, on the timer's
-// goroutine: if a retry could be sent now, it withdraws the retry's token
-// and cuts the attempt; otherwise the attempt keeps running, and the
-// refused retry is recorded (semconv.EventTimeoutKept; the hook is called by
+// goroutine: if a retry could be sent now (the engine's admission, on the
+// timer's copy: engine.Cut.Take, which withdraws the retry's token), it
+// cuts the attempt; otherwise the attempt keeps running, and the refused
+// retry is recorded (semconv.EventTimeoutKept; the hook is called by
 // finish, on the call's goroutine).
 func (p *perTry) fire() {
 	defer p.client.recoverOwn("per-attempt timeout")
 	if p.state.Load() != ptRunning {
 		return
 	}
-	now := p.client.now()
-	if p.attempts == 1 {
-		p.route.yield.late(now)
-	}
-	if reason := p.refusal(now); reason != "" {
+	if reason := reasonOf(p.cut.Take(p.client.now())); reason != "" {
 		e := RefusalEvent{Reason: reason, Event: semconv.EventTimeoutKept, Attempts: p.attempts}
 		p.kept = e
 		if p.state.CompareAndSwap(ptRunning, ptKept) {
@@ -118,32 +94,6 @@ func (p *perTry) fire() {
 	if p.state.CompareAndSwap(ptRunning, ptCut) {
 		p.cancel()
 	}
-}
-
-// refusal is why a retry could not be sent at now, or "" when it could,
-// in which case its token has been withdrawn.
-func (p *perTry) refusal(now time.Time) Reason {
-	if p.route.yield.yields(now) {
-		return ReasonOverload // cutting the attempt would throw its work away for nothing
-	}
-	if p.hasDeadline {
-		left := p.deadline.Sub(now.Add(p.backoff))
-		if left <= 0 || p.client.dl.Check(left) != nil {
-			return ReasonDeadline
-		}
-	}
-	shadow := p.client.o.shadow
-	if b := p.route.breaker; b != nil && !shadow {
-		if b.RetryAfterAt(now) > 0 || servedNothing(p.route, b, now, p.watch) {
-			return ReasonBreaker
-		}
-	}
-	if b := p.route.budget; b != nil && !shadow {
-		if !b.WithdrawAt(now) {
-			return ReasonBudget
-		}
-	}
-	return ""
 }
 
 // finish reads the outcome of a's per-attempt timeout once a has returned
@@ -163,10 +113,9 @@ func (c *call) finish(a *attempt, err error) error {
 	case ptOver:
 		return err
 	}
-	if p.route.budget != nil && !c.client.o.shadow {
-		c.pay = payPrepaid
+	if p.cut.Paid {
+		c.e.Prepaid()
 	}
-	a.timeout = true
 	if err != nil && c.ctx.Err() == nil {
 		return status.Errorf(codes.DeadlineExceeded, "stormguard: attempt timed out after %v", p.d)
 	}

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"strings"
-	"time"
 
 	"github.com/stormguard/stormguard/semconv"
 
@@ -13,9 +12,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/durationpb"
-
-	"github.com/stormguard/stormguard/breaker"
 )
 
 // Reason says why a retry, a hedge or a call was not sent.
@@ -191,21 +187,6 @@ func markerIn(msg string) (r Reason, local bool) {
 		return ReasonBreaker, false
 	}
 	return "", false
-}
-
-// circuitOpenError is the status of a call on route r refused at now by
-// its open breaker b, sealed by this process.
-func circuitOpenError(r *route, b *breaker.Breaker, now time.Time) error {
-	target := r.key
-	st := status.New(codes.Unavailable, circuitOpenPrefix+r.method+" on "+target+sealPrefix+seal+markerSuffix)
-	withInfo, err := st.WithDetails(
-		&errdetails.ErrorInfo{Reason: semconv.ErrorReasonCircuitOpen, Domain: semconv.ErrorDomain, Metadata: map[string]string{"target": target, "method": r.method, sealKey: seal}},
-		&errdetails.RetryInfo{RetryDelay: durationpb.New(b.RetryAfterAt(now))},
-	)
-	if err != nil {
-		return st.Err()
-	}
-	return withInfo.Err()
 }
 
 // RefusedBy returns the reason this process's stormguard Client attached

@@ -3,18 +3,15 @@ package interceptor
 import (
 	"strings"
 	"sync/atomic"
-	"time"
 	"unsafe"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/stormguard/stormguard/breaker"
-	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/idempotency"
+	"github.com/stormguard/stormguard/internal/breakername"
+	"github.com/stormguard/stormguard/internal/engine"
 	"github.com/stormguard/stormguard/internal/protoreg"
-	"github.com/stormguard/stormguard/internal/svcconfig"
 )
 
 // maxRoutes bounds the (target, method) routes a Client caches, and the
@@ -25,77 +22,23 @@ import (
 // one "_OTHER" method).
 const maxRoutes = 10_000
 
-// methodConfigTTL is how long a route trusts the grpc service config it
-// read for its method before reading it again: service config changes take
-// effect within this time, and a call does not take the ClientConn's lock.
-const methodConfigTTL = time.Second
-
 type routeKey struct{ target, method string }
 
 // route is everything a call needs that depends only on its target and
-// method, resolved once and cached.
+// method, resolved once and cached: what the engine knows of it (eng), and
+// what the adapter needs beside it.
 type route struct {
-	method     string // "/pkg.Svc/Method"
-	rawTarget  string // the ClientConn's target, as its routeKey has it
-	target     string // the dependency's name (WithTargetName), or cc.Target()
-	key        string // its budget's, breakers' and endpoint table's key (see dependency)
-	policy     idempotency.Policy
-	budget     *budget.Budget   // nil: none
-	breaker    *breaker.Breaker // nil: none
-	endpoints  *endpoints       // the target's endpoints
-	yield      *yield           // the target's load, to which hedges yield; nil without a budget
-	rule       retryRule        // from the proto's options and the Client's
-	perAttempt time.Duration
-	lat        *latency                 // adaptive hedging; nil unless rule.hedge && rule.hedgeDelay == 0
-	respType   protoreflect.MessageType // streams: to drain a failed attempt; may be nil
-	tel        *routeTelemetry
+	eng       engine.Route
+	method    string // "/pkg.Svc/Method"
+	rawTarget string // the ClientConn's target, as its routeKey has it
+	target    string // the dependency's name (WithTargetName), or cc.Target()
+	key       string // its budget's, breakers' and endpoint table's key (see dependency)
+	policy    idempotency.Policy
+	respType  protoreflect.MessageType // streams: to drain a failed attempt; may be nil
+	tel       *routeTelemetry
 
-	outer      outerGate // tries of retry loops outside the suite (outer.go)
 	mc         atomic.Pointer[methodConfig]
 	warnedOnce atomic.Bool // the grpc-go retryPolicy warning was logged
-}
-
-// retryRule is how the calls of one method retry and hedge (when they may
-// be repeated): as the method's proto options and the Client's options say
-// (route.rule), or as the service config's policy for the method says
-// (methodConfig.rule).
-type retryRule struct {
-	maxAttempts             int // for repeatable calls
-	retryable               idempotency.CodeSet
-	backoffBase, backoffMax time.Duration
-	backoffMult             float64 // 2, unless a service config says otherwise
-	hedge                   bool
-	hedgeDelay              time.Duration // 0: adaptive (route.lat)
-	maxHedges               int
-	fromServiceConfig       bool
-}
-
-// methodConfig is what the ClientConn's service config says of the
-// route's method, as read at a time from one ClientConn.
-type methodConfig struct {
-	cc        *grpc.ClientConn
-	read      time.Time
-	timeout   time.Duration // 0: none
-	grpcRetry bool          // a retryPolicy: grpc-go retries the method itself, unless its retries are off
-	// The retryPolicy's retryable codes and attempts (see grpcRetries).
-	grpcCodes    idempotency.CodeSet
-	grpcAttempts int
-	// provisional: no retryPolicy, read before the ClientConn was ready,
-	// maybe before it had its service config: the calls that use it are
-	// watched as if it had one (see applyGRPCRetry), and it is read again
-	// after provisionalTTL.
-	provisional bool
-	// watched is what the Client has seen of grpc-go's retries on cc,
-	// looked up by the first call that needs it (see call.watchedOf).
-	watched atomic.Pointer[grpcRetries]
-
-	// For a ClientConn dialed with DialOptions: the service config it was
-	// read from (its generation), the policy it gives the method (nil:
-	// none) and its retry throttle (nil: none).
-	watch    *svcconfig.Watch
-	gen      uint64
-	rule     *retryRule
-	throttle *svcconfig.Throttle
 }
 
 // routeOf returns the route of (target, method) as routeFor does, through
@@ -136,58 +79,62 @@ func (c *Client) newRoute(k routeKey) *route {
 	target, key := c.dependency(k.target)
 	p := c.resolver.Lookup(method)
 	r := &route{
-		method:     method,
-		rawTarget:  k.target,
-		target:     target,
-		policy:     p,
-		perAttempt: p.PerAttemptTimeout,
-		tel:        newRouteTelemetry(method, target, p.Known, c.o.instrumented, c.otherMetricsOf(target, p.Known)),
-		respType:   protoreg.ResponseType(method),
-		rule: retryRule{
-			maxAttempts: c.o.maxAttempts,
-			retryable:   c.retryable,
-			backoffBase: c.o.backoffBase,
-			backoffMax:  c.o.backoffMax,
-			backoffMult: 2,
-		},
+		method:    method,
+		rawTarget: k.target,
+		target:    target,
+		key:       key,
+		policy:    p,
+		tel:       newRouteTelemetry(method, target, p.Known, c.o.instrumented, c.otherMetricsOf(target, p.Known)),
+		respType:  protoreg.ResponseType(method),
 	}
-	if r.perAttempt == 0 {
-		r.perAttempt = c.o.perAttempt
+	e := &r.eng
+	e.Config, e.Rule, e.PerAttempt = &c.engine, c.ruleOf(p), p.PerAttemptTimeout
+	if e.PerAttempt == 0 {
+		e.PerAttempt = c.o.perAttempt
 	}
-	r.key = key
 	if c.budgets != nil {
-		r.budget = c.budgets.For(key)
+		e.Budget = c.budgets.For(key)
+		e.Yield = c.yields.LoadOrCreate(key, func(string) *engine.Yield { return engine.NewYield() })
 	}
 	if c.breakerOn {
-		r.breaker = c.breakerFor(key, method, p.Known)
+		e.Breaker = c.breakerFor(key, method, p.Known)
 	}
-	r.endpoints = c.endpoints.LoadOrCreate(key, func(string) *endpoints { return &endpoints{} })
-	if c.budgets != nil {
-		r.yield = c.yields.LoadOrCreate(key, func(string) *yield { return newYield() })
+	e.Endpoints = c.endpoints.LoadOrCreate(key, func(string) *engine.Endpoints { return &engine.Endpoints{} })
+	if e.Rule.Hedge && e.Rule.HedgeDelay == 0 {
+		e.Latency = engine.NewLatency(c.hedgeQ)
 	}
-	rl := &r.rule
+	return r
+}
+
+// ruleOf returns how the calls of a method with policy p retry and hedge:
+// as its proto options say, else as the Client's options do.
+func (c *Client) ruleOf(p idempotency.Policy) engine.Rule {
+	rl := engine.Rule{
+		MaxAttempts: c.o.maxAttempts,
+		Retryable:   engine.CodeSet(c.retryable),
+		BackoffBase: c.o.backoffBase,
+		BackoffMax:  c.o.backoffMax,
+		BackoffMult: 2,
+	}
 	if p.MaxAttempts > 0 {
-		rl.maxAttempts = clampAttempts(p.MaxAttempts)
+		rl.MaxAttempts = clampAttempts(p.MaxAttempts)
 	}
 	if p.RetryableCodes != 0 {
-		rl.retryable = p.RetryableCodes
+		rl.Retryable = engine.CodeSet(p.RetryableCodes)
 	}
 	switch {
 	case p.Hedging:
-		rl.hedge, rl.hedgeDelay, rl.maxHedges = true, p.HedgingDelay, p.MaxHedges
+		rl.Hedge, rl.HedgeDelay, rl.MaxHedges = true, p.HedgingDelay, p.MaxHedges
 	case c.o.hedging:
-		rl.hedge, rl.hedgeDelay = true, c.o.hedgeDelay
+		rl.Hedge, rl.HedgeDelay = true, c.o.hedgeDelay
 		if c.o.hedgeAttempts > 0 {
-			rl.maxAttempts = clampAttempts(c.o.hedgeAttempts)
+			rl.MaxAttempts = clampAttempts(c.o.hedgeAttempts)
 		}
 	}
-	if rl.maxHedges <= 0 || rl.maxHedges >= rl.maxAttempts {
-		rl.maxHedges = rl.maxAttempts - 1
+	if rl.MaxHedges <= 0 || rl.MaxHedges >= rl.MaxAttempts {
+		rl.MaxHedges = rl.MaxAttempts - 1
 	}
-	if rl.hedge && rl.hedgeDelay == 0 {
-		r.lat = newLatency(c.hedgeQ)
-	}
-	return r
+	return rl
 }
 
 // otherMetricsOf returns the metrics that the routes to target of the
@@ -247,7 +194,6 @@ func (c *Client) breakerFor(target, method string, known bool) *breaker.Breaker 
 func (c *Client) newBreaker(k routeKey, known bool) *routeBreaker {
 	rb := &routeBreaker{target: k.target, method: k.method, known: known}
 	cfg := c.breakerCfg
-	cfg.Target = k.target + k.method
 	if c.o.hooks.OnBreakerChange != nil {
 		user := cfg.OnStateChange
 		cfg.OnStateChange = func(name string, from, to breaker.State) {
@@ -257,6 +203,7 @@ func (c *Client) newBreaker(k routeKey, known bool) *routeBreaker {
 			callHook(c, "OnBreakerChange", c.o.hooks.OnBreakerChange, BreakerEvent{Target: k.target, Method: k.method, From: from, To: to})
 		}
 	}
+	breakername.Set(&cfg, k.target+k.method)
 	rb.b = breaker.New(cfg)
 	return rb
 }
@@ -270,82 +217,4 @@ func canonicalTarget(target string) string {
 		return target
 	}
 	return "dns:///" + target
-}
-
-// methodConfig returns the service config of the route's method as cc
-// has it (nil cc: none). Through DialOptions (w not nil, following the
-// ClientConn's resolver) it is read again when the resolver has given the
-// ClientConn another service config, so that a new one takes effect on the
-// next call; otherwise at most once per methodConfigTTL per ClientConn.
-func (r *route) methodConfig(cc *grpc.ClientConn, now time.Time, w *svcconfig.Watch) *methodConfig {
-	mc := r.mc.Load()
-	if mc != nil && mc.cc == cc && mc.watch == w {
-		if w != nil && w.Following() {
-			if mc.gen == w.Generation() {
-				return mc
-			}
-		} else if ttl := mc.ttl(); now.Sub(mc.read) < ttl && !now.Before(mc.read) {
-			return mc
-		}
-	}
-	return r.readMethodConfig(cc, now, w)
-}
-
-// provisionalTTL is how long a provisional method config is trusted: until
-// the ClientConn is ready, grpc may not have its service config yet.
-const provisionalTTL = 10 * time.Millisecond
-
-// ttl is how long mc is trusted, when no Watch follows its ClientConn.
-func (mc *methodConfig) ttl() time.Duration {
-	if mc.provisional {
-		return provisionalTTL
-	}
-	return methodConfigTTL
-}
-
-// readMethodConfig reads the method's service config from cc now, and
-// caches it. The first calls on a new ClientConn run before grpc has its
-// service config (grpc resolves the target on the first call), so the
-// failure path reads it again, and a config without a retryPolicy read
-// while cc was not ready is provisional.
-//
-// Through DialOptions (w not nil), the method's retryPolicy or
-// hedgingPolicy comes from the service config's JSON as the resolver gave
-// it (w), or, when w does not know it, from grpc's reading of its
-// retryPolicy (the default service config given to grpc directly, or a
-// resolver w does not wrap).
-func (r *route) readMethodConfig(cc *grpc.ClientConn, now time.Time, w *svcconfig.Watch) *methodConfig {
-	next := &methodConfig{cc: cc, read: now, watch: w}
-	var cfg *svcconfig.Config
-	if w != nil {
-		next.gen = w.Generation() // first: a config given after is read by the next call
-		cfg, next.throttle, _ = w.Current()
-	}
-	if cc != nil {
-		m := cc.GetMethodConfig(r.method)
-		if m.Timeout != nil && *m.Timeout > 0 {
-			next.timeout = *m.Timeout
-		}
-		if rp := m.RetryPolicy; rp != nil {
-			next.grpcRetry, next.grpcAttempts = true, rp.MaxAttempts
-			for code, ok := range rp.RetryableStatusCodes {
-				if ok {
-					next.grpcCodes |= idempotency.Codes(code)
-				}
-			}
-			if w != nil && cfg == nil {
-				next.rule = r.ruleFrom(&svcconfig.Method{Retry: &svcconfig.Retry{
-					MaxAttempts: rp.MaxAttempts, InitialBackoff: rp.InitialBackoff, MaxBackoff: rp.MaxBackoff,
-					BackoffMultiplier: rp.BackoffMultiplier, RetryableStatusCodes: codeList(next.grpcCodes),
-				}})
-			}
-		} else if w == nil {
-			next.provisional = cc.GetState() != connectivity.Ready
-		}
-	}
-	if mp := cfg.Lookup(r.method); mp != nil {
-		next.rule = r.ruleFrom(mp)
-	}
-	r.mc.Store(next)
-	return next
 }

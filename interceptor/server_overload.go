@@ -66,8 +66,8 @@ func (s *Server) admit(ctx context.Context, method string, retry bool, p priorit
 	if g == nil {
 		return overload.Ticket{}, nil
 	}
-	dl, has := ctx.Deadline()
-	t, d := g.Method(method).AdmitPriority(dl, has, retry, p)
+	dl, _ := ctx.Deadline() // zero: none
+	t, d := g.Method(method).Admit(overload.Request{Deadline: dl, Retry: retry, Priority: p})
 	if d.Reason == overload.Queued {
 		var err error
 		if d, err = t.Wait(ctx); err != nil {

@@ -160,7 +160,7 @@ func trainedGuard(t *testing.T, now time.Time) *overload.Guard {
 	m := g.Method(echov1.EchoService_Put_FullMethodName)
 	var open []overload.Ticket
 	admit := func() {
-		tk, d := m.AdmitAt(clock, clock.Add(time.Hour), true, false)
+		tk, d := m.AdmitAt(clock, overload.Request{Deadline: clock.Add(time.Hour)})
 		require.Equal(t, overload.Admitted, d.Reason)
 		open = append(open, tk)
 	}
@@ -255,51 +255,52 @@ func TestSuiteClientObeysTheServersPushback(t *testing.T) {
 // TestServerRefusesNothingWhenNotOverloaded: a server with the default
 // protection, called far below its capacity (8 callers, 1ms handlers) with
 // deadlines from 20ms to 2s, retries and hedges among the calls, sheds
-// nothing and refuses no call with 200ms or more to go. A 20ms deadline
-// may pass on a busy machine before the handler is done (the client then
-// sees DeadlineExceeded); when the server's latency has grown that close
-// to it, admission may refuse such a call on arrival, with the same code:
-// the test counts those and allows them, for the 20ms calls only.
+// nothing and refuses no call, not even one with 20ms to go. It runs in a
+// bubble: on real time a loaded machine's stalls made the 200ms calls run
+// out of time before the handler was done.
 func TestServerRefusesNothingWhenNotOverloaded(t *testing.T) {
-	o := origin.New(origin.Sleep(time.Millisecond))
-	echo, _, s := guarded(t, o)
-	require.NotNil(t, interceptor.OverloadOf(s), "on by default")
-	var wg sync.WaitGroup
-	var tight, late atomic.Int64 // 20ms calls refused on arrival; that ran out of time
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range 150 {
-				ctx := t.Context()
-				if i%4 == 1 {
-					ctx = retryCtx(ctx, 1+i%3)
+	synctest.Test(t, func(t *testing.T) {
+		o := origin.New(origin.Sleep(time.Millisecond))
+		echo, _, s := guarded(t, o)
+		require.NotNil(t, interceptor.OverloadOf(s), "on by default")
+		var wg sync.WaitGroup
+		var tight, late atomic.Int64 // 20ms calls refused on arrival; that ran out of time
+		for w := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 150 {
+					ctx := t.Context()
+					if i%4 == 1 {
+						ctx = retryCtx(ctx, 1+i%3)
+					}
+					timeout := []time.Duration{20 * time.Millisecond, 200 * time.Millisecond, 2 * time.Second}[i%3]
+					ctx, cancel := context.WithTimeout(ctx, timeout)
+					_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: strconv.Itoa(w*1000 + i)})
+					cancel()
+					refused := errorInfo(err).GetReason() == semconv.ErrorReasonDeadlineTooShort
+					switch {
+					case timeout == 20*time.Millisecond && refused:
+						tight.Add(1)
+					case timeout == 20*time.Millisecond && status.Code(err) == codes.DeadlineExceeded:
+						late.Add(1) // before or after it reached the server
+					default:
+						assert.NoError(t, err, "deadline %v", timeout)
+					}
 				}
-				timeout := []time.Duration{20 * time.Millisecond, 200 * time.Millisecond, 2 * time.Second}[i%3]
-				ctx, cancel := context.WithTimeout(ctx, timeout)
-				_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: strconv.Itoa(w*1000 + i)})
-				cancel()
-				refused := errorInfo(err).GetReason() == semconv.ErrorReasonDeadlineTooShort
-				switch {
-				case timeout == 20*time.Millisecond && refused:
-					tight.Add(1)
-				case timeout == 20*time.Millisecond && status.Code(err) == codes.DeadlineExceeded:
-					late.Add(1) // before or after it reached the server
-				default:
-					assert.NoError(t, err, "deadline %v", timeout)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	st := interceptor.OverloadOf(s).Stats()
-	t.Logf("overload stats %+v; 20ms calls refused on arrival: %d, out of time: %d", st, tight.Load(), late.Load())
-	assert.Zero(t, st.ShedRetry+st.ShedFirst, "shed: %+v", st)
-	assert.EqualValues(t, tight.Load(), st.RefusedDeadline, "refused on arrival: only 20ms calls")
-	assert.LessOrEqual(t, tight.Load(), int64(20), "at most 5% of the 400 20ms calls (1 seen beside two CPU burners)")
-	reached := int64(st.Admitted + st.RefusedDeadline)
-	assert.LessOrEqual(t, reached, int64(1200))
-	assert.GreaterOrEqual(t, reached, 1200-late.Load(), "every call but those that ran out of time reached admission")
+			}()
+		}
+		wg.Wait()
+		st := interceptor.OverloadOf(s).Stats()
+		t.Logf("overload stats %+v; 20ms calls refused on arrival: %d, out of time: %d", st, tight.Load(), late.Load())
+		assert.Zero(t, st.ShedRetry+st.ShedFirst, "shed: %+v", st)
+		assert.EqualValues(t, tight.Load(), st.RefusedDeadline, "refused on arrival: only 20ms calls")
+		assert.Zero(t, tight.Load(), "no 20ms call refused on arrival")
+		assert.Zero(t, late.Load(), "no 20ms call out of time")
+		reached := int64(st.Admitted + st.RefusedDeadline)
+		assert.LessOrEqual(t, reached, int64(1200))
+		assert.GreaterOrEqual(t, reached, 1200-late.Load(), "every call but those that ran out of time reached admission")
+	})
 }
 
 func TestWithoutOverload(t *testing.T) {

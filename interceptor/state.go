@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stormguard/stormguard/budget"
+	"github.com/stormguard/stormguard/internal/engine"
 )
 
 // TargetState is a snapshot of what a Client knows of one target, for a
@@ -84,8 +85,11 @@ func (c *Client) Targets() []TargetState {
 		ts.Breakers = append(ts.Breakers, bs)
 		return true
 	})
-	c.endpoints.Range(func(t string, e *endpoints) bool {
-		get(t).Endpoints = e.snapshot(now)
+	c.endpoints.Range(func(t string, e *engine.Endpoints) bool {
+		ts := get(t)
+		for _, ep := range e.Snapshot(now) {
+			ts.Endpoints = append(ts.Endpoints, EndpointState{Addr: ep.Addr.String(), OK: ep.OK, Failed: ep.Failed, Avoided: ep.Avoided})
+		}
 		return true
 	})
 	out := make([]TargetState, 0, len(byTarget))

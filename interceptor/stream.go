@@ -6,11 +6,11 @@ import (
 	"io"
 	"sync"
 
+	"github.com/stormguard/stormguard/internal/engine"
 	"github.com/stormguard/stormguard/internal/svcconfig"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -36,23 +36,29 @@ func (c *Client) streamInterceptor(w *svcconfig.Watch) grpc.StreamClientIntercep
 }
 
 func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts []grpc.CallOption, w *svcconfig.Watch) (grpc.ClientStream, error) {
-	k := &call{client: c, route: c.routeOf(targetOf(cc), method)}
+	return newClientStream(c, ctx, desc, cc, method, streamer, opts, w)
+}
+
+// newClientStream starts a stream call of Client cl: its first attempt is
+// opened, sent and handed to the caller through the call's run, as a
+// unary call's attempts are.
+func newClientStream(cl *Client, ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts []grpc.CallOption, w *svcconfig.Watch) (grpc.ClientStream, error) {
+	c := &call{client: cl, route: cl.routeOf(targetOf(cc), method)}
 	cs := scanCallOptions(opts)
-	cancel, err := k.setup(ctx, cs, cc, w)
+	cancel, _, err := c.setup(ctx, cs, cc, w, nil) // streams are not hedged
 	if err != nil {
 		return nil, err
 	}
-	k.plan.hedge = false
-	s := &clientStream{k: k, ctx: k.ctx, cancel: cancel, desc: desc, cc: cc, method: method, streamer: streamer, opts: opts, cs: cs}
-	if err := k.run(s, kindFirst, streamAttemptMode); err != nil {
-		k.endCall(err)
+	s := &clientStream{c: c, ctx: c.ctx, cancel: cancel, desc: desc, cc: cc, method: method, streamer: streamer, opts: opts, cs: cs}
+	if err := c.run(s, engine.First, streamAttemptMode); err != nil {
+		c.endCall(err)
 		cancel()
 		return nil, err
 	}
 	// When the caller's context is already done, AfterFunc runs callerLeft
 	// at once, on its own goroutine, which may finish the stream before
 	// stop is stored: stop is stored under mu, and called here if so.
-	stop := context.AfterFunc(k.ctx, s.callerLeft)
+	stop := context.AfterFunc(c.ctx, s.callerLeft)
 	s.mu.Lock()
 	s.stop = stop
 	finished := s.finished
@@ -66,7 +72,7 @@ func (c *Client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 // clientStream is the grpc.ClientStream the caller sees: it switches the
 // underlying attempt on a retry.
 type clientStream struct {
-	k        *call
+	c        *call
 	ctx      context.Context // the call's
 	cancel   context.CancelFunc
 	desc     *grpc.StreamDesc
@@ -130,17 +136,17 @@ func (s *clientStream) attempt() *attempt {
 // place of the one it replaces, replaying what the caller sent: the
 // stream is then kept, handed to the caller. An attempt that fails before
 // it is handed over is settled by the engine like a unary one.
-func (s *clientStream) send(k *call, a *attempt) outcome {
+func (s *clientStream) send(c *call, a *attempt) outcome {
 	sa := s.latest
 	// The call credentials go along only when they have work (as in
 	// unary calls); without them, the endpoint is read from the stream's
 	// context, which grpc has made when the streamer returns.
 	opts := s.opts
 	var creds *attemptCreds
-	if k.dl.ok || s.cs.hasCreds || len(k.avoid) > 0 || a.guarded != nil || k.grpc.watched != nil || k.prio.sent() {
+	if c.needsCreds(a, &s.cs) {
 		var credsOpt grpc.CallOption
-		creds, credsOpt = newAttemptCreds(k, &s.cs)
-		creds.prepare(k, a)
+		creds, credsOpt = newAttemptCreds(c, &s.cs)
+		creds.prepare(c, a)
 		sa.creds = creds
 		opts = append(s.opts[:len(s.opts):len(s.opts)], credsOpt)
 	}
@@ -155,7 +161,7 @@ func (s *clientStream) send(k *call, a *attempt) outcome {
 			a.peerp = p
 		}
 	}
-	if reason, perr := k.atPick(a); reason != "" {
+	if reason, perr := c.atPick(a); reason != "" {
 		return outcome{refused: reason, err: perr}
 	}
 	if err == nil {
@@ -163,7 +169,7 @@ func (s *clientStream) send(k *call, a *attempt) outcome {
 			return outcome{kept: true}
 		}
 		if errors.Is(err, errFinished) {
-			k.end(a, nil, true)
+			c.end(a, nil, true)
 			return outcome{err: s.finalError(), settled: true}
 		}
 	}
@@ -173,216 +179,10 @@ func (s *clientStream) send(k *call, a *attempt) outcome {
 		tr = sa.inner.Trailer()
 		hdr, _ = sa.inner.Header()
 	}
-	if k.grpc.watched != nil && creds != nil {
-		k.noteGRPCRetries(a, creds.tries, err, hdr, tr, nil)
+	if c.watched != nil && creds != nil {
+		c.noteGRPCRetries(a, creds.tries, err, hdr, tr, nil)
 	}
 	return outcome{err: err, tr: tr}
-}
-
-// install replays the buffered client messages (and CloseSend) on sa and
-// makes it the current attempt, in one critical section: a SendMsg or
-// CloseSend either comes before it (and is replayed) or after it (and goes
-// to sa); none is lost in between. It returns the attempt's status if a
-// replayed send fails.
-func (s *clientStream) install(sa, old *streamAttempt) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.finished {
-		return errFinished
-	}
-	if err := s.replayLocked(sa); err != nil {
-		return err
-	}
-	if testHookReplayed != nil {
-		testHookReplayed()
-	}
-	s.cur = sa
-	if old != nil {
-		close(old.done)
-	}
-	return nil
-}
-
-func (s *clientStream) replayLocked(sa *streamAttempt) error {
-	for _, m := range s.buf {
-		if err := sa.inner.SendMsg(m); err != nil {
-			if errors.Is(err, io.EOF) {
-				return s.drainLocked(sa)
-			}
-			return err
-		}
-	}
-	if s.closeSent {
-		return sa.inner.CloseSend()
-	}
-	return nil
-}
-
-// drainLocked learns the status of an attempt whose send failed with
-// io.EOF, by receiving on it. Nobody else receives on an attempt that is
-// not yet (or no longer) current. A response message, if one arrives
-// instead, cannot be replayed away: the stream commits and the message is
-// kept for the caller.
-func (s *clientStream) drainLocked(sa *streamAttempt) error {
-	if s.k.route.respType == nil {
-		return io.EOF // unknown response type: nothing to drain with
-	}
-	m := s.k.route.respType.New().Interface()
-	err := sa.inner.RecvMsg(m)
-	if err == nil {
-		s.pending = m
-		s.commitLocked()
-		return nil
-	}
-	return err
-}
-
-// callerLeft finishes the stream when the caller's context is done. It
-// takes the current attempt's receive lock first, so that it does not race
-// with a receiver that is deciding about a retry (the receiver returns
-// promptly: every attempt's context is derived from the caller's).
-//
-// It runs on a goroutine of its own (context.AfterFunc's), where a panic
-// reaching it (a breaker callback the Client does not wrap) is recovered
-// and logged.
-func (s *clientStream) callerLeft() {
-	defer s.k.client.recoverOwn("stream watcher")
-	for {
-		a, finished := s.current()
-		if finished || s.finishIfCurrent(a) {
-			return
-		}
-	}
-}
-
-// finishIfCurrent finishes the stream because the caller left, if a is
-// still its current attempt, holding a's receive lock (released however
-// it ends).
-func (s *clientStream) finishIfCurrent(a *streamAttempt) bool {
-	a.recvMu.Lock()
-	defer a.recvMu.Unlock()
-	if cur, _ := s.current(); cur != a {
-		return false
-	}
-	s.finish(status.FromContextError(s.ctx.Err()).Err())
-	return true
-}
-
-// fail handles the failure of attempt a, whose recvMu the caller holds:
-// it installs a new attempt (and returns nil) or finishes the stream and
-// returns the error the caller should see.
-func (s *clientStream) fail(a *streamAttempt, err error) error {
-	s.mu.Lock()
-	committed, finished := s.committed, s.finished
-	s.mu.Unlock()
-	switch {
-	case finished:
-		return s.finalError()
-	case errors.Is(err, io.EOF): // the stream ended well
-		s.finish(io.EOF)
-		return io.EOF
-	case committed:
-		s.finish(err)
-		return err
-	}
-	k := s.k
-	tr := a.inner.Trailer()
-	if k.grpc.watched != nil && a.creds != nil {
-		hdr, _ := a.inner.Header() // the attempt has ended: this does not wait
-		k.noteGRPCRetries(a.attempt, a.creds.triesSoFar(), err, hdr, tr, nil)
-	}
-	v := k.settle(a.attempt, err, tr)
-	if !v.retry {
-		ferr := k.conclude(v)
-		s.finish(ferr)
-		return ferr
-	}
-	k.scheduled(v)
-	if werr := k.wait(v.delay); werr != nil {
-		s.finish(werr)
-		return werr
-	}
-	s.replacing = a
-	if oerr := k.run(s, kindRetry, streamAttemptMode); oerr != nil {
-		s.finish(oerr)
-		return s.finalError()
-	}
-	return nil
-}
-
-func (s *clientStream) finalError() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.finalErr
-}
-
-// finish ends the stream once: the current attempt, the call span and
-// metrics, and the context watcher.
-func (s *clientStream) finish(err error) {
-	s.mu.Lock()
-	if s.finished {
-		s.mu.Unlock()
-		return
-	}
-	s.finished, s.finalErr = true, err
-	s.buf, s.pending = nil, nil
-	a, stop := s.cur, s.stop
-	if a != nil {
-		close(a.done)
-	}
-	s.mu.Unlock()
-	callErr := err
-	if errors.Is(err, io.EOF) {
-		callErr = nil
-	}
-	if a != nil {
-		s.k.end(a.attempt, callErr, false)
-	}
-	s.k.endCall(callErr)
-	if stop != nil {
-		stop()
-	}
-	s.cancel()
-}
-
-func (s *clientStream) commitLocked() {
-	s.committed = true
-	s.buf, s.bufSize = nil, 0
-}
-
-// resolve is called when a send (or Header) on attempt a suggests the
-// attempt has ended: it learns the attempt's status and retries if the
-// stream is not committed, or waits for whoever is receiving to do so. It
-// returns true when a new attempt replaced a.
-func (s *clientStream) resolve(a *streamAttempt) (replaced bool) {
-	for {
-		if a.recvMu.TryLock() {
-			return s.resolveLocked(a)
-		}
-		select {
-		case <-a.done:
-		case <-s.ctx.Done():
-			return false
-		}
-	}
-}
-
-// resolveLocked is resolve once it holds a's receive lock, which it
-// releases however it ends (a panic included).
-func (s *clientStream) resolveLocked(a *streamAttempt) (replaced bool) {
-	defer a.recvMu.Unlock()
-	s.mu.Lock()
-	if s.cur != a || s.finished || s.committed {
-		replaced = s.cur != a && !s.finished
-		s.mu.Unlock()
-		return replaced
-	}
-	err := s.drainLocked(a)
-	s.mu.Unlock()
-	if err == nil { // a response arrived: committed, nothing to retry
-		return false
-	}
-	return s.fail(a, err) == nil
 }
 
 // SendMsg records m for replay (until commit) and sends it on the current
@@ -400,7 +200,7 @@ func (s *clientStream) SendMsg(m any) error {
 		if pm, ok := m.(proto.Message); ok {
 			size = proto.Size(pm)
 		}
-		if size < 0 || s.bufSize+size > s.k.client.o.replayLimit {
+		if size < 0 || s.bufSize+size > s.c.client.o.replayLimit {
 			s.commitLocked() // too much to replay: no retry from now on
 		} else {
 			s.buf = append(s.buf, m)

@@ -17,10 +17,12 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	grpccodes "google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/internal/codename"
+	"github.com/stormguard/stormguard/internal/engine"
 )
 
 // gRFC A66 attribute keys of the grpc.client.call.* histograms.
@@ -29,21 +31,6 @@ const (
 	attrGRPCTarget = semconv.AttrGRPCTarget
 	attrGRPCStatus = attribute.Key("grpc.status")
 )
-
-// attemptKind says why an attempt was sent.
-type attemptKind uint8
-
-// Attempt kinds.
-const (
-	kindFirst attemptKind = iota
-	kindRetry
-	kindHedge
-	numKinds
-)
-
-var kindNames = [numKinds]string{"first", "retry", "hedge"}
-
-func (k attemptKind) String() string { return kindNames[k] }
 
 // telemetry holds the tracer and the instruments of one Client.
 type telemetry struct {
@@ -269,7 +256,7 @@ type routeMetrics struct {
 	a66      []attribute.KeyValue
 	callSpan []trace.SpanStartOption
 
-	attempt  [numKinds]lazy[attemptOptions]
+	attempt  [engine.NumKinds]lazy[attemptOptions]
 	calls    [numCodes]lazy[[]metric.AddOption]
 	duration [numCodes]lazy[[]metric.RecordOption]
 	refusals lazyMap[Reason, []metric.AddOption]
@@ -321,11 +308,11 @@ func (rt *routeTelemetry) attemptSpanName() string {
 	return *rt.attemptName.get(func() string { return "Attempt." + strings.TrimPrefix(rt.name, "Sent.") })
 }
 
-func (rt *routeMetrics) attemptOpts(k attemptKind) *attemptOptions {
+func (rt *routeMetrics) attemptOpts(k engine.Kind) *attemptOptions {
 	return rt.attempt[k].get(func() attemptOptions {
 		attrs := []attribute.KeyValue{
 			semconv.AttrAttemptKind.String(k.String()),
-			semconv.AttrHedge.Bool(k == kindHedge),
+			semconv.AttrHedge.Bool(k == engine.Hedge),
 			semconv.AttrTransparentRetry.Bool(false),
 		}
 		return attemptOptions{
@@ -426,4 +413,26 @@ func endSpan(span trace.Span, code grpccodes.Code, msg string) {
 		}
 	}
 	span.End()
+}
+
+// mdCarrier lets propagators write into gRPC metadata, whose keys must be
+// lower case (propagation.HeaderCarrier would write "Traceparent", which
+// grpc refuses).
+type mdCarrier metadata.MD
+
+func (c mdCarrier) Get(key string) string {
+	if vs := metadata.MD(c).Get(key); len(vs) > 0 {
+		return vs[0]
+	}
+	return ""
+}
+
+func (c mdCarrier) Set(key, value string) { metadata.MD(c).Set(key, value) }
+
+func (c mdCarrier) Keys() []string {
+	keys := make([]string, 0, len(c))
+	for k := range c {
+		keys = append(keys, k)
+	}
+	return keys
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync"
 
-	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/internal/svcconfig"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -42,30 +41,29 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 	return st.call(c, ctx, method, req, reply, cc, invoker, opts, w)
 }
 
-// call runs a unary call of c with st as its state.
-func (st *unaryState) call(c *Client, ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, w *svcconfig.Watch) error {
-	k := &st.k
-	*k = call{client: c, route: c.routeOf(targetOf(cc), method)}
-	k.outer.req = req
+// call runs a unary call of Client cl with st as its state.
+func (st *unaryState) call(cl *Client, ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, w *svcconfig.Watch) error {
+	c := &st.c // cleared when it was put in the pool (release)
+	c.client, c.route = cl, cl.routeOf(targetOf(cc), method)
 	cs := scanCallOptions(opts)
-	cancel, err := k.setup(ctx, cs, cc, w)
+	cancel, sh, err := c.setup(ctx, cs, cc, w, req)
 	if err != nil {
 		return err
 	}
 	defer cancel()
-	if m, ok := reply.(proto.Message); ok && (k.plan.hedge || k.plan.beside) {
-		err = runHedged(k, method, req, m, cc, invoker, opts, cs)
+	if m, ok := reply.(proto.Message); ok && (sh.hedge || sh.beside) {
+		err = runHedged(c, sh, method, req, m, cc, invoker, opts, cs)
 	} else {
 		st.method, st.req, st.reply, st.cc, st.invoker, st.cs = method, req, reply, cc, invoker, cs
-		st.prepare(k, opts)
-		err = k.run(st, k.firstKind(), plainAttempt)
+		st.prepare(c, opts)
+		err = c.run(st, c.e.FirstKind(), plainAttempt)
 	}
-	k.endCall(err)
+	c.endCall(err)
 	switch {
 	case err != nil:
-		c.noteFailed(k, err)
-	case k.outer.back != nil:
-		c.forget(k.outer.back)
+		c.remember(req, err)
+	case c.back != nil:
+		cl.forget(c.back)
 	}
 	return err
 }
@@ -84,7 +82,7 @@ func targetOf(cc *grpc.ClientConn) string {
 // (one after the other: the retry path), with the call options its
 // attempts are sent with.
 type unaryState struct {
-	k call
+	c call
 	a attempt
 
 	method  string
@@ -122,20 +120,14 @@ func (s *unaryState) release() {
 }
 
 // clear drops what would keep the caller's objects alive in the pool. The
-// call and the attempt are set afresh before use (unary, open).
+// call and the attempt are set afresh before use (call, open).
 func (s *unaryState) clear() {
-	k := &s.k
-	k.client, k.route, k.rule, k.cc, k.ctx, k.span, k.lastErr = nil, nil, nil, nil, nil, nil, nil
-	k.avoid, k.failedOn, k.watch, k.throttle = nil, nil, nil, nil
-	k.outer, k.grpc = outerTry{}, grpcWatch{}
-	a := &s.a
-	a.ctx, a.cancel, a.span, a.pt, a.peerp, a.creds, a.guarded = nil, nil, nil, nil, nil, nil, nil
-	a.ticket = breaker.Ticket{}
+	s.c = call{}
+	s.a = attempt{}
 	s.method, s.req, s.reply, s.cc, s.invoker, s.cs, s.trp = "", nil, nil, nil, nil, callSettings{}, nil
 	s.tr, s.hdr, s.peer = nil, nil, peer.Peer{}
 	s.creds.reset(nil, nil)
 	clear(s.creds.md)
-	s.creds.addr = nil
 	clear(s.opts)
 	s.opts = s.opts[:0]
 	clear(s.withCred)
@@ -149,10 +141,10 @@ func (s *unaryState) clear() {
 // retries are watched (see grpcRetries) its header and trailer.
 func (s *unaryState) prepare(c *call, opts []grpc.CallOption) {
 	s.opts = append(s.opts, opts...)
-	if c.grpc.watched != nil {
+	if c.watched != nil {
 		s.opts = append(s.opts, s.hdrOpt)
 	}
-	if c.plan.maxAttempts > 1 || c.grpc.watched != nil {
+	if c.e.MaxAttempts() > 1 || c.watched != nil {
 		for _, o := range opts {
 			if t, ok := o.(grpc.TrailerCallOption); ok {
 				s.trp = t.TrailerAddr
@@ -169,15 +161,13 @@ func (s *unaryState) prepare(c *call, opts []grpc.CallOption) {
 // attempt returns the call's one attempt value, which its attempts reuse.
 func (s *unaryState) attempt() *attempt { return &s.a }
 
-// send invokes attempt a. The call credentials go along only when they
-// have work: a deadline or priority header to write, endpoints to avoid, a pick an
-// open breaker guards, or grpc-go's attempts to count (inside grpc they
-// cost a few allocations per attempt).
+// send invokes attempt a, with the call credentials only when they have
+// work (see needsCreds).
 func (s *unaryState) send(c *call, a *attempt) outcome {
 	creds := &s.creds
 	creds.prepare(c, a)
 	aopts := s.opts
-	if c.dl.ok || s.cs.hasCreds || len(c.avoid) > 0 || a.guarded != nil || c.grpc.watched != nil || c.prio.sent() {
+	if c.needsCreds(a, &s.cs) {
 		a.creds = creds
 		s.withCred = append(append(s.withCred[:0], s.opts...), s.credsOpt)
 		aopts = s.withCred
@@ -204,7 +194,7 @@ func (s *unaryState) send(c *call, a *attempt) outcome {
 	if s.trp != nil {
 		tr = *s.trp
 	}
-	if c.grpc.watched != nil && a.creds != nil {
+	if c.watched != nil && a.creds != nil {
 		c.noteGRPCRetries(a, creds.tries, err, s.hdr, tr, s.req)
 	}
 	return outcome{err: err, tr: tr}

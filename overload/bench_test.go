@@ -14,14 +14,14 @@ func BenchmarkAdmitDone(b *testing.B) {
 	const name = "/bench.Svc/Method"
 	warm := g.Method(name)
 	for range 100 {
-		t, _ := warm.Admit(time.Now().Add(time.Second), true, false)
+		t, _ := warm.Admit(Request{Deadline: time.Now().Add(time.Second)})
 		t.Done()
 	}
 	deadline := time.Now().Add(time.Hour)
 	b.Run("serial", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			t, d := g.Method(name).Admit(deadline, true, false)
+			t, d := g.Method(name).Admit(Request{Deadline: deadline})
 			if d.Reason != Admitted {
 				b.Fatal(d)
 			}
@@ -32,7 +32,7 @@ func BenchmarkAdmitDone(b *testing.B) {
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				t, d := g.Method(name).Admit(deadline, true, false)
+				t, d := g.Method(name).Admit(Request{Deadline: deadline})
 				if d.Reason != Admitted {
 					b.Fatal(d)
 				}
@@ -51,7 +51,7 @@ func BenchmarkAdmitDone(b *testing.B) {
 			i := 0
 			for pb.Next() {
 				i++
-				t, _ := g.Method(names[i%8]).Admit(deadline, true, false)
+				t, _ := g.Method(names[i%8]).Admit(Request{Deadline: deadline})
 				t.Done()
 			}
 		})
@@ -60,7 +60,7 @@ func BenchmarkAdmitDone(b *testing.B) {
 		g := New(Config{NoAdmission: true, NoShedding: true})
 		b.ReportAllocs()
 		for b.Loop() {
-			t, _ := g.Method(name).Admit(deadline, true, false)
+			t, _ := g.Method(name).Admit(Request{Deadline: deadline})
 			t.Done()
 		}
 	})
@@ -71,11 +71,11 @@ func BenchmarkAdmitDone(b *testing.B) {
 func BenchmarkRefuse(b *testing.B) {
 	g := New(Config{NoAdaptive: true, MaxConcurrency: 1, NoAdmission: true})
 	m := g.Method("/bench.Svc/Method")
-	hold, _ := m.Admit(time.Time{}, false, false)
+	hold, _ := m.Admit(Request{})
 	defer hold.Done()
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, d := m.Admit(time.Time{}, false, true); d.Reason != ShedRetry {
+		if _, d := m.Admit(Request{Retry: true}); d.Reason != ShedRetry {
 			b.Fatal(d)
 		}
 	}

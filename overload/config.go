@@ -58,7 +58,7 @@ type Config struct {
 	// It is exact; the adaptive per-method limits (which NoAdaptive turns
 	// off), which apply besides, may be passed by the few requests that
 	// arrive at the same instant. Critical first attempts (see
-	// Method.AdmitPriorityAt) are shed only when the critical requests in
+	// Method.AdmitAt) are shed only when the critical requests in
 	// flight alone reach it: with them, up to twice MaxConcurrency may be
 	// in flight.
 	MaxConcurrency int
@@ -80,7 +80,7 @@ type Config struct {
 	// RetryShare is the share of a limit at which retries and hedges
 	// (attempts with grpc-previous-rpc-attempts > 0, see IsRetry) are
 	// shed, while first attempts are still admitted up to the whole limit.
-	// Sheddable requests (see Method.AdmitPriorityAt) are shed at half of
+	// Sheddable requests (see Method.AdmitAt) are shed at half of
 	// it. ≤ 0, NaN or > 1 → 0.5.
 	RetryShare float64
 	// LimitWindow is how often an adaptive limit is updated, from the

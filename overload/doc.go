@@ -6,7 +6,7 @@
 //
 //	g := overload.New(overload.Config{})
 //	m := g.Method("/pkg.Svc/Method") // cache it: a lookup without a lock
-//	t, d := m.Admit(deadline, hasDeadline, isRetry)
+//	t, d := m.Admit(overload.Request{Deadline: deadline, Retry: isRetry})
 //	if d.Reason != overload.Admitted {
 //		return refusal(d) // d.RetryAfter < 0: tell the caller not to retry
 //	}
@@ -71,7 +71,7 @@
 //
 // # Priorities
 //
-// A request may carry a priority (package priority; Method.AdmitPriority).
+// A request may carry a priority (package priority; Request.Priority).
 // Sheddable requests are shed before retries, from half of RetryShare of
 // a limit (a quarter), deadline or not, and, while no adaptive limit is
 // engaged, once the requests in flight would take longer than the method
@@ -97,7 +97,7 @@
 // grpc-previous-rpc-attempts; stormguard-priority), not facts. A deadline
 // more than MaxDeadline (10 s) away is treated as no deadline at all, so
 // that claiming a longer one than the caller has buys nothing. See IsRetry
-// for what the attempt number protects from, and Method.AdmitPriorityAt
+// for what the attempt number protects from, and Method.AdmitAt
 // for what claiming critical buys: no more than the limit's worth of
 // critical work, no deadline that cannot be met, no retry past the
 // retries' threshold.

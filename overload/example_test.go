@@ -19,19 +19,19 @@ func Example() {
 
 	var queue []overload.Ticket
 	for range 40 {
-		t, _ := m.AdmitAt(now, now.Add(time.Minute), true, false)
+		t, _ := m.AdmitAt(now, overload.Request{Deadline: now.Add(time.Minute)})
 		queue = append(queue, t)
 	}
 	for range 400 { // two seconds at 200/s
 		now = now.Add(5 * time.Millisecond)
 		queue[0].DoneAt(now)
-		t, _ := m.AdmitAt(now, now.Add(time.Minute), true, false)
+		t, _ := m.AdmitAt(now, overload.Request{Deadline: now.Add(time.Minute)})
 		queue = append(queue[1:], t)
 	}
 
-	_, d := m.AdmitAt(now, now.Add(50*time.Millisecond), true, false)
+	_, d := m.AdmitAt(now, overload.Request{Deadline: now.Add(50 * time.Millisecond)})
 	fmt.Println("50ms left:", d.Reason, "retry after:", d.RetryAfter)
-	t, d := m.AdmitAt(now, now.Add(time.Second), true, false)
+	t, d := m.AdmitAt(now, overload.Request{Deadline: now.Add(time.Second)})
 	fmt.Println("1s left:", d.Reason)
 	t.DoneAt(now)
 	// Output:
@@ -46,7 +46,7 @@ func ExampleConfig_maxConcurrency() {
 	m := g.Method("/shop.Cart/Get")
 	var open []overload.Ticket
 	for _, retry := range []bool{false, false, true, false, false, false} {
-		t, d := m.Admit(time.Time{}, false, retry)
+		t, d := m.Admit(overload.Request{Retry: retry})
 		if d.Reason == overload.Admitted {
 			open = append(open, t)
 		}

@@ -9,7 +9,7 @@ import (
 )
 
 // gate is where the first attempts of a method wait for a place under its
-// engaged adaptive limit (see Method.AdmitPriorityAt), in order of
+// engaged adaptive limit (see Method.AdmitAt), in order of
 // arrival, critical ones ahead of the others: a queue the server holds,
 // not its handler, so that a request whose caller leaves is not worked,
 // and one that can no longer end in time is refused instead of started.

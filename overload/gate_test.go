@@ -36,7 +36,7 @@ func fill(t *testing.T, m *Method, now time.Time, n int64, p priority.Priority) 
 	t.Helper()
 	var open []Ticket
 	for range n {
-		tk, d := m.AdmitPriorityAt(now, now.Add(10*time.Second), true, false, p)
+		tk, d := m.AdmitAt(now, Request{Deadline: now.Add(10 * time.Second), Priority: p})
 		if d.Reason != Admitted {
 			t.Fatalf("%v under the limit: %+v", p, d)
 		}
@@ -59,7 +59,7 @@ func TestAWaitingRequestThatCannotEndInTimeIsNotStarted(t *testing.T) {
 	refill := func() {
 		for m.Inflight() < m.Limit() {
 			now := c.Now()
-			tk, d := m.AdmitAt(now, now.Add(10*time.Second), true, false)
+			tk, d := m.AdmitAt(now, Request{Deadline: now.Add(10 * time.Second)})
 			if d.Reason != Admitted {
 				t.Fatalf("under the limit: %+v", d)
 			}
@@ -81,8 +81,8 @@ func TestAWaitingRequestThatCannotEndInTimeIsNotStarted(t *testing.T) {
 	// Both wait; the first has just what it needs on arrival, the second
 	// seconds. When a place frees 250ms later, the first has less left
 	// than a request given a place needs.
-	short, d1 := m.AdmitAt(now, now.Add(arrival+10*time.Millisecond), true, false)
-	long, d2 := m.AdmitAt(now, now.Add(5*time.Second), true, false)
+	short, d1 := m.AdmitAt(now, Request{Deadline: now.Add(arrival + 10*time.Millisecond)})
+	long, d2 := m.AdmitAt(now, Request{Deadline: now.Add(5 * time.Second)})
 	if d1.Reason != Queued || d2.Reason != Queued {
 		t.Fatalf("at the limit: %+v, %+v; want both queued", d1, d2)
 	}
@@ -114,7 +114,7 @@ func TestAPlaceGivenAsTheCallerLeavesIsFreed(t *testing.T) {
 	m, limit := engaged(t, c, Config{MinLimit: 3})
 	now := c.Now()
 	open := fill(t, m, now, limit, priority.Default)
-	w, d := m.AdmitAt(now, now.Add(10*time.Second), true, false)
+	w, d := m.AdmitAt(now, Request{Deadline: now.Add(10 * time.Second)})
 	if d.Reason != Queued {
 		t.Fatalf("at the limit: %+v", d)
 	}
@@ -142,8 +142,8 @@ func TestCriticalRequestsWaitAheadOfTheOthers(t *testing.T) {
 	m, limit := engaged(t, c, Config{MinLimit: 3})
 	now := c.Now()
 	open := fill(t, m, now, limit, priority.Critical)
-	def, d1 := m.AdmitPriorityAt(now, now.Add(10*time.Second), true, false, priority.Default)
-	crit, d2 := m.AdmitPriorityAt(now, now.Add(10*time.Second), true, false, priority.Critical)
+	def, d1 := m.AdmitAt(now, Request{Deadline: now.Add(10 * time.Second)})
+	crit, d2 := m.AdmitAt(now, Request{Deadline: now.Add(10 * time.Second), Priority: priority.Critical})
 	if d1.Reason != Queued || d2.Reason != Queued {
 		t.Fatalf("at the limit: default %+v, critical %+v; want both queued", d1, d2)
 	}
@@ -185,7 +185,7 @@ func TestTheGateUnderConcurrentUse(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(w), 3))
 			for range 100 {
 				now := c.Now()
-				tk, d := m.AdmitAt(now, now.Add(time.Second), true, false)
+				tk, d := m.AdmitAt(now, Request{Deadline: now.Add(time.Second)})
 				if d.Reason == Queued {
 					ctx, cancel := context.WithCancel(context.Background())
 					if rng.IntN(3) == 0 {
@@ -230,8 +230,8 @@ func TestAWaiterGivesBackItsPlaceUnderMaxConcurrency(t *testing.T) {
 		}
 		now := c.Now()
 		open := fill(t, m, now, limit, p)
-		leaver, d1 := m.AdmitPriorityAt(now, now.Add(10*time.Second), true, false, p)
-		doomed, d2 := m.AdmitPriorityAt(now, now.Add(20*time.Millisecond), true, false, p)
+		leaver, d1 := m.AdmitAt(now, Request{Deadline: now.Add(10 * time.Second), Priority: p})
+		doomed, d2 := m.AdmitAt(now, Request{Deadline: now.Add(20 * time.Millisecond), Priority: p})
 		if d1.Reason != Queued || d2.Reason != Queued {
 			t.Fatalf("critical %v: at the limit: %+v, %+v; want both queued", critical, d1, d2)
 		}
@@ -263,9 +263,9 @@ func TestWaitAtOnTheGuardsClock(t *testing.T) {
 	m, limit := engaged(t, c, Config{MinLimit: 3})
 	now := c.Now()
 	open := fill(t, m, now, limit, priority.Default)
-	first, d1 := m.AdmitAt(now, now.Add(10*time.Second), true, false)
-	leaver, d2 := m.AdmitAt(now, now.Add(time.Second), true, false)
-	late, d3 := m.AdmitAt(now, now.Add(2*time.Second), true, false)
+	first, d1 := m.AdmitAt(now, Request{Deadline: now.Add(10 * time.Second)})
+	leaver, d2 := m.AdmitAt(now, Request{Deadline: now.Add(time.Second)})
+	late, d3 := m.AdmitAt(now, Request{Deadline: now.Add(2 * time.Second)})
 	if d1.Reason != Queued || d2.Reason != Queued || d3.Reason != Queued {
 		t.Fatalf("at the limit: %+v, %+v, %+v; want all queued", d1, d2, d3)
 	}

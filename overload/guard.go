@@ -59,7 +59,7 @@ type Decision struct {
 	Need time.Duration
 	// Limit is, for ShedRetry and ShedFirst, the concurrency limit that was
 	// reached (for a retry, RetryShare of it; for a sheddable request, half
-	// that; see Method.AdmitPriorityAt).
+	// that; see Method.AdmitAt).
 	Limit int64
 	// RetryAfter is the pushback to send: ≥ 0, the caller may retry after
 	// it; DoNotRetry (< 0), it should not retry.
@@ -202,37 +202,30 @@ type Ticket struct {
 	start    int64
 	due      int64 // ns; an end after it missed a deadline that counts; none
 	global   bool
-	critical bool    // a critical request (counted apart, see AdmitPriorityAt)
+	critical bool    // a critical request (counted apart, see AdmitAt)
 	w        *waiter // a request that waits for a place (Queued), until Wait
 }
 
-// Admit decides on a request of m that arrives now (on the monotonic
-// clock) with the given deadline (hasDeadline false: none) and, with
-// retry, carries grpc-previous-rpc-attempts > 0 (a retry or a hedge). A
-// deadline more than MaxDeadline away counts as none. An admitted request
-// must report its end on the Ticket.
-func (m *Method) Admit(deadline time.Time, hasDeadline, retry bool) (Ticket, Decision) {
-	now := time.Now()
-	return m.admit(m.g.at(now), deadline.Sub(now), hasDeadline, retry, priority.Default)
+// Request is what admission knows of a request. The zero Request is a
+// first attempt of default priority with no deadline.
+type Request struct {
+	// Deadline is the request's deadline (zero: none). A deadline more
+	// than MaxDeadline away counts as none.
+	Deadline time.Time
+	// Retry: the request carries grpc-previous-rpc-attempts > 0 (a retry
+	// or a hedge).
+	Retry bool
+	// Priority is the request's priority (package priority).
+	Priority priority.Priority
 }
 
-// AdmitAt is Admit at the time now.
-func (m *Method) AdmitAt(now, deadline time.Time, hasDeadline, retry bool) (Ticket, Decision) {
-	return m.admit(m.g.at(now), deadline.Sub(now), hasDeadline, retry, priority.Default)
-}
-
-// AdmitPriority is Admit for a request of priority p, now: see
-// AdmitPriorityAt.
-func (m *Method) AdmitPriority(deadline time.Time, hasDeadline, retry bool, p priority.Priority) (Ticket, Decision) {
-	now := time.Now()
-	return m.admit(m.g.at(now), deadline.Sub(now), hasDeadline, retry, p)
-}
-
-// AdmitPriorityAt is AdmitAt for a request of priority p. At a
-// concurrency limit (adaptive, or MaxConcurrency) requests are shed in
+// AdmitAt decides on request r of m, which arrives at now. An admitted
+// request must report its end on the Ticket.
+//
+// At a concurrency limit (adaptive, or MaxConcurrency) requests are shed in
 // this order, each class at its own threshold of the limit L:
 //
-//   - sheddable requests (p below priority.Default, retries or not) from
+//   - sheddable requests (a Priority below priority.Default, retries or not) from
 //     RetryShare/2 of L (a quarter by default), whether or not they carry
 //     a deadline: their callers said they may be dropped. While no
 //     adaptive limit is engaged, they are shed once the requests in flight
@@ -247,7 +240,7 @@ func (m *Method) AdmitPriority(deadline time.Time, hasDeadline, retry bool, p pr
 //     RetryShare of L (half by default);
 //   - default first attempts at L (at an adaptive limit only when
 //     admission cannot judge them, see Admit);
-//   - critical first attempts (p above priority.Default) when the critical
+//   - critical first attempts (a Priority above priority.Default) when the critical
 //     requests in flight alone reach L (at an adaptive limit, under the
 //     same condition as default ones). The requests in flight may then
 //     pass MaxConcurrency, up to twice it; when every request is critical,
@@ -255,13 +248,18 @@ func (m *Method) AdmitPriority(deadline time.Time, hasDeadline, retry bool, p pr
 //
 // A shed first attempt gets ShedFirst, a shed retry ShedRetry, whatever
 // its priority. Admission refuses a request of any priority whose
-// deadline cannot be met. With priority.Default, AdmitPriorityAt is
-// AdmitAt.
-func (m *Method) AdmitPriorityAt(now, deadline time.Time, hasDeadline, retry bool, p priority.Priority) (Ticket, Decision) {
-	return m.admit(m.g.at(now), deadline.Sub(now), hasDeadline, retry, p)
+// deadline cannot be met.
+func (m *Method) AdmitAt(now time.Time, r Request) (Ticket, Decision) {
+	return m.admit(m.g.at(now), r.Deadline.Sub(now), !r.Deadline.IsZero(), r.Retry, r.Priority)
 }
 
-// admit is AdmitPriority at t (ns on the time line), with left to the
+// Admit is AdmitAt now (on the monotonic clock).
+func (m *Method) Admit(r Request) (Ticket, Decision) {
+	now := time.Now()
+	return m.admit(m.g.at(now), r.Deadline.Sub(now), !r.Deadline.IsZero(), r.Retry, r.Priority)
+}
+
+// admit is AdmitAt at t (ns on the time line), with left to the
 // deadline.
 func (m *Method) admit(t int64, left time.Duration, hasDeadline, retry bool, p priority.Priority) (Ticket, Decision) {
 	g := m.g

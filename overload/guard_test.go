@@ -78,7 +78,7 @@ func serve(t *testing.T, c *clock, m *Method, n int, lat, left time.Duration) in
 	now := c.Now()
 	var tickets []Ticket
 	for range n {
-		tk, d := m.AdmitAt(now, now.Add(left), left > 0, false)
+		tk, d := m.AdmitAt(now, Request{Deadline: within(now, left)})
 		if d.Reason == Queued {
 			d, _ = tk.Wait(gone)
 		}
@@ -202,7 +202,7 @@ type fifo struct {
 func (f *fifo) fill(n int) {
 	now := f.c.Now()
 	for range n {
-		tk, d := f.m.AdmitAt(now, now.Add(f.left), f.left > 0, false)
+		tk, d := f.m.AdmitAt(now, Request{Deadline: within(now, f.left)})
 		if d.Reason != Admitted {
 			if f.t != nil {
 				f.t.Fatalf("refused while filling: %+v", d)
@@ -239,15 +239,15 @@ func TestAdmissionRefusesDoomedWorkAndRecovers(t *testing.T) {
 		t.Fatalf("need = %v, %v; want ≈ 505ms", need, ok)
 	}
 	now := c.Now()
-	if _, d := m.AdmitAt(now, now.Add(100*time.Millisecond), true, false); d.Reason != RefusedDeadline || d.RetryAfter >= 0 || d.Need < 450*time.Millisecond {
+	if _, d := m.AdmitAt(now, Request{Deadline: now.Add(100 * time.Millisecond)}); d.Reason != RefusedDeadline || d.RetryAfter >= 0 || d.Need < 450*time.Millisecond {
 		t.Fatalf("100ms left: %+v, want RefusedDeadline, do not retry", d)
 	}
-	if tk, d := m.AdmitAt(now, now.Add(2*time.Second), true, false); d.Reason != Admitted {
+	if tk, d := m.AdmitAt(now, Request{Deadline: now.Add(2 * time.Second)}); d.Reason != Admitted {
 		t.Fatalf("2s left: %+v, want admitted", d)
 	} else {
 		tk.DoneAt(now)
 	}
-	if tk, d := m.AdmitAt(now, time.Time{}, false, false); d.Reason != Admitted {
+	if tk, d := m.AdmitAt(now, Request{}); d.Reason != Admitted {
 		t.Fatalf("no deadline: %+v, want admitted", d)
 	} else {
 		tk.DoneAt(now)
@@ -255,7 +255,7 @@ func TestAdmissionRefusesDoomedWorkAndRecovers(t *testing.T) {
 	// Not fooled by its own refusals: they teach it nothing, so refusing
 	// many does not lower the need...
 	for range 50 {
-		if _, d := m.AdmitAt(now, now.Add(50*time.Millisecond), true, false); d.Reason != RefusedDeadline {
+		if _, d := m.AdmitAt(now, Request{Deadline: now.Add(50 * time.Millisecond)}); d.Reason != RefusedDeadline {
 			t.Fatalf("50ms left: %+v", d)
 		}
 	}
@@ -270,7 +270,7 @@ func TestAdmissionRefusesDoomedWorkAndRecovers(t *testing.T) {
 	if n2, ok := m.NeedAt(c.Now()); !ok || n2 > 10*time.Millisecond {
 		t.Fatalf("need after the drain = %v, %v", n2, ok)
 	}
-	if tk, d := m.AdmitAt(now, now.Add(100*time.Millisecond), true, false); d.Reason != Admitted {
+	if tk, d := m.AdmitAt(now, Request{Deadline: now.Add(100 * time.Millisecond)}); d.Reason != Admitted {
 		t.Fatalf("after the drain, 100ms left: %+v, want admitted", d)
 	} else {
 		tk.DoneAt(now)
@@ -294,7 +294,7 @@ func TestAdmissionIgnoresBurstsItAbsorbs(t *testing.T) {
 	now := c.Now()
 	var open []Ticket
 	for range 500 {
-		tk, d := m.AdmitAt(now, now.Add(50*time.Millisecond), true, false)
+		tk, d := m.AdmitAt(now, Request{Deadline: now.Add(50 * time.Millisecond)})
 		if d.Reason != Admitted {
 			t.Fatalf("burst refused: %+v", d)
 		}
@@ -343,7 +343,7 @@ func TestLimiterEngagesOnAStandingQueueOnly(t *testing.T) {
 		now := c.Now()
 		var tk []Ticket
 		for range 20 {
-			k, _ := m.AdmitAt(now, time.Time{}, false, false)
+			k, _ := m.AdmitAt(now, Request{})
 			tk = append(tk, k)
 		}
 		tk[0].DoneAt(now.Add(10 * time.Millisecond))
@@ -383,7 +383,7 @@ func TestLimiterEngagesOnAStandingQueueOnly(t *testing.T) {
 	var open []Ticket
 	shed := 0
 	for range 60 {
-		tk, d := m.AdmitAt(now, time.Time{}, false, false)
+		tk, d := m.AdmitAt(now, Request{})
 		switch d.Reason {
 		case Admitted:
 			open = append(open, tk)
@@ -487,7 +487,7 @@ func TestRetriesShedFirst(t *testing.T) {
 	now := c.Now()
 	var open []Ticket
 	admit := func(retry bool) Decision {
-		tk, d := m.AdmitAt(now, time.Time{}, false, retry)
+		tk, d := m.AdmitAt(now, Request{Retry: retry})
 		if d.Reason == Admitted {
 			open = append(open, tk)
 		}
@@ -539,7 +539,7 @@ func TestOffSwitches(t *testing.T) {
 	m := g.Method("/svc/M")
 	now := c.Now()
 	for range 100 {
-		if _, d := m.AdmitAt(now, now.Add(time.Nanosecond), true, true); d.Reason != Admitted {
+		if _, d := m.AdmitAt(now, Request{Deadline: now.Add(time.Nanosecond), Retry: true}); d.Reason != Admitted {
 			t.Fatalf("refused with both off: %+v", d)
 		}
 	}
@@ -572,7 +572,7 @@ func TestConcurrentUse(t *testing.T) {
 			defer wg.Done()
 			for i := range 2000 {
 				m := g.Method(fmt.Sprint("/svc/M", (w+i)%6))
-				tk, _ := m.Admit(time.Now().Add(time.Second), i%3 != 0, i%5 == 0)
+				tk, _ := m.Admit(Request{Deadline: deadlineIf(time.Now().Add(time.Second), i%3 != 0), Retry: i%5 == 0})
 				tk.Done()
 				_, _ = m.Need()
 				_ = m.Limit()
@@ -650,7 +650,7 @@ func TestLimiterIgnoresAPause(t *testing.T) {
 	}
 	arrive := func(lat time.Duration) {
 		now := c.Now()
-		tk, d := m.AdmitAt(now, now.Add(400*time.Millisecond), true, false)
+		tk, d := m.AdmitAt(now, Request{Deadline: now.Add(400 * time.Millisecond)})
 		if d.Reason != Admitted {
 			t.Fatalf("at %v: %+v (limit %d, %d in flight)", now, d, m.Limit(), m.Inflight())
 		}
@@ -664,7 +664,7 @@ func TestLimiterIgnoresAPause(t *testing.T) {
 	pauseEnd := c.Now().Add(2 * time.Second)
 	for c.Now().Before(pauseEnd) {
 		now := c.Now()
-		tk, d := m.AdmitAt(now, now.Add(400*time.Millisecond), true, false)
+		tk, d := m.AdmitAt(now, Request{Deadline: now.Add(400 * time.Millisecond)})
 		if d.Reason != Admitted {
 			t.Fatalf("during the pause: %+v", d)
 		}
@@ -710,7 +710,7 @@ func TestDiscardTeachesNothing(t *testing.T) {
 				q.run(5*time.Millisecond, 5*time.Millisecond, 1)
 				now := clk.Now()
 				for range 3 { // ...with three fast failures per request served
-					if tk, d := m.AdmitAt(now, now.Add(time.Hour), true, false); d.Reason == Admitted {
+					if tk, d := m.AdmitAt(now, Request{Deadline: now.Add(time.Hour)}); d.Reason == Admitted {
 						tk.Discard()
 					}
 				}
@@ -755,7 +755,7 @@ func TestMemoryBound(t *testing.T) {
 	m := ms[0]
 	if a := testing.AllocsPerRun(1000, func() {
 		now := c.Add(time.Millisecond)
-		tk, _ := m.AdmitAt(now, now.Add(time.Second), true, false)
+		tk, _ := m.AdmitAt(now, Request{Deadline: now.Add(time.Second)})
 		tk.DoneAt(now.Add(time.Duration(len(ms)) * time.Microsecond))
 	}); a != 0 {
 		t.Errorf("a request allocates %v times", a)
@@ -774,7 +774,7 @@ func TestMaxConcurrencyIsExact(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 2000 {
-				tk, d := m.Admit(time.Time{}, false, false)
+				tk, d := m.Admit(Request{})
 				if d.Reason != Admitted {
 					continue
 				}
@@ -823,32 +823,32 @@ func TestAnAdaptiveLimitQueuesFirstAttemptsWithADeadline(t *testing.T) {
 		now := c.Now()
 		var open []Ticket
 		for range limit {
-			tk, d := m.AdmitAt(now, now.Add(time.Second), true, false)
+			tk, d := m.AdmitAt(now, Request{Deadline: now.Add(time.Second)})
 			if d.Reason != Admitted {
 				t.Fatalf("admission %v: first attempt under the limit: %+v", admission, d)
 			}
 			open = append(open, tk)
 		}
-		tk, d := m.AdmitAt(now, now.Add(time.Second), true, false)
+		tk, d := m.AdmitAt(now, Request{Deadline: now.Add(time.Second)})
 		if admission && d.Reason != Queued {
 			t.Errorf("admission on: a first attempt with a second left at the limit: %+v, want queued", d)
 		}
 		if !admission && d.Reason != ShedFirst {
 			t.Errorf("admission off: a first attempt past the limit is not shed: %+v", d)
 		}
-		if _, d := m.AdmitAt(now, time.Time{}, false, false); d.Reason != ShedFirst {
+		if _, d := m.AdmitAt(now, Request{}); d.Reason != ShedFirst {
 			t.Errorf("admission %v: a first attempt without a deadline past the limit: %+v", admission, d)
 		}
 		// A deadline beyond MaxDeadline is no deadline: it buys nothing.
-		if _, d := m.AdmitAt(now, now.Add(time.Hour), true, false); d.Reason != ShedFirst {
+		if _, d := m.AdmitAt(now, Request{Deadline: now.Add(time.Hour)}); d.Reason != ShedFirst {
 			t.Errorf("admission %v: a first attempt claiming an hour past the limit: %+v", admission, d)
 		}
-		if _, d := m.AdmitAt(now, now.Add(time.Second), true, true); d.Reason != ShedRetry {
+		if _, d := m.AdmitAt(now, Request{Deadline: now.Add(time.Second), Retry: true}); d.Reason != ShedRetry {
 			t.Errorf("admission %v: a retry past the limit: %+v", admission, d)
 		}
 		if d.Reason == Queued {
 			// Another waits behind it, and its caller leaves: it is gone.
-			leaver, d2 := m.AdmitAt(now, now.Add(time.Second), true, false)
+			leaver, d2 := m.AdmitAt(now, Request{Deadline: now.Add(time.Second)})
 			if d2.Reason != Queued || m.Waiting() != 2 {
 				t.Fatalf("a second first attempt at the limit: %+v, %d waiting", d2, m.Waiting())
 			}
@@ -880,4 +880,20 @@ func TestAnAdaptiveLimitQueuesFirstAttemptsWithADeadline(t *testing.T) {
 			t.Errorf("after every end: %d in flight, %d waiting", m.Inflight(), m.Waiting())
 		}
 	}
+}
+
+// within is the deadline left after now: none when left ≤ 0.
+func within(now time.Time, left time.Duration) time.Time {
+	if left <= 0 {
+		return time.Time{}
+	}
+	return now.Add(left)
+}
+
+// deadlineIf is dl when has, else none.
+func deadlineIf(dl time.Time, has bool) time.Time {
+	if !has {
+		return time.Time{}
+	}
+	return dl
 }

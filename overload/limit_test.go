@@ -27,7 +27,7 @@ type streamed struct {
 // (0: none) that ends lat later, cut short if cut.
 func (s *stream) arrive(lat, left time.Duration, cut bool) {
 	now := s.c.Now()
-	tk, d := s.m.AdmitAt(now, now.Add(left), left > 0, false)
+	tk, d := s.m.AdmitAt(now, Request{Deadline: within(now, left)})
 	if d.Reason != Admitted {
 		s.shed++
 		return

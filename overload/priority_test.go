@@ -20,7 +20,7 @@ func TestPriorityShedOrder(t *testing.T) {
 	var open []Ticket
 	admit := func(p priority.Priority, retry bool) Decision {
 		t.Helper()
-		tk, d := m.AdmitPriorityAt(now, time.Time{}, false, retry, p)
+		tk, d := m.AdmitAt(now, Request{Retry: retry, Priority: p})
 		if d.Reason == Admitted {
 			open = append(open, tk)
 		}
@@ -103,7 +103,7 @@ func TestPriorityAtAnAdaptiveLimit(t *testing.T) {
 	second := now.Add(time.Second)
 	var open []Ticket
 	admit := func(p priority.Priority, dl time.Time) Decision {
-		tk, d := m.AdmitPriorityAt(now, dl, !dl.IsZero(), false, p)
+		tk, d := m.AdmitAt(now, Request{Deadline: dl, Priority: p})
 		if d.Reason == Admitted {
 			open = append(open, tk)
 		}
@@ -126,7 +126,7 @@ func TestPriorityAtAnAdaptiveLimit(t *testing.T) {
 	if d := admit(priority.Default, time.Time{}); d.Reason != ShedFirst {
 		t.Fatalf("default without a deadline at the limit: %+v", d)
 	}
-	waiter, d := m.AdmitPriorityAt(now, second, true, false, priority.Default)
+	waiter, d := m.AdmitAt(now, Request{Deadline: second})
 	if d.Reason != Queued {
 		t.Fatalf("default with a deadline past the limit: %+v, want it to wait for a place", d)
 	}
@@ -144,7 +144,7 @@ func TestPriorityAtAnAdaptiveLimit(t *testing.T) {
 	if d := admit(priority.Critical, time.Time{}); d.Reason != ShedFirst {
 		t.Fatalf("critical without a deadline, the limit's worth of critical in flight: %+v", d)
 	}
-	if _, d := m.AdmitPriorityAt(now, second, true, true, priority.Critical); d.Reason != ShedRetry {
+	if _, d := m.AdmitAt(now, Request{Deadline: second, Retry: true, Priority: priority.Critical}); d.Reason != ShedRetry {
 		t.Fatalf("a critical retry past the limit: %+v", d)
 	}
 	for _, tk := range open {
@@ -187,7 +187,7 @@ func scriptedRun(t *testing.T, c *clock, m *Method, prio func(arrival) priority.
 			if rng.IntN(8) != 0 {
 				a.left = time.Duration(50+rng.IntN(950)) * time.Millisecond
 			}
-			tk, d := m.AdmitPriorityAt(now, now.Add(a.left), a.left > 0, a.retry, prio(a))
+			tk, d := m.AdmitAt(now, Request{Deadline: within(now, a.left), Retry: a.retry, Priority: prio(a)})
 			if check != nil {
 				check(a, d)
 			}
@@ -318,7 +318,7 @@ func TestSheddableWorkIsShedBeforeALimitEngages(t *testing.T) {
 	g := New(Config{})
 	m := g.Method("/svc/M")
 	now := c.Now()
-	if _, d := m.AdmitPriorityAt(now, time.Time{}, false, false, priority.Sheddable); d.Reason != Admitted {
+	if _, d := m.AdmitAt(now, Request{Priority: priority.Sheddable}); d.Reason != Admitted {
 		t.Fatalf("a fresh method sheds: %+v", d)
 	}
 	for range 10 {
@@ -334,21 +334,21 @@ func TestSheddableWorkIsShedBeforeALimitEngages(t *testing.T) {
 	now = c.Now()
 	var open []Ticket
 	for m.Inflight() < at {
-		tk, d := m.AdmitPriorityAt(now, now.Add(time.Second), true, false, priority.Sheddable)
+		tk, d := m.AdmitAt(now, Request{Deadline: now.Add(time.Second), Priority: priority.Sheddable})
 		if d.Reason != Admitted {
 			t.Fatalf("sheddable with %d in flight of %d: %+v", m.Inflight(), at, d)
 		}
 		open = append(open, tk)
 	}
-	if _, d := m.AdmitPriorityAt(now, now.Add(time.Second), true, false, priority.Sheddable); d.Reason != ShedFirst || d.Limit != at || d.RetryAfter != DefaultRetryAfter {
+	if _, d := m.AdmitAt(now, Request{Deadline: now.Add(time.Second), Priority: priority.Sheddable}); d.Reason != ShedFirst || d.Limit != at || d.RetryAfter != DefaultRetryAfter {
 		t.Fatalf("sheddable with %d in flight: %+v", at, d)
 	}
-	if _, d := m.AdmitPriorityAt(now, time.Time{}, false, true, priority.Sheddable); d.Reason != ShedRetry || d.Limit != at {
+	if _, d := m.AdmitAt(now, Request{Retry: true, Priority: priority.Sheddable}); d.Reason != ShedRetry || d.Limit != at {
 		t.Fatalf("sheddable retry with %d in flight: %+v", at, d)
 	}
 	for _, p := range []priority.Priority{priority.Default, priority.Critical} {
 		for _, retry := range []bool{false, true} {
-			tk, d := m.AdmitPriorityAt(now, time.Time{}, false, retry, p)
+			tk, d := m.AdmitAt(now, Request{Retry: retry, Priority: p})
 			if d.Reason != Admitted {
 				t.Fatalf("%v (retry %v) with %d in flight and no limit: %+v", p, retry, m.Inflight(), d)
 			}

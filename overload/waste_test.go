@@ -79,7 +79,7 @@ func (p *poolModel) arrive(now, deadline time.Time) {
 	p.arrived++
 	r := modelReq{deadline: deadline}
 	if p.m != nil {
-		tk, d := p.m.AdmitAt(now, deadline, true, false)
+		tk, d := p.m.AdmitAt(now, Request{Deadline: deadline})
 		switch d.Reason {
 		case Admitted:
 		case Queued:

@@ -26,6 +26,7 @@ import (
 
 	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/interceptor"
+	"github.com/stormguard/stormguard/internal/breakerrand"
 	"github.com/stormguard/stormguard/internal/clock"
 	"github.com/stormguard/stormguard/internal/origin"
 	echov1 "github.com/stormguard/stormguard/internal/proto/echo/v1"
@@ -185,9 +186,11 @@ func Start(cfg Config) (_ *Demo, err error) {
 		}),
 	}
 	if d.clock != nil {
+		var bc breaker.Config
+		breakerrand.Set(&bc, lockedRand(cfg.Seed))
 		opts = append(opts,
 			clock.ClientOption(d.clock.Now, d.clock.NewTimer).(interceptor.ClientOption),
-			interceptor.WithBreaker(&breaker.Config{Rand: lockedRand(cfg.Seed)}),
+			interceptor.WithBreaker(&bc),
 		)
 	}
 	guard := interceptor.NewClient(opts...)

@@ -42,7 +42,7 @@
 // which the suite keeps for the repository's simulators) that advances 10
 // ms per tick and stands still while orders is
 // called, so every run makes the same decisions on orders however fast the
-// machine is (the breakers' jitter is seeded, breaker.Config.Rand); orders'
+// machine is (the breakers' jitter is seeded, internal/breakerrand); orders'
 // calls then take no time, backoffs included. While search is called it
 // runs with the wall clock (never into the next tick), so that search's
 // latencies, and the hedging delay learned from them, are real. On that

@@ -9,6 +9,7 @@ import (
 	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/budget"
 	"github.com/stormguard/stormguard/examples/internal/fleetsim"
+	"github.com/stormguard/stormguard/internal/breakerrand"
 )
 
 // The capacity-drop model of "Implementing Retry Budgets to Prevent Retry
@@ -123,7 +124,9 @@ func capPolicy(p policy) (capClient, func(int)) {
 		c.request = func() { b.DepositAt(clock()) }
 		c.mayRetry = func() bool { return b.WithdrawAt(clock()) }
 		if p.key == suiteDefaults {
-			br := breaker.New(breaker.Config{Rand: func() float64 { return 0 }})
+			var bc breaker.Config
+			breakerrand.Set(&bc, func() float64 { return 0 })
+			br := breaker.New(bc)
 			c.mayRetry = func() bool { return br.RetryAfterAt(clock()) <= 0 && b.WithdrawAt(clock()) }
 			c.admit = func() (func(bool), bool) {
 				t, err := br.AdmitAt(clock())

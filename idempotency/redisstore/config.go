@@ -172,8 +172,5 @@ func (c Config) withDefaults() Config {
 	if c.Breaker.ConsecutiveFailures == 0 {
 		c.Breaker.ConsecutiveFailures = DefaultBreakerConsecutiveFailures
 	}
-	if c.Breaker.Target == "" {
-		c.Breaker.Target = "redisstore:" + c.Prefix
-	}
 	return c
 }

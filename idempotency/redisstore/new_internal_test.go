@@ -7,7 +7,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/idempotency/dedupe"
 	"github.com/stormguard/stormguard/idempotency/redisstore/internal/redistest"
 )
@@ -94,15 +93,12 @@ func TestNewResolvesConfig(t *testing.T) {
 			}
 		})
 	}
-	c := Config{Client: rc, Breaker: breaker.Config{Target: "mine"}}
+	c := Config{Client: rc}
 	s, err := New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if got := s.br.Target(); got != "mine" {
-		t.Errorf("breaker target %q, want the one given", got)
-	}
 	s2, err := New(c)
 	if err != nil {
 		t.Fatal(err)

@@ -103,7 +103,7 @@ func New(c Config) (*Store, error) {
 		fence: c.Fence, heartbeat: c.Heartbeat, poll: c.PollInterval, op: c.OpTimeout,
 		now:       c.now,
 		redisNow:  c.redisNow,
-		br:        breaker.New(c.Breaker),
+		br:        breaker.NewRegistry(c.Breaker).For("redisstore:" + c.Prefix),
 		tokPrefix: newTokenPrefix(),
 		waiters:   map[string][]chan struct{}{},
 		kick:      make(chan struct{}, 1),

@@ -168,9 +168,10 @@ func (g *grpcClient) Settle(c *Call, _ time.Time, o Outcome) Verdict {
 // attempt the number of the attempt that failed (1 s base today).
 //
 // The 2026 behaviour (AWS_NEW_RETRIES_2026, the default from November
-// 2026; aws-sdk-go-v2 pull request 3400, aws-sdk-cpp issue 3832, the AWS
-// Developer Tools blog "Announcing updated retry behavior for AWS SDKs and
-// Tools"): a transient (non-throttling) retry costs 14 tokens, a
+// 2026; https://github.com/aws/aws-sdk-go-v2/pull/3400,
+// https://github.com/aws/aws-sdk-cpp/issues/3832, the AWS Developer
+// Tools blog "Announcing updated retry behavior for AWS SDKs and Tools"):
+// a transient (non-throttling) retry costs 14 tokens, a
 // throttling one 5; the base backoff is 50 ms for transient errors and
 // 1 s for throttling; MAX_BACKOFF applies before the jitter; and the SDK
 // honours the server's retry-after (here, grpc-retry-pushback-ms).

@@ -5,6 +5,7 @@ import (
 
 	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/budget"
+	"github.com/stormguard/stormguard/internal/breakerrand"
 )
 
 // suiteClient is the suite's client (interceptor.NewClient() as it comes)
@@ -49,10 +50,12 @@ func PolicySuiteWith(o SuiteOptions) *ClientPolicy {
 			if o.BackoffMax > 0 {
 				g.cap = max(o.BackoffMax, g.base)
 			}
+			var bc breaker.Config
+			breakerrand.Set(&bc, e.Rand.Float64)
 			return &suiteClient{
 				interimEngine: g,
 				budget:        budget.New(o.Budget),
-				breaker:       breaker.New(breaker.Config{Rand: e.Rand.Float64}),
+				breaker:       breaker.New(bc),
 				failedAt:      make([]int64, max(e.Backends, 1)),
 				base:          e.Base,
 			}

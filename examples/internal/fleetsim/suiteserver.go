@@ -43,7 +43,7 @@ func clientOf(c *Call) uint64 { return uint64(c.Client) }
 // overload admission (every call here carries its deadline), which may
 // hold a first attempt in its queue (see Decide), then the retry budget.
 func (s *suiteServer) Admit(c *Call, now time.Time, retry, _ bool) (Admission, Outcome) {
-	t, d := s.guard.AdmitAt(now, c.Deadline, true, retry)
+	t, d := s.guard.AdmitAt(now, overload.Request{Deadline: c.Deadline, Retry: retry})
 	c.ov, c.asRetry = t, retry
 	if d.Reason == overload.Queued {
 		return Held, Outcome{}

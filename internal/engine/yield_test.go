@@ -1,16 +1,8 @@
-package interceptor
+package engine
 
 import (
 	"testing"
 	"time"
-
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
-
-	"github.com/stormguard/stormguard/semconv"
 )
 
 // TestYieldRules drives a target's yield on explicit time: an overload
@@ -19,21 +11,21 @@ import (
 // window; a failure that says nothing of load changes nothing.
 func TestYieldRules(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
-	withRetryInfo, _ := status.New(codes.Unavailable, "busy").WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
 	for _, c := range []struct {
 		name   string
-		err    error
-		tr     metadata.MD
+		o      Outcome
 		signal bool
 	}{
-		{"unavailable", status.Error(codes.Unavailable, "down"), nil, false},
-		{"pushback -1", status.Error(codes.Unavailable, "shed"), metadata.Pairs(semconv.PushbackKey, "-1"), true},
-		{"pushback 100", status.Error(codes.Unavailable, "shed"), metadata.Pairs(semconv.PushbackKey, "100"), true},
-		{"RetryInfo", withRetryInfo.Err(), nil, true},
-		{"resource exhausted", status.Error(codes.ResourceExhausted, "quota"), nil, true},
+		{"unavailable", Outcome{Code: Unavailable}, false},
+		{"pushback -1", Outcome{Code: Unavailable, Pushback: Delay{Stop: true, Sent: true}}, true},
+		{"pushback 100", Outcome{Code: Unavailable, Pushback: Delay{After: 100 * time.Millisecond, Set: true, Sent: true}}, true},
+		{"RetryInfo", Outcome{Code: Unavailable, RetryInfo: Delay{After: time.Second, Set: true, Sent: true}}, true},
+		{"RetryInfo without a delay", Outcome{Code: Unavailable, RetryInfo: Delay{Sent: true}}, true},
+		{"resource exhausted", Outcome{Code: ResourceExhausted}, true},
 	} {
-		y := newYield()
-		y.overloaded(t0, c.err, c.tr)
+		y := NewYield()
+		c.o.At = t0
+		y.overloaded(&c.o)
 		if got := y.yields(t0); got != c.signal {
 			t.Errorf("%s: yields %v, want %v", c.name, got, c.signal)
 		}
@@ -41,16 +33,16 @@ func TestYieldRules(t *testing.T) {
 			t.Errorf("%s: the signal does not hold for exactly %v", c.name, yieldHold)
 		}
 	}
-	var nilYield *yield // beyond maxRoutes targets: never yields
-	nilYield.overloaded(t0, status.Error(codes.ResourceExhausted, ""), nil)
+	var nilYield *Yield // beyond maxRoutes targets: never yields
+	nilYield.overloaded(&Outcome{Code: ResourceExhausted, At: t0})
 	nilYield.watched(t0)
 	nilYield.late(t0)
 	if nilYield.yields(t0) {
 		t.Error("a nil yield yields")
 	}
 
-	late := func(watched, late int) *yield {
-		y := newYield()
+	late := func(watched, late int) *Yield {
+		y := NewYield()
 		for i := range watched {
 			y.watched(t0)
 			if i < late {

@@ -1,4 +1,4 @@
-package interceptor
+package engine
 
 import (
 	"net"
@@ -18,64 +18,64 @@ import (
 // load on a failing service. The table below keeps each endpoint's recent
 // outcomes so that the retry decision can tell the two apart.
 const (
-	epSlots        = 4                      // slots in an endpoint's window
-	epSlotWidth    = time.Second            // so the window is the last 3 to 4 seconds
-	epMinSeen      = 5                      // outcomes before an endpoint (or the rest) is judged
-	epBadRatio     = 0.5                    // an endpoint failing at least this share is bad...
-	epGoodRatio    = 0.1                    // ...when the other endpoints fail at most this share
-	epMaxTracked   = 256                    // endpoints tracked per target
-	epIdle         = time.Minute            // an endpoint not seen for this long is forgotten
-	maxRepicks     = 3                      // times an attempt re-picks before it sends anyway
-	maxFreeRepicks = 9                      // ...and a fail-over retry before it is taken for having nowhere to go
-	epRejudge      = 100 * time.Millisecond // how long a judgement of the outliers stands
+	epSlots      = 4                      // slots in an endpoint's window
+	epSlotWidth  = time.Second            // so the window is the last 3 to 4 seconds
+	epMinSeen    = 5                      // outcomes before an endpoint (or the rest) is judged
+	epBadRatio   = 0.5                    // an endpoint failing at least this share is bad...
+	epGoodRatio  = 0.1                    // ...when the other endpoints fail at most this share
+	epMaxTracked = 256                    // endpoints tracked per target
+	epIdle       = time.Minute            // an endpoint not seen for this long is forgotten
+	epRejudge    = 100 * time.Millisecond // how long a judgement of the outliers stands
 )
 
-// endpoints tracks the recent outcomes of one target's endpoints, keyed by
-// the peer address grpc reports (one net.Addr per connection). Recording an
-// outcome is lock-free for a known endpoint; judging, on the failure path,
-// walks the table.
-type endpoints struct {
+// Endpoints tracks the recent outcomes of one target's endpoints, keyed by
+// the address the transport reports (one net.Addr per connection).
+// Recording an outcome is lock-free for a known endpoint; judging, on the
+// failure path, walks the table. The zero Endpoints is an empty table,
+// ready to use; it is safe for concurrent use.
+type Endpoints struct {
 	m      sync.Map // net.Addr → *endpoint
 	n      atomic.Int32
 	judged atomic.Pointer[judgement]
 	// nowhere is the time (UnixNano) until which attempts avoid nothing:
-	// an attempt's picks all went to endpoints it avoids, so grpc has no
+	// an attempt's picks all went to endpoints it avoids, so the transport has no
 	// other endpoint to pick (their connections are down), and a retry
 	// after a failure on an outlier is no fail-over. 0: none. A success on
 	// an endpoint that is not an outlier ends it.
 	nowhere atomic.Int64
 }
 
-// judgement is the set of outliers as of a time.
+// judgement is the set of outliers as of a time, which stands until
+// epRejudge later.
 type judgement struct {
-	at       time.Time
-	outliers []net.Addr
+	at, until time.Time
+	outliers  []net.Addr
 }
 
-// current returns the endpoints attempts avoid: the outliers, judged
+// Current returns the endpoints attempts avoid: the outliers, judged
 // again at most every epRejudge (one atomic load on the success path),
-// unless grpc has lately had nowhere else to send attempts.
-func (t *endpoints) current(now time.Time) []net.Addr {
+// unless the transport has lately had nowhere else to send attempts.
+func (t *Endpoints) Current(now time.Time) []net.Addr {
 	j := t.judged.Load()
-	if j != nil && now.Sub(j.at) < epRejudge && !now.Before(j.at) {
+	if j != nil && now.Before(j.until) && !now.Before(j.at) {
 		return t.avoidable(j.outliers, now)
 	}
 	return t.judge(now)
 }
 
 // judge judges the outliers now, and returns those attempts avoid.
-func (t *endpoints) judge(now time.Time) []net.Addr {
+func (t *Endpoints) judge(now time.Time) []net.Addr {
 	var out []net.Addr
 	if t.n.Load() >= 2 { // one endpoint (or none) has no others to compare with
 		out = t.outliers(now)
 	}
-	t.judged.Store(&judgement{at: now, outliers: out})
+	t.judged.Store(&judgement{at: now, until: now.Add(epRejudge), outliers: out})
 	return t.avoidable(out, now)
 }
 
-// avoidable returns outliers, or none while grpc has nowhere else to send
+// avoidable returns outliers, or none while the transport has nowhere else to send
 // attempts (see nowhereElse).
-func (t *endpoints) avoidable(outliers []net.Addr, now time.Time) []net.Addr {
+func (t *Endpoints) avoidable(outliers []net.Addr, now time.Time) []net.Addr {
 	if len(outliers) > 0 && t.nowhere.Load() > now.UnixNano() {
 		return nil
 	}
@@ -87,11 +87,11 @@ func (t *endpoints) avoidable(outliers []net.Addr, now time.Time) []net.Addr {
 const epNowhere = time.Second
 
 // nowhereElse notes that an attempt's picks all went to endpoints it
-// avoids: grpc has no other endpoint to pick. For epNowhere, or until an
+// avoids: the transport has no other endpoint to pick. For epNowhere, or until an
 // endpoint other than the outliers serves, attempts avoid nothing (their
 // re-picks would go to the same endpoints) and a retry after a failure on
 // an outlier is no fail-over: the budget pays for it.
-func (t *endpoints) nowhereElse(now time.Time) {
+func (t *Endpoints) nowhereElse(now time.Time) {
 	t.nowhere.Store(now.Add(epNowhere).UnixNano())
 }
 
@@ -115,8 +115,8 @@ func newEndpoint(addr net.Addr) *endpoint {
 	return &endpoint{addr: addr, w: window.New(epSlots, 2, epSlotWidth)}
 }
 
-// record counts one outcome of an attempt sent to addr at now.
-func (t *endpoints) record(addr net.Addr, failed bool, now time.Time) {
+// Record counts one outcome of an attempt sent to addr at now.
+func (t *Endpoints) Record(addr net.Addr, failed bool, now time.Time) {
 	if addr == nil {
 		return
 	}
@@ -142,7 +142,7 @@ func (t *endpoints) record(addr net.Addr, failed bool, now time.Time) {
 		e.(*endpoint).lastFail.Store(now.UnixNano())
 	}
 	if !failed && t.nowhere.Load() != 0 {
-		// An endpoint that is not an outlier serves: grpc has somewhere
+		// An endpoint that is not an outlier serves: the transport has somewhere
 		// else to send attempts again.
 		if j := t.judged.Load(); j == nil || !slices.Contains(j.outliers, addr) {
 			t.nowhere.Store(0)
@@ -156,7 +156,7 @@ func (e *endpoint) counts(now time.Time) (ok, fail int64) {
 }
 
 // sweep forgets endpoints not seen for epIdle.
-func (t *endpoints) sweep(now time.Time) {
+func (t *Endpoints) sweep(now time.Time) {
 	limit := now.Add(-epIdle).UnixNano()
 	t.m.Range(func(k, v any) bool {
 		if last, ok := v.(*endpoint).w.Latest(); !ok || last < limit {
@@ -173,7 +173,7 @@ func (t *endpoints) sweep(now time.Time) {
 // failed at most epGoodRatio of theirs (with at least epMinSeen). With
 // failures spread evenly (independent failures, a failing target) there
 // are none.
-func (t *endpoints) outliers(now time.Time) []net.Addr {
+func (t *Endpoints) outliers(now time.Time) []net.Addr {
 	type seen struct {
 		addr     net.Addr
 		ok, fail int64
@@ -203,26 +203,34 @@ func (t *endpoints) outliers(now time.Time) []net.Addr {
 	return out
 }
 
-// snapshot returns the endpoints seen in the window ending now, sorted by
+// EndpointCount is one endpoint's outcomes in the table's window, and
+// whether attempts avoid it.
+type EndpointCount struct {
+	Addr       net.Addr
+	OK, Failed int64
+	Avoided    bool // it fails while the others serve: attempts go elsewhere
+}
+
+// Snapshot returns the endpoints seen in the window ending now, sorted by
 // address.
-func (t *endpoints) snapshot(now time.Time) []EndpointState {
-	avoided := t.current(now)
-	var out []EndpointState
+func (t *Endpoints) Snapshot(now time.Time) []EndpointCount {
+	avoided := t.Current(now)
+	var out []EndpointCount
 	t.m.Range(func(_, v any) bool {
 		e := v.(*endpoint)
 		ok, fail := e.counts(now)
 		if ok+fail > 0 {
-			out = append(out, EndpointState{Addr: e.addr.String(), OK: ok, Failed: fail, Avoided: slices.Contains(avoided, e.addr)})
+			out = append(out, EndpointCount{Addr: e.addr, OK: ok, Failed: fail, Avoided: slices.Contains(avoided, e.addr)})
 		}
 		return true
 	})
-	slices.SortFunc(out, func(a, b EndpointState) int { return strings.Compare(a.Addr, b.Addr) })
+	slices.SortFunc(out, func(a, b EndpointCount) int { return strings.Compare(a.Addr.String(), b.Addr.String()) })
 	return out
 }
 
 // totals returns the outcomes of all the target's endpoints in the window
 // ending now; known is false when no endpoint has been seen.
-func (t *endpoints) totals(now time.Time) (ok, fail int64, known bool) {
+func (t *Endpoints) totals(now time.Time) (ok, fail int64, known bool) {
 	if t.n.Load() == 0 {
 		return 0, 0, false
 	}
@@ -238,7 +246,7 @@ func (t *endpoints) totals(now time.Time) (ok, fail int64, known bool) {
 // servedRecently reports whether an endpoint of the target answered an
 // attempt with success in the newest two slots of its window (the last
 // one to two seconds); known is false while no endpoint has been seen.
-func (t *endpoints) servedRecently(now time.Time) (served, known bool) {
+func (t *Endpoints) servedRecently(now time.Time) (served, known bool) {
 	if t.n.Load() == 0 {
 		return false, false
 	}
@@ -258,7 +266,7 @@ const epFailedMemory = 10 * time.Second
 // failedLately appends to avoid the endpoints that failed an attempt
 // within epFailedMemory of now, and reports whether every endpoint the
 // table knows is in the result.
-func (t *endpoints) failedLately(avoid []net.Addr, now time.Time) (_ []net.Addr, all bool) {
+func (t *Endpoints) failedLately(avoid []net.Addr, now time.Time) (_ []net.Addr, all bool) {
 	all = true
 	t.m.Range(func(_, v any) bool {
 		e := v.(*endpoint)
@@ -275,16 +283,24 @@ func (t *endpoints) failedLately(avoid []net.Addr, now time.Time) (_ []net.Addr,
 	return avoid, all
 }
 
-// dead returns the endpoints that served nothing in the window ending now
-// (failures only).
-func (t *endpoints) dead(now time.Time) []net.Addr {
+// known returns the endpoints seen.
+func (t *Endpoints) known() []net.Addr {
 	var out []net.Addr
-	t.m.Range(func(_, v any) bool {
-		e := v.(*endpoint)
-		if ok, fail := e.counts(now); ok == 0 && fail > 0 {
-			out = append(out, e.addr)
-		}
+	t.m.Range(func(k, _ any) bool {
+		out = append(out, k.(net.Addr))
 		return true
 	})
 	return out
 }
+
+// countsOf returns the outcomes of the endpoint addr in the window ending
+// now (none for an endpoint not seen).
+func (t *Endpoints) countsOf(addr net.Addr, now time.Time) (ok, fail int64) {
+	if e, seen := t.m.Load(addr); seen {
+		return e.(*endpoint).counts(now)
+	}
+	return 0, 0
+}
+
+// seen returns how many endpoints the table holds.
+func (t *Endpoints) seen() int { return int(t.n.Load()) }

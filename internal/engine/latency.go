@@ -1,4 +1,4 @@
-package interceptor
+package engine
 
 import (
 	"sync/atomic"
@@ -7,7 +7,7 @@ import (
 	"github.com/stormguard/stormguard/internal/loghist"
 )
 
-// latency tracks one route's attempt latencies in a log-linear histogram
+// Latency tracks one route's attempt latencies in a log-linear histogram
 // (about 12% wide buckets from 1µs to hours) to choose an adaptive hedging
 // delay: the q-quantile of recent attempts, and at least hedgeFloor times
 // their median. An attempt only a little slower than most is about to
@@ -15,10 +15,15 @@ import (
 // same time and a few take far longer (a long tail), the quantile alone
 // falls among the ordinary ones and hedges them by the hundred for each
 // slow one it rescues; the floor keeps hedges to the attempts that are
-// slow for their method. It is lock-free: an observation
-// is two atomic adds; every recomputeEvery observations, one of them
-// recomputes the quantile. Counts are halved when they pass decayAt, so the
-// delay follows the latency of the last few thousand attempts.
+// slow for their method. The median is interpolated within its bucket (as
+// if the bucket's attempts were spread evenly over it), not taken at the
+// bucket's upper bound: that bound overstates the median, and so the
+// floor, by up to a bucket's width (12.5%), a delay that every slow
+// attempt's caller waits out in full, and makes the floor jump whenever
+// the median crosses a bucket's edge. See delayOf. It is lock-free: an
+// observation is two atomic adds; every recomputeEvery observations, one
+// of them recomputes the delay. Counts are halved when they pass decayAt,
+// so the delay follows the latency of the last few thousand attempts.
 //
 // An attempt cancelled because another attempt won is recorded at the time
 // it had run when it was cancelled: a lower bound of its latency. Quantiles
@@ -27,7 +32,9 @@ import (
 // attempts as "longer than anything" instead would make the quantile land
 // among them whenever hedges win more often than the budget ratio, and stop
 // hedging exactly when it helps.
-type latency struct {
+//
+// Make one with NewLatency; a Latency is safe for concurrent use.
+type Latency struct {
 	q       float64
 	buckets [numBuckets]atomic.Uint32
 	n       atomic.Uint32
@@ -46,8 +53,10 @@ const (
 
 var layout = loghist.Layout{K: 3, N: numBuckets}
 
-func newLatency(q float64) *latency {
-	l := &latency{q: q}
+// NewLatency returns the Latency of a route that hedges at the q-quantile
+// of its attempts.
+func NewLatency(q float64) *Latency {
+	l := &Latency{q: q}
 	l.delay.Store(-1)
 	return l
 }
@@ -59,14 +68,14 @@ func upperBound(i int) time.Duration { return layout.UpperBound(i) }
 
 // observe records an attempt that took d (or, if it was cancelled, had run
 // for d).
-func (l *latency) observe(d time.Duration) {
+func (l *Latency) observe(d time.Duration) {
 	l.buckets[bucketOf(d)].Add(1)
 	if n := l.n.Add(1); n >= warmup && n%recomputeEvery == 0 {
 		l.recompute()
 	}
 }
 
-func (l *latency) recompute() {
+func (l *Latency) recompute() {
 	var counts [numBuckets]uint32
 	var total uint64
 	for i := range l.buckets {
@@ -76,14 +85,7 @@ func (l *latency) recompute() {
 	if total == 0 {
 		return
 	}
-	d := int64(-1)
-	if i, ok := loghist.Quantile(counts[:], total, l.q); ok {
-		d = int64(upperBound(i))
-		if m, ok := loghist.Quantile(counts[:], total, 0.5); ok {
-			d = max(d, hedgeFloor*int64(upperBound(m)))
-		}
-	}
-	l.delay.Store(d)
+	l.delay.Store(delayOf(&counts, total, l.q))
 	if total > decayAt {
 		for i := range l.buckets {
 			l.buckets[i].Store(l.buckets[i].Load() / 2)
@@ -91,9 +93,40 @@ func (l *latency) recompute() {
 	}
 }
 
+// delayOf returns the hedging delay in ns for counts, which hold total
+// observations: the upper bound of the q-quantile's bucket, and at least
+// hedgeFloor times the median, interpolated within its bucket; -1 if
+// counts hold fewer than total. It is cheap: two passes over the buckets,
+// no sorting.
+func delayOf(counts *[numBuckets]uint32, total uint64, q float64) int64 {
+	i, ok := loghist.Quantile(counts[:], total, q)
+	if !ok {
+		return -1
+	}
+	d := int64(upperBound(i))
+	// The median: the rank total/2 among the attempts of its bucket m,
+	// spread evenly between the bucket's bounds.
+	rank := total / 2
+	var below uint64 // the attempts in the buckets before m
+	for m, c := range counts {
+		if below+uint64(c) <= rank {
+			below += uint64(c)
+			continue
+		}
+		lo := int64(0)
+		if m > 0 {
+			lo = int64(upperBound(m - 1))
+		}
+		width := int64(upperBound(m)) - lo
+		median := lo + int64(float64(width)*float64(rank-below)/float64(c))
+		return max(d, hedgeFloor*median)
+	}
+	return d
+}
+
 // hedgeDelay returns the adaptive delay, or false while there is not enough
 // data.
-func (l *latency) hedgeDelay() (time.Duration, bool) {
+func (l *Latency) hedgeDelay() (time.Duration, bool) {
 	d := l.delay.Load()
 	return time.Duration(d), d >= 0
 }

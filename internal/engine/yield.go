@@ -1,18 +1,13 @@
-package interceptor
+package engine
 
 import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
-
 	"github.com/stormguard/stormguard/internal/window"
-	"github.com/stormguard/stormguard/semconv"
 )
 
-// yield is what a Client knows of one target's load: whether its answers
+// Yield is what a client knows of one target's load: whether its answers
 // lately said it is overloaded, and how many of the calls whose attempts
 // a hedge or a per-attempt timeout watches ran past that delay. Hedges,
 // and the retries a per-attempt timeout sends beside a slow attempt,
@@ -23,8 +18,9 @@ import (
 // first. They come back as the signals clear: yieldHold after the last
 // overload signal, once fewer than half of the recent calls run late.
 //
-// The zero yield is ready to use; a yield is safe for concurrent use.
-type yield struct {
+// Make one with NewYield; a nil *Yield yields to nothing. A Yield is safe
+// for concurrent use.
+type Yield struct {
 	signal atomic.Int64 // UnixNano of the last overload signal; 0: none
 	calls  *window.Counter
 }
@@ -42,45 +38,30 @@ const (
 	yieldMinCalls = 4
 )
 
-// Kinds counted in yield.calls.
+// Kinds counted in Yield.calls.
 const (
 	yieldWatched = iota // calls whose first attempt a hedge or per-attempt timer watched
 	yieldLate           // ... whose timer fired: the attempt ran past the delay
 )
 
-func newYield() *yield { return &yield{calls: window.New(yieldSlots, 2, yieldSlot)} }
+// NewYield returns the Yield of a target that has said nothing yet.
+func NewYield() *Yield { return &Yield{calls: window.New(yieldSlots, 2, yieldSlot)} }
 
-// overloaded records, from a failed attempt's status and trailer at now,
-// whether the target said it is overloaded: a pushback (any
-// grpc-retry-pushback-ms, or a google.rpc.RetryInfo), or
+// overloaded records, from a failed attempt's outcome, whether the target
+// said it is overloaded: a pushback (any), a RetryInfo (any), or
 // RESOURCE_EXHAUSTED. A stormguard server's shed, refusal on arrival and
 // retry-budget refusal all carry a pushback.
-func (y *yield) overloaded(now time.Time, err error, tr metadata.MD) {
+func (y *Yield) overloaded(o *Outcome) {
 	if y == nil {
 		return
 	}
-	if len(tr[semconv.PushbackKey]) > 0 || status.Code(err) == codes.ResourceExhausted || hasRetryInfo(err) {
-		y.signal.Store(now.UnixNano())
+	if o.Pushback.Sent || o.RetryInfo.Sent || o.Code == ResourceExhausted {
+		y.signal.Store(o.At.UnixNano())
 	}
-}
-
-// hasRetryInfo reports whether err's status carries a google.rpc.RetryInfo
-// (without decoding it).
-func hasRetryInfo(err error) bool {
-	st, ok := status.FromError(err)
-	if !ok {
-		return false
-	}
-	for _, d := range st.Proto().GetDetails() {
-		if d.GetTypeUrl() == retryInfoTypeURL {
-			return true
-		}
-	}
-	return false
 }
 
 // watched counts, at now, a call whose first attempt a timer watches.
-func (y *yield) watched(now time.Time) {
+func (y *Yield) watched(now time.Time) {
 	if y != nil {
 		y.calls.Add(now.UnixNano(), yieldWatched, 1)
 	}
@@ -88,7 +69,7 @@ func (y *yield) watched(now time.Time) {
 
 // late counts, at now, a watched call whose first attempt ran past the
 // delay.
-func (y *yield) late(now time.Time) {
+func (y *Yield) late(now time.Time) {
 	if y != nil {
 		y.calls.Add(now.UnixNano(), yieldLate, 1)
 	}
@@ -97,7 +78,7 @@ func (y *yield) late(now time.Time) {
 // yields reports whether hedges and per-attempt-timeout retries to the
 // target yield at now: an overload signal came within yieldHold, or more
 // than half of at least yieldMinCalls recent watched calls ran late.
-func (y *yield) yields(now time.Time) bool {
+func (y *Yield) yields(now time.Time) bool {
 	if y == nil {
 		return false
 	}
