@@ -446,3 +446,41 @@ func TestStepBudgetDry(t *testing.T) {
 		}
 	})
 }
+
+// resolved is a channel's resolver that gave n endpoints.
+type resolved int
+
+func (n resolved) Endpoints() int { return int(n) }
+
+// TestStepUnheardEndpointsArePaidFor: a failure on the one endpoint a
+// channel has heard from, while others it was given have not answered,
+// is retried away from it, but as an ordinary retry the budget pays for,
+// not as a free fail-over: a fleet of fresh or quiet clients whose target
+// fails everywhere would otherwise retry each client's first failures
+// for free.
+func TestStepUnheardEndpointsArePaidFor(t *testing.T) {
+	h := &host{}
+	for _, tc := range []struct {
+		name   string
+		budget *budget.Budget
+		want   Next
+	}{
+		{"a budget that pays", nil, Again},
+		{"a drained budget", drained(t0), Done},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRoute(Config{})
+			r.Budget = tc.budget
+			c := begin(r, t0)
+			c.Resolved = resolved(3)
+			a := open(t, c, First, t0)
+			v := c.Step(h, a, &Outcome{Code: Unavailable, Endpoint: epA, At: t0.Add(ms)}, 0)
+			if v.Next != tc.want || v.Failover {
+				t.Fatalf("failure on A, B and C unheard: %+v, want %v and no fail-over", v, tc.want)
+			}
+			if got := c.Avoid(); len(got) != 1 || got[0] != epA {
+				t.Errorf("the retry avoids %v, want [A]", got)
+			}
+		})
+	}
+}

@@ -124,6 +124,14 @@ func (r Reason) settles() bool {
 // (the transport has no other endpoint ready), it fails over to nothing:
 // the budget pays for it at the pick, or it is not sent (see Pick), and
 // attempts avoid nothing for a while.
+//
+// When endpoints the channel was given have not answered yet (a fresh
+// channel whose first picks went to o's endpoint; a quiet client that
+// has met few of them), the retry avoids o's endpoint too, but as an
+// ordinary retry, which the budget pays for: nothing says that endpoint
+// fails while the others serve, and a fleet whose target fails
+// everywhere must not have each client's first failures retried for
+// free (a client's budget lends for its first failures).
 func (c *Call) failOver(o *Outcome) {
 	if c.pay == payFailover || c.pay == payCredit {
 		c.pay = payBudget
@@ -136,14 +144,14 @@ func (c *Call) failOver(o *Outcome) {
 	if p != nil && !slices.Contains(c.avoid, p) {
 		c.avoid = eps.judge(now) // this failure may make it one
 	}
-	if p != nil && !slices.Contains(c.avoid, p) && c.unheard() {
-		// Endpoints the channel was given have not answered yet (a fresh
-		// channel whose first picks went to p): the retry fails over to
-		// one of them, avoiding p, or, with nowhere else to go, is paid.
+	switch {
+	case p == nil:
+	case slices.Contains(c.avoid, p):
+		if c.pay == payBudget {
+			c.pay = payFailover
+		}
+	case c.unheard():
 		c.avoid = append(slices.Clip(c.avoid), p)
-	}
-	if p != nil && slices.Contains(c.avoid, p) && c.pay == payBudget {
-		c.pay = payFailover
 	}
 }
 

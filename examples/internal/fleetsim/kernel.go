@@ -258,7 +258,17 @@ func (s *sim) arrive(now int64, client, k int) {
 
 // send sends the call's next attempt at now.
 func (s *sim) send(c *Call, now int64) {
-	b := s.clients[c.Client].Pick(c, s.at(now), len(s.backends))
+	b, ok := s.clients[c.Client].Pick(c, s.at(now), len(s.backends))
+	if !ok {
+		if c.Attempts == 0 {
+			s.m.refusedFirst++
+			s.end(c, now, Unavailable)
+		} else {
+			s.m.refusedRetry++
+			s.end(c, now, c.last)
+		}
+		return
+	}
 	c.Attempts++
 	c.backend, c.sent, c.inflight, c.svr = b, now, true, false
 	s.m.sent(c, now)
@@ -504,6 +514,7 @@ func (s *sim) onReply(c *Call, now int64, o Outcome) {
 	case !v.Retry || c.Attempts >= s.maxAttempts || now+int64(v.Delay) >= c.dl:
 		s.end(c, now, o.Code)
 	case v.Delay <= 0:
+		c.last = o.Code
 		s.retryDue(c, now)
 	default:
 		c.last = o.Code

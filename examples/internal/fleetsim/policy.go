@@ -4,7 +4,7 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/stormguard/stormguard/breaker"
+	"github.com/stormguard/stormguard/internal/engine"
 	"github.com/stormguard/stormguard/overload"
 )
 
@@ -62,7 +62,8 @@ type Call struct {
 	Attempts int // attempts sent so far (the first included)
 
 	// Per-call state of the policies.
-	ticket   breaker.Ticket // the suite: the in-flight attempt's breaker ticket
+	eng      engine.Call    // the suite: the call in its engine
+	att      engine.Attempt // the suite: the latest attempt in its engine
 	tokens   int            // AWS: the retry quota tokens the in-flight retry holds
 	active   bool           // Envoy: a retry of this call counts as active
 	backoffN int            // retries since the last pushback (backoff growth)
@@ -98,8 +99,10 @@ type Client interface {
 	// Begin is asked before a call's first attempt, at now: false refuses
 	// the call locally (it fails, UNAVAILABLE, nothing sent).
 	Begin(c *Call, now time.Time) bool
-	// Pick returns the backend (0 to m−1) the next attempt goes to.
-	Pick(c *Call, now time.Time, m int) int
+	// Pick returns the backend (0 to m−1) the next attempt goes to, and
+	// whether it is sent there: false refuses it at its pick (nothing
+	// sent; the call fails as when Begin or Send refuse).
+	Pick(c *Call, now time.Time, m int) (b int, ok bool)
 	// Settle is told, at now, how the call's latest attempt ended, and
 	// decides whether to retry (never asked to after c.Attempts reached a
 	// limit the kernel knows nothing of: the policy counts).
