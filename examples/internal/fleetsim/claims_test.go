@@ -71,8 +71,10 @@ func carried(cfg *Config, sum *float64) {
 // that calls every 2 s, whose breaker never sees enough attempts to open,
 // would spend its banked credit on retries that dry servers refuse: after
 // a dry answer its retry avoids every backend that failed one of its
-// attempts in the last 10 s, and is not sent when none is left (see
-// suiteClient.dryEverywhere).
+// attempts in the last 10 s, and is not sent when none is left (the
+// engine's step: Outcome.BudgetDry). And a quiet client's retry that
+// avoids the backend it failed on only because it has not heard from the
+// others is paid for by its budget, not a free fail-over.
 func TestFleetBoundAtScale(t *testing.T) {
 	n := claimClients()
 	for _, r := range []float64{1, 0.5, 0.1} {

@@ -162,6 +162,8 @@ type Env struct {
 	Base     time.Time
 	Backends int
 	Clients  int
+
+	suite *suiteRun // what the run's suite clients share (made by the first)
 }
 
 // At returns the time d after the run's start.

@@ -28,7 +28,6 @@ type suiteClient struct {
 // Config (one per interceptor.Client: each client of the fleet is one),
 // the backends' addresses and what the channel's resolver gives.
 type suiteRun struct {
-	env   *Env
 	cfg   engine.Config
 	addrs []net.Addr
 }
@@ -38,7 +37,7 @@ type suiteRun struct {
 func (r *suiteRun) Endpoints() int { return len(r.addrs) }
 
 func newSuiteRun(e *Env) *suiteRun {
-	r := &suiteRun{env: e, cfg: engine.Config{Failures: engine.DefaultFailures,
+	r := &suiteRun{cfg: engine.Config{Failures: engine.DefaultFailures,
 		Jitter: func(n int64) int64 { return e.Rand.Int64N(n) }}}
 	for b := range max(e.Backends, 1) {
 		r.addrs = append(r.addrs, net.TCPAddrFromAddrPort(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(b >> 8), byte(b)}), 443)))
@@ -73,11 +72,12 @@ func PolicySuiteWith(o SuiteOptions) *ClientPolicy {
 		rule.BackoffMax = max(o.BackoffMax, rule.BackoffBase)
 	}
 	rule.MaxHedges = rule.MaxAttempts - 1 // as the interceptor's ruleOf sets it; no hedging
-	var run *suiteRun
 	return &ClientPolicy{Key: "suite", Name: "stormguard defaults", MaxAttempts: rule.MaxAttempts, MarksRetries: true,
 		New: func(e *Env, _ int) Client {
-			if run == nil || run.env != e {
+			run := e.suite
+			if run == nil {
 				run = newSuiteRun(e)
+				e.suite = run
 			}
 			var bc breaker.Config
 			breakerrand.Set(&bc, e.Rand.Float64)
