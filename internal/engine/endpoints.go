@@ -147,19 +147,21 @@ func (t *Endpoints) Record(addr net.Addr, failed bool, now time.Time) {
 	if addr == nil {
 		return
 	}
-	e, ok := t.m.Load(addr)
-	if !ok {
-		if e, ok = t.add(addr, now); !ok {
+	e := t.lookup(addr)
+	if e == nil {
+		v, ok := t.add(addr, now)
+		if !ok {
 			return
 		}
+		e = v.(*endpoint)
 	}
 	kind := epOK
 	if failed {
 		kind = epFail
 	}
-	e.(*endpoint).w.Add(now.UnixNano(), kind, 1)
+	e.w.Add(now.UnixNano(), kind, 1)
 	if failed {
-		e.(*endpoint).lastFail.Store(now.UnixNano())
+		e.lastFail.Store(now.UnixNano())
 		if now.UnixNano() > t.lastFail.Load() {
 			t.lastFail.Store(now.UnixNano())
 		}
@@ -176,6 +178,27 @@ func (t *Endpoints) Record(addr net.Addr, failed bool, now time.Time) {
 // counts returns the outcomes in the window ending at now.
 func (e *endpoint) counts(now time.Time) (ok, fail int64) {
 	return e.w.Counts(now.UnixNano())
+}
+
+// epScan is how many endpoints a table holds at most for lookup to walk
+// them rather than ask the map (the same equality: an address is its
+// connection's, compared as an interface).
+const epScan = 8
+
+// lookup returns the endpoint addr, or nil when the table has none.
+func (t *Endpoints) lookup(addr net.Addr) *endpoint {
+	if l := t.endpoints(); len(l) <= epScan {
+		for _, e := range l {
+			if e.addr == addr {
+				return e
+			}
+		}
+		return nil
+	}
+	if e, ok := t.m.Load(addr); ok {
+		return e.(*endpoint)
+	}
+	return nil
 }
 
 // add adds the endpoint addr to the table at now (once: concurrent adds
