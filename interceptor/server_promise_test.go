@@ -210,11 +210,19 @@ func TestDryEndpointFailsOver(t *testing.T) {
 		r.InitialState(resolver.State{Addresses: addrs})
 		guard := interceptor.NewClient(append(noopProviders(), fast)...)
 		defer guard.Close()
-		cc, err := grpc.NewClient(r.Scheme()+":///backends", append(guard.DialOptions(),
-			grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(r), dialer,
+		// The resolver goes to DialOptions, which reads the endpoints it
+		// gives: a channel whose first calls all went to one backend (the
+		// other's connection not yet ready) still knows the other is there.
+		cc, err := grpc.NewClient(r.Scheme()+":///backends", append(guard.DialOptions(r),
+			grpc.WithTransportCredentials(insecure.NewCredentials()), dialer,
 			grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))...)
 		require.NoError(t, err)
 		defer cc.Close()
+		// Both connections ready before the first call: round robin then
+		// alternates, and some Put's first attempt meets the dry backend
+		// (a Put that does not moves the next one's pick on by one).
+		cc.Connect()
+		synctest.Wait()
 		echo := echov1.NewEchoServiceClient(cc)
 		failedOver := 0
 		for i := range 4 {

@@ -436,6 +436,25 @@ func TestStepBudgetDry(t *testing.T) {
 		}
 	})
 
+	t.Run("an endpoint not heard from yet is somewhere to go", func(t *testing.T) {
+		r := newRoute(Config{})
+		c := begin(r, t0)
+		c.Resolved = resolved(2) // A answered; B, which the channel was given, has not
+		a := open(t, c, First, t0)
+		v := fail(c, a, t0, epA, true)
+		if v.Next != Again {
+			t.Fatalf("dry on A, B unheard: %+v, want Again", v)
+		}
+		if got := c.Avoid(); len(got) != 1 || got[0] != epA {
+			t.Errorf("the retry avoids %v, want [A]", got)
+		}
+		c = begin(r, t0)
+		a = open(t, c, First, t0)
+		if v := fail(c, a, t0, epA, true); v.Next != Done || v.Reason != ReasonBudget {
+			t.Fatalf("dry on A, the channel's endpoints not known: %+v, want Done for budget", v)
+		}
+	})
+
 	t.Run("shadow mode sends it", func(t *testing.T) {
 		r := newRoute(Config{Shadow: true})
 		r.Endpoints.Record(epB, true, t0)

@@ -162,8 +162,9 @@ func (c *Call) failOver(o *Outcome) {
 // likely dry too; see Endpoints.failedLately), and is paid from the
 // budget's credit alone (payCredit: a client's start-up loan is for a
 // failure the fleet's servers have not paid for yet, and these have). It
-// reports whether that leaves no endpoint the target's table knows: then
-// the retry is not sent. With NoFailover the retry picks as any attempt
+// reports whether that leaves no endpoint to go to (none the target's
+// table knows, and none the channel was given that has not answered yet):
+// then the retry is not sent. With NoFailover the retry picks as any attempt
 // does. A fail-over stays one: it goes to an endpoint that serves, and
 // is free.
 func (c *Call) dryEverywhere(o *Outcome) bool {
@@ -178,7 +179,7 @@ func (c *Call) dryEverywhere(o *Outcome) bool {
 	if c.pay == payBudget {
 		c.pay = payCredit
 	}
-	return all
+	return all && !c.unheard()
 }
 
 // backoff returns the next exponential backoff with jitter: a random time
