@@ -159,6 +159,13 @@ type Budget struct {
 	// clients it saw lately (see limit); 0 otherwise.
 	fleet int64
 
+	// promised counts the retries a Method promised (see
+	// Method.PromiseAt), withdrawn when promised and not yet taken by a
+	// retry, by the second of the Budget's time they were promised in:
+	// promised[i] for second promisedSec[i].
+	promised    [2]int64
+	promisedSec [2]int64
+
 	// short counts the deposits of the last ShortWindow; judge the
 	// deposits and the withdrawals asked for of the last JudgeWindow. Both
 	// are made by setup. The deposits and asks of the current slot (that
@@ -287,6 +294,61 @@ func (b *Budget) withdrawFor(t, fleet int64) bool {
 	b.settle(ok)
 	b.mu.Unlock()
 	return ok
+}
+
+// PeekNoNewLoanAt is PeekAt for a retry the Budget is not to start a
+// loan for: it reports whether the credit pays for one at now, or a loan
+// already under way (lent within LendFor of its start) does; a false
+// answer counts as the refused withdrawal it stands for. The suite's
+// client asks it when the server said its own retry budget could not pay
+// for the retry: the start-up loan is for a failure the fleet has not yet
+// paid for, and the fleet's server, which sees every client, knows when it
+// has (a quiet client's first failed call may come long after the
+// fleet's). A nil *Budget always returns true.
+func (b *Budget) PeekNoNewLoanAt(now time.Time) bool {
+	if b == nil {
+		return true
+	}
+	t := b.rel(offset(now))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t = b.advance(t)
+	if b.grantableNoNewLoan(t) {
+		return true
+	}
+	b.ask++ // asked for in the current slot
+	b.refused++
+	return false
+}
+
+// WithdrawNoNewLoanAt is WithdrawAt for a retry the Budget is not to
+// start a loan for (see PeekNoNewLoanAt): granted from the credit, or lent
+// by a loan already under way. A nil *Budget always returns true.
+func (b *Budget) WithdrawNoNewLoanAt(now time.Time) bool {
+	if b == nil {
+		return true
+	}
+	t := b.rel(offset(now))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t = b.advance(t)
+	ok := b.grantableNoNewLoan(t)
+	b.ask++ // asked for in the current slot
+	b.settle(ok)
+	return ok
+}
+
+// grantableNoNewLoan is grantable for a withdrawal that may not start a
+// loan: the credit pays for it, or the Budget is lending within LendFor of
+// a loan's start. b.mu must be held.
+func (b *Budget) grantableNoNewLoan(t int64) bool {
+	if b.credit >= unit {
+		return true
+	}
+	if !b.lending || !b.started || t-b.began >= int64(LendFor) {
+		return false
+	}
+	return b.grantable(t)
 }
 
 // Hedge asks for one hedge and reports whether it may be sent. It is

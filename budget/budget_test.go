@@ -587,3 +587,47 @@ func TestRefusedHedgesAreNotDemand(t *testing.T) {
 		t.Fatalf("lending again at %v without hedges, at %v with %d refused: want the same time", quiet, asking, refused)
 	}
 }
+
+// A withdrawal that may not start a loan (the server said its budget
+// could not pay: WithdrawNoNewLoanAt) is granted from the credit, and lent
+// only by a loan already under way: a quiet client whose first failure
+// comes when the fleet's server is dry borrows nothing; one whose loan
+// began with its first failures goes on borrowing until LendFor ends.
+func TestNoNewLoan(t *testing.T) {
+	quiet := newClocked(budget.Config{})
+	quiet.deposit(1) // a tenth of a retry of credit
+	if quiet.PeekNoNewLoanAt(quiet.now()) || quiet.WithdrawNoNewLoanAt(quiet.now()) {
+		t.Fatal("a loan started for a retry the server's budget could not pay for")
+	}
+	if !quiet.WithdrawAt(quiet.now()) {
+		t.Fatal("without the server's word, the start-up loan is lent")
+	}
+	if s := quiet.stats(); s.Refused != 2 || s.Granted != 1 {
+		t.Fatalf("%+v: want the two refusals counted, one retry lent", s)
+	}
+	// Its loan is under way: a withdrawal that may not start one is lent
+	// from it, until LendFor from its start.
+	if !quiet.PeekNoNewLoanAt(quiet.now()) || !quiet.WithdrawNoNewLoanAt(quiet.now()) {
+		t.Fatal("a loan under way refused")
+	}
+	quiet.at += budget.LendFor
+	if quiet.WithdrawNoNewLoanAt(quiet.now()) {
+		t.Fatal("lent after LendFor")
+	}
+
+	banked := newClocked(budget.Config{})
+	banked.deposit(20) // two retries of credit
+	if banked.withdrawNoNewLoan(3) != 2 {
+		t.Fatal("want the credit (2 retries) granted, nothing lent")
+	}
+}
+
+func (c *clocked) withdrawNoNewLoan(n int) int {
+	got := 0
+	for range n {
+		if c.WithdrawNoNewLoanAt(c.now()) {
+			got++
+		}
+	}
+	return got
+}

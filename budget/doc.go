@@ -90,6 +90,17 @@
 //	}
 //	err := run()
 //	m.DoneAt(time.Now(), failedTheCaller(err))
+//	if failedTheCaller(err) && !m.PromiseAt(time.Now(), isRetry) {
+//		// say the budget is dry: the caller's Budget starts no loan for a
+//		// retry (PeekNoNewLoanAt, WithdrawNoNewLoanAt)
+//	}
+//
+// A Method's PromiseAt, asked when a call fails, tells its caller whether
+// a retry would be admitted, so that a retry the Method would refuse is
+// not sent on a loan: a fleet of quiet clients, whose own first failures
+// (and start-up loans) come long after the fleet's, then sends about what
+// the Method admits. While the method fails, a first attempt's retry it
+// can pay for is withdrawn then, and held for the retry that comes.
 //
 // # Time
 //

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/stormguard/stormguard/internal/satmath"
 	"github.com/stormguard/stormguard/internal/window"
 )
 
@@ -117,7 +118,7 @@ func (m *Method) AdmitAt(now time.Time, retry bool, client uint64) bool {
 	if !m.failing(t) {
 		return true
 	}
-	return m.b.withdrawForFleet(now, m.clients.estimate(t))
+	return m.b.takePromised(now) || m.b.withdrawForFleet(now, m.clients.estimate(t))
 }
 
 // DoneAt records how an attempt of the method ended at now: failed says
@@ -180,6 +181,108 @@ func (b *Budget) withdrawForFleet(now time.Time, clients int64) bool {
 		return true
 	}
 	return b.withdrawFor(b.rel(offset(now)), clients)
+}
+
+// PromiseAt is asked when an attempt of the method that AdmitAt admitted
+// has failed at now (after its DoneAt), retry saying whether it was a
+// retry or hedge, and reports whether the Method would admit a retry of
+// it: the answer to give its caller, who should not send a retry the
+// Method would refuse. While the method does not fail it returns true
+// and takes nothing (a retry is admitted then as any retry is).
+//
+// While it fails, a first attempt's retry is withdrawn from the Budget
+// now, as AdmitAt would withdraw it (lent as AdmitAt lends), and if the
+// Budget pays, the retry is promised: the next retry AdmitAt sees while
+// the method fails takes the first promise still held instead of
+// withdrawing again (retries are not told apart: a promise is the
+// fleet's, as the credit is). A promise not taken by the end of the
+// second after the one it was made in lapses, and the credit withdrawn
+// for it is given back (up to the most the Budget banks). A retry's
+// failure is not promised another (the server cannot tell whether its
+// caller has attempts left, and a promise its caller does not take would
+// hold credit others need): the answer is whether the Budget could pay
+// for one now, and a retry that comes is charged when it arrives.
+//
+// A false answer counts as the refused withdrawal it stands for. A nil
+// *Method returns true.
+func (m *Method) PromiseAt(now time.Time, retry bool) bool {
+	if m == nil {
+		return true
+	}
+	m.once.Do(m.setup)
+	t := m.at(now)
+	if !m.failing(t) {
+		return true
+	}
+	return m.b.promiseForFleet(now, m.clients.estimate(t), !retry)
+}
+
+// promiseForFleet is withdrawForFleet for a retry a Method promises (see
+// Method.PromiseAt): granted, it is held for the retry to come; or, if
+// not hold, only asked about (a refusal is counted, a grant takes
+// nothing).
+func (b *Budget) promiseForFleet(now time.Time, clients int64, hold bool) bool {
+	if b == nil {
+		return true
+	}
+	t := b.rel(offset(now))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t = b.advance(t)
+	b.fleet = clients
+	ok := b.grantable(t)
+	b.fleet = 0
+	switch {
+	case !ok:
+		b.ask++ // asked for in the current slot
+		b.refused++
+	case hold:
+		b.ask++
+		b.settle(true)
+		sec := b.lapsePromises(t)
+		b.promised[sec&1]++
+	}
+	return ok
+}
+
+// takePromised takes a retry a Method promised and reports whether there
+// was one: the oldest promise still held pays for the retry arriving at
+// now.
+func (b *Budget) takePromised(now time.Time) bool {
+	if b == nil {
+		return false
+	}
+	t := b.rel(offset(now))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.promised[0] == 0 && b.promised[1] == 0 {
+		return false
+	}
+	sec := b.lapsePromises(b.advance(t))
+	for _, s := range [2]int64{sec - 1, sec} {
+		if i := s & 1; b.promisedSec[i] == s && b.promised[i] > 0 {
+			b.promised[i]--
+			return true
+		}
+	}
+	return false
+}
+
+// lapsePromises ends the promises made before the second before t's,
+// giving their credit back (up to MaxCredit, as a deposit's), readies
+// the slot of t's second, and returns that second. b.mu must be held.
+func (b *Budget) lapsePromises(t int64) int64 {
+	sec := t / int64(time.Second)
+	for i := range b.promisedSec {
+		if b.promisedSec[i] < sec-1 {
+			if n := b.promised[i]; n > 0 {
+				b.credit = min(b.credit+satmath.Mul(n, unit), MaxCredit*unit)
+				b.promised[i] = 0
+			}
+		}
+	}
+	b.promisedSec[sec&1] = sec
+	return sec
 }
 
 // clientSketch estimates how many distinct clients were seen in the

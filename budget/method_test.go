@@ -180,3 +180,68 @@ func TestMethodLendsAsTheFleetsBudgetsWould(t *testing.T) {
 		}
 	}
 }
+
+// A method's server asks PromiseAt when it answers a failure: while the
+// method serves, a retry is admitted for nothing, and nothing is taken.
+// While it fails, the retry is withdrawn when promised, and the next
+// retry takes the promise even when the budget has nothing left: the
+// retries it promised are the ones it admits, and a false answer stands
+// for the retry it would refuse.
+func TestMethodPromisesTheRetriesItWouldAdmit(t *testing.T) {
+	b := budget.New(budget.Config{Burst: -1})
+	m := &methodAt{Method: budget.NewMethod(b)}
+	m.calls(100, false)
+	if !m.PromiseAt(m.now(), false) {
+		t.Fatal("a method that serves refused to promise a retry")
+	}
+	if st := b.StatsAt(m.now()); st.Granted != 0 || st.Refused != 0 {
+		t.Fatalf("a promise while the method serves took something: %+v", st)
+	}
+	m.at += 5 * time.Second
+	m.calls(20, true) // 20 first attempts: 2 retries of credit (the most banked), and 2 of loan (10% of them)
+	if !m.FailingAt(m.now()) {
+		t.Fatal("a method that failed every call lately does not fail")
+	}
+	promised := 0
+	for range 20 {
+		if m.PromiseAt(m.now(), false) {
+			promised++
+		}
+	}
+	if promised != budget.MaxCredit+2 {
+		t.Fatalf("promised %d retries on %d of credit and 2 of loan", promised, budget.MaxCredit)
+	}
+	if got := m.retries(promised); got != promised {
+		t.Fatalf("admitted %d of the %d promised retries", got, promised)
+	}
+	if m.retries(1) != 0 {
+		t.Fatal("a retry beyond the promises was admitted from a spent budget")
+	}
+	if st := b.StatsAt(m.now()); st.Granted != uint64(promised) || st.Refused != uint64(20-promised+1) {
+		t.Fatalf("%+v: want the promises granted once, the rest refused", st)
+	}
+}
+
+// A promise not taken (its caller did not retry: its own budget refused,
+// it left) lapses by the end of the second after the one it was made in,
+// and the credit withdrawn for it is given back.
+func TestMethodPromiseLapses(t *testing.T) {
+	b := budget.New(budget.Config{Burst: -1})
+	m := &methodAt{Method: budget.NewMethod(b)}
+	m.calls(20, true) // 2 retries of credit, 2 of loan
+	promised := 0
+	for m.PromiseAt(m.now(), false) {
+		promised++
+	}
+	if st := b.StatsAt(m.now()); promised != 4 || st.Credit != -2 || st.Lending {
+		t.Fatalf("%d promises, %+v; want 4, the loan (2) spent, lending stopped", promised, st)
+	}
+	m.at += 2 * time.Second
+	m.calls(10, true) // keeps the method failing; repays 1 of the loan
+	if m.retries(1) != 1 {
+		t.Fatal("a retry two seconds on was refused: the lapsed promises' credit was not given back")
+	}
+	if st := b.StatsAt(m.now()); st.Credit != budget.MaxCredit-1 {
+		t.Fatalf("credit %v after the lapse and one retry, want %d", st.Credit, budget.MaxCredit-1)
+	}
+}

@@ -7,7 +7,6 @@ import (
 	"weak"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/resolver"
 
 	"github.com/stormguard/stormguard/breaker"
@@ -139,8 +138,8 @@ func NewClient(opts ...ClientOption) *Client {
 		}
 	}
 	c.dl = deadline.NewClient(o.deadlineCfg)
-	c.retryable = resolveCodes(o.retryable, idempotency.Codes(codes.Unavailable))
-	c.failures = resolveCodes(o.failures, idempotency.Codes(codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Internal))
+	c.retryable = resolveCodes(o.retryable, idempotency.CodeSet(engine.DefaultRetryable))
+	c.failures = resolveCodes(o.failures, idempotency.CodeSet(engine.DefaultFailures))
 	c.engine = engine.Config{Shadow: o.shadow, NoFailover: o.noFailover, MinRemaining: max(o.deadlineCfg.MinRemaining, 0),
 		Failures: engine.CodeSet(c.failures)}
 	c.tel = newTelemetry(&c.o, c)

@@ -126,7 +126,15 @@
 // grpc-retry-pushback-ms: -1 when its handler failed because a call it
 // made was refused a retry for a reason that propagates (budget, breaker,
 // pushback, throttle, attempts exhausted): only the layer next to the
-// failure retries. A unary call meets them in
+// failure retries. When a call fails while the method's retry budget
+// could not pay for a retry of it, the Server says so in the trailers
+// (stormguard-budget-dry: 1). The trailer speaks for the endpoint that
+// answered: the suite's Client sends that call's retry neither to it nor
+// to any endpoint that failed an attempt in the last 10 s, not at all if
+// that leaves none, and otherwise pays it from its budget's credit only,
+// starting no loan (other clients are not told: their retries are refused
+// before the handler, as ever).
+// A unary call meets them in
 // that order: a retry of a write that already completed is answered from
 // the dedupe store before the overload protection, which neither refuses
 // it nor learns from it. Every call the Server refuses before its handler

@@ -123,6 +123,7 @@ func (c *call) outcome(o *engine.Outcome, a *attempt, err error, tr metadata.MD)
 	o.CallerLeft = c.ctx.Err() != nil
 	o.TimedOut = a.pt != nil && a.pt.state.Load() == ptCut
 	o.Pushback = pushbackOf(tr)
+	o.BudgetDry = budgetDry(tr)
 	o.RetryInfo = retryInfoOf(err)
 }
 

@@ -15,14 +15,15 @@ import (
 	"github.com/stormguard/stormguard/deadline"
 	"github.com/stormguard/stormguard/idempotency"
 	"github.com/stormguard/stormguard/internal/clock"
+	"github.com/stormguard/stormguard/internal/engine"
 	"github.com/stormguard/stormguard/internal/limits"
 )
 
 // The defaults of RetryPolicy.
 const (
-	defaultMaxAttempts = 3
-	defaultBackoffBase = 50 * time.Millisecond
-	defaultBackoffMax  = time.Second
+	defaultMaxAttempts = engine.DefaultMaxAttempts
+	defaultBackoffBase = engine.DefaultBackoffBase
+	defaultBackoffMax  = engine.DefaultBackoffMax
 	defaultReplayLimit = 256 << 10
 )
 

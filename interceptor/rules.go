@@ -35,6 +35,13 @@ func pushbackOf(tr metadata.MD) engine.Delay {
 	return engine.Delay{After: d, Set: has, Stop: stop, Sent: len(tr[semconv.PushbackKey]) > 0}
 }
 
+// budgetDry reports whether trailer tr says the server's retry budget
+// could not pay for a retry (semconv.BudgetDryKey).
+func budgetDry(tr metadata.MD) bool {
+	vs := tr[semconv.BudgetDryKey]
+	return len(vs) == 1 && vs[0] == "1"
+}
+
 // parsePushback reads grpc-retry-pushback-ms from trailers: has is true for
 // one value from 0 to MaxPushback (the delay); stop is true for a negative,
 // malformed or larger value, or several values.

@@ -68,8 +68,10 @@ func NewServer(opts ...ServerOption) *Server {
 
 // refusalMarker is put in every handler's context by the Server; a Client
 // call made from that handler sets it when it refuses a retry (budget,
-// breaker, pushback, attempts exhausted).
-type refusalMarker struct{ set atomic.Bool }
+// breaker, pushback, attempts exhausted). The Server sets dry when the
+// handler failed and the method's retry budget could not pay for a retry
+// of the call (see ended).
+type refusalMarker struct{ set, dry atomic.Bool }
 
 type markerKey struct{}
 
@@ -84,11 +86,23 @@ func markRefused(ctx context.Context) {
 // dontRetry is the trailer that tells callers not to retry (gRFC A6).
 var dontRetry = metadata.Pairs(semconv.PushbackKey, "-1")
 
+// dryBudget is the trailer that tells the suite's clients that the
+// method's retry budget could not pay for a retry (semconv.BudgetDryKey).
+var dryBudget = metadata.Pairs(semconv.BudgetDryKey, "1")
+
 // pushback sets grpc-retry-pushback-ms: -1 on a failed response whose
-// failure comes from refused retries further down.
+// failure comes from refused retries further down, and otherwise
+// stormguard-budget-dry on one whose retry the method's retry budget
+// could not pay for.
 func (s *Server) pushback(ctx context.Context, m *refusalMarker, err error) {
 	if err == nil || s.o.noPushback {
 		return
+	}
+	if m.dry.Load() && !m.set.Load() {
+		if local, forwarded := refusalsIn(err); !local.propagates() && !forwarded.propagates() {
+			_ = grpc.SetTrailer(ctx, dryBudget)
+			return
+		}
 	}
 	if m.set.Load() {
 		_ = grpc.SetTrailer(ctx, dontRetry)
@@ -174,10 +188,32 @@ func (s *Server) admitAndHandle(ctx context.Context, req any, method string, han
 		return nil, refuseRetry(ctx)
 	}
 	defer func() {
-		mb.DoneAt(time.Now(), serverFailure(err))
+		if err == nil {
+			mb.DoneAt(time.Now(), false)
+		} else {
+			m, _ := ctx.Value(markerKey{}).(*refusalMarker)
+			s.ended(mb, m, retry, err)
+		}
 		s.release(ctx, t, err)
 	}()
 	return handler(ctx, req)
+}
+
+// ended tells the method's retry budget how an attempt it admitted ended
+// (err; retry: the attempt was a retry or hedge), and, if the method
+// failed it, asks the budget whether it would pay for a retry: if not, m
+// is marked dry, and the caller is told so (stormguard-budget-dry, see
+// pushback): the suite's client then retries only from its own budget's
+// credit, not on a loan, so that the fleet's start-up loans stop where the
+// server's budget does. While the method fails, a first attempt's retry
+// it would pay for is promised (see budget.Method.PromiseAt).
+func (s *Server) ended(mb *budget.Method, m *refusalMarker, retry bool, err error) {
+	now := time.Now()
+	failed := serverFailure(err)
+	mb.DoneAt(now, failed)
+	if failed && mb != nil && m != nil && !s.o.noPushback && !m.set.Load() && !mb.PromiseAt(now, retry) {
+		m.dry.Store(true)
+	}
 }
 
 // Stream returns the stream server interceptor: deadline, the method's
@@ -204,13 +240,13 @@ func (s *Server) Stream() grpc.StreamServerInterceptor {
 			return refuseRetry(ctx)
 		}
 		ss = &serverStream{ServerStream: ss, ctx: ctx}
-		defer func() { mb.DoneAt(time.Now(), serverFailure(err)) }()
 		if dedupe != nil {
 			err = dedupe(srv, ss, info, handler)
 			s.refusedByDedupe(ctx, info.FullMethod, err)
 		} else {
 			err = handler(srv, ss)
 		}
+		s.ended(mb, m, isRetry(ctx), err)
 		s.pushback(ctx, m, err)
 		return unseal(err)
 	}

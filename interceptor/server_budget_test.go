@@ -137,35 +137,37 @@ func TestServerBudgetBoundsAFleetItDoesNotControl(t *testing.T) {
 // A retry the server's budget refuses is answered at once, before the
 // handler, with Unavailable, semconv.ErrorReasonRetryBudget and "do not retry".
 func TestServerBudgetRefusalSaysDoNotRetry(t *testing.T) {
-	o := origin.New(origin.Always(codes.Unavailable))
-	echo, _, _ := guarded(t, o)
-	for i := range 20 { // first attempts: the method fails all of them
-		_, _ = echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
-	}
-	// Retries, by their header: 20 first attempts pay for 2, the budget
-	// lends 5 (its start-up burst); the rest are refused.
-	var refused int
-	var last error
-	var tr metadata.MD
-	for i := range 20 {
-		ctx := metadata.AppendToOutgoingContext(t.Context(), semconv.PreviousAttemptsKey, "1")
-		_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: fmt.Sprint(i)}, grpc.Trailer(&tr))
-		if interceptor.RefusedBy(err) == "" && status.Code(err) == codes.Unavailable && tr.Get(semconv.PushbackKey) != nil && tr.Get(semconv.PushbackKey)[0] == "-1" {
-			refused++
-			last = err
+	synctest.Test(t, func(t *testing.T) {
+		o := origin.New(origin.Always(codes.Unavailable))
+		echo, _, _ := guarded(t, o)
+		for i := range 20 { // first attempts: the method fails all of them
+			_, _ = echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
 		}
-	}
-	assert.Equal(t, 20-2-5, refused)
-	assert.Equal(t, 20+2+5, o.Total(), "refused retries never reach the handler")
-	require.Error(t, last)
-	var info *errdetails.ErrorInfo
-	for _, d := range status.Convert(last).Details() {
-		if ei, ok := d.(*errdetails.ErrorInfo); ok {
-			info = ei
+		// Retries, by their header: the budget pays for some (the first
+		// attempts' ratio and its start-up burst); the rest are refused.
+		var refused int
+		var tr metadata.MD
+		for i := range 20 {
+			ctx := metadata.AppendToOutgoingContext(t.Context(), semconv.PreviousAttemptsKey, "1")
+			_, err := echo.Put(ctx, &echov1.PutRequest{RequestId: fmt.Sprint(i)}, grpc.Trailer(&tr))
+			require.Equal(t, codes.Unavailable, status.Code(err))
+			assert.Empty(t, interceptor.RefusedBy(err), "the server's refusal is not a client's")
+			var info *errdetails.ErrorInfo
+			for _, d := range status.Convert(err).Details() {
+				if ei, ok := d.(*errdetails.ErrorInfo); ok {
+					info = ei
+				}
+			}
+			if info.GetReason() == semconv.ErrorReasonRetryBudget {
+				refused++
+				assert.Equal(t, []string{"-1"}, tr.Get(semconv.PushbackKey), "a refusal says do not retry")
+			}
 		}
-	}
-	require.NotNil(t, info)
-	assert.Equal(t, semconv.ErrorReasonRetryBudget, info.GetReason())
+		// 6 paid, within the 7 that the first attempts' credit (2) and the
+		// start-up loan (5) could pay; the bubble's clock makes it exact.
+		assert.Equal(t, 20-6, refused, "the budget pays for 6 retries and refuses the rest")
+		assert.Equal(t, 20+20-refused, o.Total(), "refused retries never reach the handler")
+	})
 }
 
 // While the method serves, the retries a server gets are fail-overs from
@@ -191,16 +193,27 @@ func TestServerBudgetServesRetriesWhileTheMethodServes(t *testing.T) {
 // other, and refused once the budget is spent, as it would be without the
 // header.
 func TestServerBudgetChargesMarkedRetries(t *testing.T) {
-	o := origin.New(origin.Always(codes.Unavailable))
-	echo, _, _ := guarded(t, o)
-	for i := range 20 { // first attempts: the method fails all of them
-		_, _ = echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
+	run := func(marked bool) (n int) {
+		synctest.Test(t, func(t *testing.T) {
+			o := origin.New(origin.Always(codes.Unavailable))
+			echo, _, _ := guarded(t, o)
+			for i := range 20 { // first attempts: the method fails all of them
+				_, _ = echo.Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
+			}
+			kv := []string{semconv.PreviousAttemptsKey, "1"}
+			if marked {
+				kv = append(kv, semconv.BudgetedKey, "1")
+			}
+			for i := range 20 {
+				_, _ = echo.Put(metadata.AppendToOutgoingContext(t.Context(), kv...), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
+			}
+			n = o.Total() - 20
+		})
+		return n
 	}
-	for i := range 20 { // 20 first attempts pay for 2, the budget lends 5
-		ctx := metadata.AppendToOutgoingContext(t.Context(), semconv.PreviousAttemptsKey, "1", semconv.BudgetedKey, "1")
-		_, _ = echo.Put(ctx, &echov1.PutRequest{RequestId: fmt.Sprint(i)})
-	}
-	assert.Equal(t, 20+2+5, o.Total(), "the marked retries got what unmarked ones get")
+	marked, unmarked := run(true), run(false)
+	assert.Equal(t, 6, unmarked, "the case proves something: the budget pays for 6 of 20 (see TestServerBudgetRefusalSaysDoNotRetry)")
+	assert.Equal(t, unmarked, marked, "the marked retries got what unmarked ones get")
 }
 
 // A caller the server trusts (WithTrustedBudgets, by an identity it
@@ -247,10 +260,10 @@ func TestServerBudgetTrustedCallers(t *testing.T) {
 // then retrying each: their 100 retries are served (90 at least: the
 // server counts its clients to within a few percent), as their own
 // budgets would have paid for them. Through one connection, the same first
-// attempts are lent what one client's budget lends itself: 10 (10% of the
-// last second's).
+// attempts are lent what one client's budget lends itself: its burst and
+// 10% of its first attempts.
 func TestServerBudgetLendsPerClientConnection(t *testing.T) {
-	run := func(conns int) (served int) {
+	run := func(conns int) (served, promised int) {
 		synctest.Test(t, func(t *testing.T) {
 			o := origin.New(origin.Always(codes.Unavailable))
 			s := interceptor.NewServer()
@@ -266,7 +279,11 @@ func TestServerBudgetLendsPerClientConnection(t *testing.T) {
 				clients[i] = echov1.NewEchoServiceClient(cc)
 			}
 			for i := range 100 {
-				_, _ = clients[i%conns].Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)})
+				var tr metadata.MD
+				_, _ = clients[i%conns].Put(t.Context(), &echov1.PutRequest{RequestId: fmt.Sprint(i)}, grpc.Trailer(&tr))
+				if len(tr.Get(semconv.PushbackKey)) == 0 {
+					promised++
+				}
 				time.Sleep(time.Millisecond)
 			}
 			for i := range 100 {
@@ -275,14 +292,23 @@ func TestServerBudgetLendsPerClientConnection(t *testing.T) {
 			}
 			served = o.Total() - 100
 		})
-		return served
+		return served, promised
 	}
-	fleet, one := run(20), run(1)
-	t.Logf("retries served: 20 connections %d of 100, one connection %d of 100", fleet, one)
+	fleet, fleetPromised := run(20)
+	one, onePromised := run(1)
+	t.Logf("retries served: 20 connections %d of 100 (%d not told not to retry), one connection %d of 100 (%d)", fleet, fleetPromised, one, onePromised)
 	// The server counts its clients to within a few percent (two of
 	// twenty may share a bit of its sketch).
 	assert.GreaterOrEqual(t, fleet, 90, "each connection lent its 5")
-	assert.Equal(t, 2+10, one, "one connection: two of credit and 10% of the last second's first attempts")
+	// One connection is lent what one client's budget lends itself. Its
+	// retries are charged when their failures are answered (promised, see
+	// budget.Method.PromiseAt), as a client retrying each failure would
+	// have them charged: the loan is Burst (5) while fewer than 50 first
+	// attempts came in the last second, repaid by a tenth of the 90 that
+	// failed while the method failed (so 9 at least); at most the credit
+	// (2) and the loan on the whole second's first attempts (10).
+	assert.Equal(t, 10, one, "one connection: its burst, then 10% of its first attempts (the bubble's clock makes it exact)")
+	assert.GreaterOrEqual(t, onePromised, one-1, "the retries served were promised")
 }
 
 // addressed gives each connection it accepts a TCP address of its own, as

@@ -99,7 +99,9 @@ func WithOverload(g *overload.Guard) ServerOption {
 }
 
 // WithoutPushback stops the server from telling callers not to retry when
-// its own outgoing retries were refused.
+// its own outgoing retries were refused, and from telling them that the
+// method's retry budget could not pay for a retry (stormguard-budget-dry;
+// its budget still refuses the retries it cannot pay for).
 func WithoutPushback() ServerOption {
 	return serverOptionFunc(func(o *serverOptions) { o.noPushback = true })
 }

@@ -198,6 +198,16 @@ const (
 	// (interceptor.WithTrustedBudgets); then it serves it even when its
 	// budget is spent, so that the two budgets do not both charge it.
 	BudgetedKey = "stormguard-budgeted"
+	// BudgetDryKey is set, with the value "1", in the trailers of a failed
+	// attempt by a stormguard server whose retry budget for the method
+	// could not pay for a retry of it now (the method fails more than the
+	// budget's ratio of its calls, and the fleet's retries are spent). It
+	// speaks for the endpoint that answered: the suite's client sends the
+	// retry neither there nor to an endpoint that failed lately, and pays
+	// one that goes elsewhere only from its budget's credit, never from a
+	// loan. It is the server's word: it can only make its callers retry it
+	// less.
+	BudgetDryKey = "stormguard-budget-dry"
 	// PriorityKey carries a call's priority (package priority), on every
 	// attempt of a call whose priority is not the default: "sheddable" or
 	// "critical" ("default" is accepted). A server takes a request without

@@ -46,6 +46,10 @@ const (
 	payBudget   payment = iota // a token from the budget
 	payFailover                // a fail-over from an outlier endpoint: free, unless it cannot fail over (see Pick)
 	payPrepaid                 // withdrawn when its attempt was cut at its per-attempt timeout (see Cut)
+	// payCredit: a token from the budget's credit alone, starting no
+	// loan: the server said its own retry budget could not pay for the
+	// retry (Outcome.BudgetDry; see dryEverywhere).
+	payCredit
 )
 
 // Call is the engine's state of one logical call: its plan (set by the

@@ -34,15 +34,30 @@ const (
 // failure path, walks the table. The zero Endpoints is an empty table,
 // ready to use; it is safe for concurrent use.
 type Endpoints struct {
-	m      sync.Map // net.Addr → *endpoint
-	n      atomic.Int32
+	m sync.Map // net.Addr → *endpoint
+	n atomic.Int32
+	// list is m's endpoints, to walk them (a slice is walked faster than
+	// a sync.Map, which matters to a client whose every call judges its
+	// endpoints: one that calls less often than epRejudge); copied on
+	// change, under mu.
+	list   atomic.Pointer[[]*endpoint]
+	mu     sync.Mutex
 	judged atomic.Pointer[judgement]
+	// clearAt is when (UnixNano) the endpoints were last judged to have
+	// no outlier, a judgement that stands until epRejudge later as judged
+	// does (0: none stands); kept apart from judged, so that judging none
+	// allocates nothing.
+	clearAt atomic.Int64
 	// nowhere is the time (UnixNano) until which attempts avoid nothing:
 	// an attempt's picks all went to endpoints it avoids, so the transport has no
 	// other endpoint to pick (their connections are down), and a retry
 	// after a failure on an outlier is no fail-over. 0: none. A success on
 	// an endpoint that is not an outlier ends it.
 	nowhere atomic.Int64
+	// lastFail is when (UnixNano) an endpoint of the table last failed an
+	// attempt; 0: never. With no failure in the window there is no
+	// outlier to judge.
+	lastFail atomic.Int64
 }
 
 // judgement is the set of outliers as of a time, which stands until
@@ -58,6 +73,9 @@ type judgement struct {
 // table of one endpoint, or none, whose last judgement found no outliers
 // has none: it is not judged again until it knows two.
 func (t *Endpoints) Current(now time.Time) []net.Addr {
+	if at, n := t.clearAt.Load(), now.UnixNano(); at != 0 && n >= at && n-at < int64(epRejudge) {
+		return nil
+	}
 	j := t.judged.Load()
 	if (j == nil || len(j.outliers) == 0) && t.n.Load() < 2 {
 		return nil
@@ -70,11 +88,20 @@ func (t *Endpoints) Current(now time.Time) []net.Addr {
 
 // judge judges the outliers now, and returns those attempts avoid.
 func (t *Endpoints) judge(now time.Time) []net.Addr {
+	if f := t.lastFail.Load(); f == 0 || now.UnixNano()-f >= int64(epSlots*epSlotWidth) {
+		return nil // no failure in the window: no outlier (nothing to store: this is as quick)
+	}
 	var out []net.Addr
 	if t.n.Load() >= 2 { // one endpoint (or none) has no others to compare with
 		out = t.outliers(now)
 	}
+	if len(out) == 0 {
+		t.clearAt.Store(now.UnixNano())
+		t.judged.Store(nil)
+		return nil
+	}
 	t.judged.Store(&judgement{at: now, until: now.Add(epRejudge), outliers: out})
+	t.clearAt.Store(0)
 	return t.avoidable(out, now)
 }
 
@@ -105,6 +132,9 @@ func (t *Endpoints) nowhereElse(now time.Time) {
 type endpoint struct {
 	addr net.Addr
 	w    *window.Counter
+	// lastFail is when (UnixNano) the endpoint last failed an attempt; 0:
+	// never.
+	lastFail atomic.Int64
 }
 
 // The kinds an endpoint's window counts.
@@ -122,24 +152,25 @@ func (t *Endpoints) Record(addr net.Addr, failed bool, now time.Time) {
 	if addr == nil {
 		return
 	}
-	e, ok := t.m.Load(addr)
-	if !ok {
-		if t.n.Load() >= epMaxTracked {
-			t.sweep(now)
-			if t.n.Load() >= epMaxTracked {
-				return
-			}
+	e := t.lookup(addr)
+	if e == nil {
+		v, ok := t.add(addr, now)
+		if !ok {
+			return
 		}
-		var loaded bool
-		if e, loaded = t.m.LoadOrStore(addr, newEndpoint(addr)); !loaded {
-			t.n.Add(1)
-		}
+		e = v.(*endpoint)
 	}
 	kind := epOK
 	if failed {
 		kind = epFail
 	}
-	e.(*endpoint).w.Add(now.UnixNano(), kind, 1)
+	e.w.Add(now.UnixNano(), kind, 1)
+	if failed {
+		e.lastFail.Store(now.UnixNano())
+		if now.UnixNano() > t.lastFail.Load() {
+			t.lastFail.Store(now.UnixNano())
+		}
+	}
 	if !failed && t.nowhere.Load() != 0 {
 		// An endpoint that is not an outlier serves: the transport has somewhere
 		// else to send attempts again.
@@ -154,16 +185,72 @@ func (e *endpoint) counts(now time.Time) (ok, fail int64) {
 	return e.w.Counts(now.UnixNano())
 }
 
-// sweep forgets endpoints not seen for epIdle.
+// epScan is how many endpoints a table holds at most for lookup to walk
+// them rather than ask the map (the same equality: an address is its
+// connection's, compared as an interface).
+const epScan = 8
+
+// lookup returns the endpoint addr, or nil when the table has none.
+func (t *Endpoints) lookup(addr net.Addr) *endpoint {
+	if l := t.endpoints(); len(l) <= epScan {
+		for _, e := range l {
+			if e.addr == addr {
+				return e
+			}
+		}
+		return nil
+	}
+	if e, ok := t.m.Load(addr); ok {
+		return e.(*endpoint)
+	}
+	return nil
+}
+
+// add adds the endpoint addr to the table at now (once: concurrent adds
+// of one address share one endpoint), unless the table is full of
+// endpoints seen within epIdle.
+func (t *Endpoints) add(addr net.Addr, now time.Time) (any, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e, ok := t.m.Load(addr); ok {
+		return e, true
+	}
+	if t.n.Load() >= epMaxTracked {
+		t.sweep(now)
+		if t.n.Load() >= epMaxTracked {
+			return nil, false
+		}
+	}
+	e := newEndpoint(addr)
+	l := append(slices.Clip(t.endpoints()), e)
+	t.list.Store(&l)
+	t.m.Store(addr, e)
+	t.n.Add(1)
+	return e, true
+}
+
+// sweep forgets endpoints not seen for epIdle. t.mu must be held.
 func (t *Endpoints) sweep(now time.Time) {
 	limit := now.Add(-epIdle).UnixNano()
-	t.m.Range(func(k, v any) bool {
-		if last, ok := v.(*endpoint).w.Latest(); !ok || last < limit {
-			t.m.Delete(k)
+	var kept []*endpoint
+	for _, e := range t.endpoints() {
+		if last, ok := e.w.Latest(); !ok || last < limit {
+			t.m.Delete(e.addr)
 			t.n.Add(-1)
+		} else {
+			kept = append(kept, e)
 		}
-		return true
-	})
+	}
+	t.list.Store(&kept)
+}
+
+// endpoints returns the table's endpoints; the slice is not to be
+// changed.
+func (t *Endpoints) endpoints() []*endpoint {
+	if l := t.list.Load(); l != nil {
+		return *l
+	}
+	return nil
 }
 
 // outliers returns the endpoints that fail while the rest of the target
@@ -177,18 +264,17 @@ func (t *Endpoints) outliers(now time.Time) []net.Addr {
 		addr     net.Addr
 		ok, fail int64
 	}
-	var all []seen
+	var buf [8]seen
+	all := buf[:0]
 	var totalOK, totalFail int64
-	t.m.Range(func(_, v any) bool {
-		e := v.(*endpoint)
+	for _, e := range t.endpoints() {
 		ok, fail := e.counts(now)
 		if ok+fail > 0 {
 			all = append(all, seen{e.addr, ok, fail})
 			totalOK += ok
 			totalFail += fail
 		}
-		return true
-	})
+	}
 	var out []net.Addr
 	for _, s := range all {
 		if s.ok+s.fail < epMinSeen || float64(s.fail) < epBadRatio*float64(s.ok+s.fail) {
@@ -215,14 +301,12 @@ type EndpointCount struct {
 func (t *Endpoints) Snapshot(now time.Time) []EndpointCount {
 	avoided := t.Current(now)
 	var out []EndpointCount
-	t.m.Range(func(_, v any) bool {
-		e := v.(*endpoint)
+	for _, e := range t.endpoints() {
 		ok, fail := e.counts(now)
 		if ok+fail > 0 {
 			out = append(out, EndpointCount{Addr: e.addr, OK: ok, Failed: fail, Avoided: slices.Contains(avoided, e.addr)})
 		}
-		return true
-	})
+	}
 	slices.SortFunc(out, func(a, b EndpointCount) int { return strings.Compare(a.Addr.String(), b.Addr.String()) })
 	return out
 }
@@ -233,12 +317,11 @@ func (t *Endpoints) totals(now time.Time) (ok, fail int64, known bool) {
 	if t.n.Load() == 0 {
 		return 0, 0, false
 	}
-	t.m.Range(func(_, v any) bool {
-		o, f := v.(*endpoint).counts(now)
+	for _, e := range t.endpoints() {
+		o, f := e.counts(now)
 		ok += o
 		fail += f
-		return true
-	})
+	}
 	return ok, fail, true
 }
 
@@ -250,20 +333,43 @@ func (t *Endpoints) servedRecently(now time.Time) (served, known bool) {
 		return false, false
 	}
 	var into [1]int64
-	t.m.Range(func(_, v any) bool {
-		v.(*endpoint).w.Sum(now.UnixNano(), 0, 2, into[:])
-		return into[0] == 0
-	})
+	for _, e := range t.endpoints() {
+		if e.w.Sum(now.UnixNano(), 0, 2, into[:]); into[0] > 0 {
+			break
+		}
+	}
 	return into[0] > 0, true
+}
+
+// epFailedMemory is how long failedLately takes an endpoint that failed
+// an attempt for failing: the budget's JudgeWindow, over which a client
+// that calls every few seconds still meets each of a few endpoints.
+const epFailedMemory = 10 * time.Second
+
+// failedLately appends to avoid the endpoints that failed an attempt
+// within epFailedMemory of now, and reports whether every endpoint the
+// table knows is in the result.
+func (t *Endpoints) failedLately(avoid []net.Addr, now time.Time) (_ []net.Addr, all bool) {
+	all = true
+	for _, e := range t.endpoints() {
+		if slices.Contains(avoid, e.addr) {
+			continue
+		}
+		if f := e.lastFail.Load(); f != 0 && now.UnixNano()-f < int64(epFailedMemory) {
+			avoid = append(avoid, e.addr)
+		} else {
+			all = false
+		}
+	}
+	return avoid, all
 }
 
 // known returns the endpoints seen.
 func (t *Endpoints) known() []net.Addr {
 	var out []net.Addr
-	t.m.Range(func(k, _ any) bool {
-		out = append(out, k.(net.Addr))
-		return true
-	})
+	for _, e := range t.endpoints() {
+		out = append(out, e.addr)
+	}
 	return out
 }
 

@@ -375,3 +375,138 @@ func TestGuardedFirstAttempt(t *testing.T) {
 		t.Errorf("refused at the pick: %+v, sent %d", adm, c2.Sent())
 	}
 }
+
+// TestStepBudgetDry takes a failure the server said its budget could not
+// pay a retry for (Outcome.BudgetDry) through the step: the retry avoids
+// the endpoint that said so and every endpoint that failed lately, is
+// not sent when that leaves none, and is paid from the budget's credit
+// alone, never from a new loan.
+func TestStepBudgetDry(t *testing.T) {
+	h := &host{}
+	fail := func(c *Call, a *Attempt, at time.Time, ep net.Addr, dry bool) Verdict {
+		return c.Step(h, a, &Outcome{Code: Unavailable, Endpoint: ep, At: at, BudgetDry: dry}, 0)
+	}
+
+	t.Run("every endpoint failed lately", func(t *testing.T) {
+		r := newRoute(Config{})
+		r.Endpoints.Record(epB, true, t0) // B failed 9 s before
+		c := begin(r, t0.Add(9*time.Second))
+		a := open(t, c, First, t0.Add(9*time.Second))
+		if v := fail(c, a, t0.Add(9*time.Second), epA, true); v.Next != Done || v.Reason != ReasonBudget {
+			t.Fatalf("dry on A, B failed 9 s ago: %+v, want Done for budget", v)
+		}
+	})
+
+	t.Run("an endpoint that failed long ago is tried", func(t *testing.T) {
+		r := newRoute(Config{})
+		r.Endpoints.Record(epB, true, t0) // B failed 10 s before: forgotten
+		now := t0.Add(10 * time.Second)
+		c := begin(r, now)
+		a := open(t, c, First, now)
+		v := fail(c, a, now, epA, true)
+		if v.Next != Again {
+			t.Fatalf("dry on A, B failed 10 s ago: %+v, want Again", v)
+		}
+		if got := c.Avoid(); len(got) != 1 || got[0] != epA {
+			t.Errorf("the retry avoids %v, want [A]", got)
+		}
+	})
+
+	t.Run("paid from credit, not from a new loan", func(t *testing.T) {
+		r := newRoute(Config{})
+		r.Budget = budget.New(budget.Config{}) // no deposit yet: only a loan would pay
+		now := t0.Add(time.Minute)
+		r.Endpoints.Record(epB, false, now) // B serves: the retry has somewhere to go
+		c := begin(r, now)
+		a := open(t, c, First, now)
+		if v := fail(c, a, now, epA, true); v.Next != Done || v.Reason != ReasonBudget {
+			t.Fatalf("dry with no credit: %+v, want Done for budget", v)
+		}
+		for range 10 { // ten calls' deposits: credit for one retry
+			begin(r, now)
+		}
+		c = begin(r, now)
+		a = open(t, c, First, now)
+		if v := fail(c, a, now, epA, true); v.Next != Again {
+			t.Fatalf("dry with credit: %+v, want Again", v)
+		}
+		if adm := c.Open(new(Attempt), Retry, now); adm.Refused != 0 {
+			t.Fatalf("the retry paid from credit refused: %v", adm.Refused)
+		}
+		c = begin(r, now)
+		a = open(t, c, First, now)
+		if v := fail(c, a, now, epA, false); v.Next != Again {
+			t.Fatalf("the same failure, not dry: %+v, want Again (a loan pays)", v)
+		}
+		if adm := c.Open(new(Attempt), Retry, now); adm.Refused != 0 {
+			t.Fatalf("the retry a loan pays for refused: %v", adm.Refused)
+		}
+	})
+
+	t.Run("an endpoint not heard from yet is somewhere to go", func(t *testing.T) {
+		r := newRoute(Config{})
+		c := begin(r, t0)
+		c.Resolved = resolved(2) // A answered; B, which the channel was given, has not
+		a := open(t, c, First, t0)
+		v := fail(c, a, t0, epA, true)
+		if v.Next != Again {
+			t.Fatalf("dry on A, B unheard: %+v, want Again", v)
+		}
+		if got := c.Avoid(); len(got) != 1 || got[0] != epA {
+			t.Errorf("the retry avoids %v, want [A]", got)
+		}
+		c = begin(r, t0)
+		a = open(t, c, First, t0)
+		if v := fail(c, a, t0, epA, true); v.Next != Done || v.Reason != ReasonBudget {
+			t.Fatalf("dry on A, the channel's endpoints not known: %+v, want Done for budget", v)
+		}
+	})
+
+	t.Run("shadow mode sends it", func(t *testing.T) {
+		r := newRoute(Config{Shadow: true})
+		r.Endpoints.Record(epB, true, t0)
+		c := begin(r, t0.Add(time.Second))
+		a := open(t, c, First, t0.Add(time.Second))
+		if v := fail(c, a, t0.Add(time.Second), epA, true); v.Next != Again {
+			t.Fatalf("dry everywhere in shadow mode: %+v, want Again", v)
+		}
+	})
+}
+
+// resolved is a channel's resolver that gave n endpoints.
+type resolved int
+
+func (n resolved) Endpoints() int { return int(n) }
+
+// TestStepUnheardEndpointsArePaidFor: a failure on the one endpoint a
+// channel has heard from, while others it was given have not answered,
+// is retried away from it, but as an ordinary retry the budget pays for,
+// not as a free fail-over: a fleet of fresh or quiet clients whose target
+// fails everywhere would otherwise retry each client's first failures
+// for free.
+func TestStepUnheardEndpointsArePaidFor(t *testing.T) {
+	h := &host{}
+	for _, tc := range []struct {
+		name   string
+		budget *budget.Budget
+		want   Next
+	}{
+		{"a budget that pays", nil, Again},
+		{"a drained budget", drained(t0), Done},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRoute(Config{})
+			r.Budget = tc.budget
+			c := begin(r, t0)
+			c.Resolved = resolved(3)
+			a := open(t, c, First, t0)
+			v := c.Step(h, a, &Outcome{Code: Unavailable, Endpoint: epA, At: t0.Add(ms)}, 0)
+			if v.Next != tc.want || v.Failover {
+				t.Fatalf("failure on A, B and C unheard: %+v, want %v and no fail-over", v, tc.want)
+			}
+			if got := c.Avoid(); len(got) != 1 || got[0] != epA {
+				t.Errorf("the retry avoids %v, want [A]", got)
+			}
+		})
+	}
+}

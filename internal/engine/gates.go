@@ -132,6 +132,11 @@ func (c *Call) admit(a *Attempt, now time.Time, adm *Admission) {
 		a.paid = r.budgetPays() // withdrawn at its per-attempt timeout (see Cut)
 	case a.Kind == Retry && c.pay == payFailover:
 		a.free = true // the budget pays at the pick if it cannot fail over
+	case a.Kind == Retry && c.pay == payCredit:
+		if !r.Budget.WithdrawNoNewLoanAt(now) { // a nil budget grants
+			return Admission{Refused: ReasonBudget}
+		}
+		a.paid = r.budgetPays()
 	case a.Kind == Hedge:
 		if !r.Budget.HedgeAt(now) { // a nil budget grants
 			*adm = Admission{Refused: ReasonBudget}
@@ -168,7 +173,8 @@ func (g *gate) peek(now time.Time, k Kind, beside bool, after time.Duration, lea
 	if g.throttled() {
 		return ReasonThrottle
 	}
-	if k == Retry && pay == payBudget && r.Budget != nil && !r.Budget.PeekAt(now) && r.stands(ReasonBudget) {
+	if k == Retry && r.Budget != nil && r.stands(ReasonBudget) &&
+		(pay == payBudget && !r.Budget.PeekAt(now) || pay == payCredit && !r.Budget.PeekNoNewLoanAt(now)) {
 		return ReasonBudget
 	}
 	return 0

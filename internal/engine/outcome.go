@@ -84,6 +84,12 @@ type Outcome struct {
 	// (the adapter reads it for failures only): nothing is decided, and a
 	// cancellation says nothing of the target.
 	CallerLeft bool
+	// BudgetDry: the server said its retry budget for the method could
+	// not pay for a retry of the attempt now (a stormguard server's
+	// stormguard-budget-dry trailer). It speaks for the endpoint that
+	// answered: the retry goes neither there nor to an endpoint that
+	// failed lately, and is paid from the budget's credit alone.
+	BudgetDry bool
 	// Err is the adapter's own error for the attempt: the engine never
 	// reads it, and hands it back (Host.RetryIf, Verdict).
 	Err error

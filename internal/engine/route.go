@@ -50,6 +50,22 @@ type Route struct {
 	Probes Probes
 }
 
+// The client's defaults: what its options start from, and what a
+// simulator of a client as it comes takes as they are.
+const (
+	DefaultMaxAttempts = 3
+	DefaultBackoffBase = 50 * time.Millisecond
+	DefaultBackoffMax  = time.Second
+)
+
+// DefaultRetryable are the codes retried, and DefaultFailures the codes
+// the breakers and endpoint tables count as failures, when the client's
+// options name none.
+var (
+	DefaultRetryable = Codes(Unavailable)
+	DefaultFailures  = Codes(Unavailable, DeadlineExceeded, ResourceExhausted, Internal)
+)
+
 // Rule is how the calls of one method retry and hedge, when they may be
 // repeated. It is not changed once a call uses it.
 type Rule struct {

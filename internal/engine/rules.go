@@ -124,8 +124,16 @@ func (r Reason) settles() bool {
 // (the transport has no other endpoint ready), it fails over to nothing:
 // the budget pays for it at the pick, or it is not sent (see Pick), and
 // attempts avoid nothing for a while.
+//
+// When endpoints the channel was given have not answered yet (a fresh
+// channel whose first picks went to o's endpoint; a quiet client that
+// has met few of them), the retry avoids o's endpoint too, but as an
+// ordinary retry, which the budget pays for: nothing says that endpoint
+// fails while the others serve, and a fleet whose target fails
+// everywhere must not have each client's first failures retried for
+// free (a client's budget lends for its first failures).
 func (c *Call) failOver(o *Outcome) {
-	if c.pay == payFailover {
+	if c.pay == payFailover || c.pay == payCredit {
 		c.pay = payBudget
 	}
 	if c.r.Config.NoFailover {
@@ -136,15 +144,42 @@ func (c *Call) failOver(o *Outcome) {
 	if p != nil && !slices.Contains(c.avoid, p) {
 		c.avoid = eps.judge(now) // this failure may make it one
 	}
-	if p != nil && !slices.Contains(c.avoid, p) && c.unheard() {
-		// Endpoints the channel was given have not answered yet (a fresh
-		// channel whose first picks went to p): the retry fails over to
-		// one of them, avoiding p, or, with nowhere else to go, is paid.
+	switch {
+	case p == nil:
+	case slices.Contains(c.avoid, p):
+		if c.pay == payBudget {
+			c.pay = payFailover
+		}
+	case c.unheard():
 		c.avoid = append(slices.Clip(c.avoid), p)
 	}
-	if p != nil && slices.Contains(c.avoid, p) && c.pay == payBudget {
-		c.pay = payFailover
+}
+
+// dryEverywhere is the retry's answer to a server that said its retry
+// budget could not pay for it (Outcome.BudgetDry): the server speaks for
+// its own endpoint, which would refuse the retry, so the retry avoids it
+// and every endpoint that failed an attempt lately (their servers are
+// likely dry too; see Endpoints.failedLately), and is paid from the
+// budget's credit alone (payCredit: a client's start-up loan is for a
+// failure the fleet's servers have not paid for yet, and these have). It
+// reports whether that leaves no endpoint to go to (none the target's
+// table knows, and none the channel was given that has not answered yet):
+// then the retry is not sent. With NoFailover the retry picks as any attempt
+// does. A fail-over stays one: it goes to an endpoint that serves, and
+// is free.
+func (c *Call) dryEverywhere(o *Outcome) bool {
+	avoid := slices.Clip(c.avoid)
+	if p := o.Endpoint; p != nil && !slices.Contains(avoid, p) {
+		avoid = append(avoid, p)
 	}
+	avoid, all := c.r.Endpoints.failedLately(avoid, o.At)
+	if !c.r.Config.NoFailover {
+		c.avoid = avoid
+	}
+	if c.pay == payBudget {
+		c.pay = payCredit
+	}
+	return all && !c.unheard()
 }
 
 // backoff returns the next exponential backoff with jitter: a random time

@@ -98,6 +98,10 @@ func (c *Call) judge(h Host, o *Outcome) ruling {
 		return p
 	}
 	c.failOver(o)
+	if o.BudgetDry && c.dryEverywhere(o) && c.r.stands(ReasonBudget) {
+		p.reason = ReasonBudget
+		return p
+	}
 	p.reason = c.peek(o.At, Retry, false, skipTime, nothingBeforeBackoff, c.pay)
 	return p
 }

@@ -7,12 +7,11 @@
 // examples/stormsim and of the storm lab's comparisons; it is not API.
 //
 // Everything that decides for the suite is the library's code, driven
-// with explicit times: the client's retry budget (budget.Budget), its
-// breaker (breaker.Breaker), the server's admission and queue
-// (overload.Guard) and its retry budget (budget.Method). The piece of the
-// suite that is not yet callable without grpc (the client engine's retry
-// rules and endpoint choice) sits behind the Client interface, in a small
-// interim file that names what replaces it. The rival policies
+// with explicit times: the client's attempt engine (internal/engine, with
+// its retry budget, breaker and endpoint table; the model is an adapter of
+// it, as the interceptor is), the server's admission and queue
+// (overload.Method) and its retry budget (budget.Method). Nothing of the
+// suite is transcribed. The rival policies
 // (grpc-go's retryThrottling, the AWS SDKs' standard retry quota, Envoy's
 // and Finagle's retry budgets, Google SRE's adaptive throttling, naive
 // retries and none) are a few lines each, every constant's source cited.

@@ -203,7 +203,7 @@ func (s *sim) handle(e event) {
 	case evSend:
 		s.retryDue(c, e.at)
 	case evReply:
-		s.onReply(c, e.at, Outcome{Code: Code(e.aux >> 16), Backend: int(e.aux & 0xffff), Pushback: c.pushback})
+		s.onReply(c, e.at, Outcome{Code: Code(e.aux >> 16), Backend: int(e.aux & 0xffff), Pushback: c.pushback, Dry: c.dry})
 	case evDone:
 		s.finish(c, e.at, e.aux == 1)
 	case evDeadline:
@@ -258,7 +258,17 @@ func (s *sim) arrive(now int64, client, k int) {
 
 // send sends the call's next attempt at now.
 func (s *sim) send(c *Call, now int64) {
-	b := s.clients[c.Client].Pick(c, s.at(now), len(s.backends))
+	b, ok := s.clients[c.Client].Pick(c, s.at(now), len(s.backends))
+	if !ok {
+		if c.Attempts == 0 {
+			s.m.refusedFirst++
+			s.end(c, now, Unavailable)
+		} else {
+			s.m.refusedRetry++
+			s.end(c, now, c.last)
+		}
+		return
+	}
 	c.Attempts++
 	c.backend, c.sent, c.inflight, c.svr = b, now, true, false
 	s.m.sent(c, now)
@@ -370,10 +380,11 @@ func (s *sim) draw(c *Call, salt uint64) float64 {
 func (s *sim) failNow(c *Call, now int64, code Code, pushback time.Duration) {
 	b := c.backend
 	bk := &s.backends[b]
+	dry := false
 	if bk.srv != nil {
-		bk.srv.Done(c, s.at(now), code, false)
+		dry = bk.srv.Done(c, s.at(now), code, false)
 	}
-	s.reply(c, now, Outcome{Code: code, Pushback: pushback, Backend: b})
+	s.reply(c, now, Outcome{Code: code, Pushback: pushback, Backend: b, Dry: dry})
 	s.poll(b, now)
 }
 
@@ -449,7 +460,7 @@ func (s *sim) finish(c *Call, now int64, worker bool) {
 	b := c.backend
 	bk := &s.backends[b]
 	if bk.srv != nil && c.svr {
-		bk.srv.Done(c, s.at(now), OK, abandoned)
+		_ = bk.srv.Done(c, s.at(now), OK, abandoned) // never dry on a success
 	}
 	s.reply(c, now, Outcome{Code: OK, Pushback: NoPushback, Backend: b})
 	switch {
@@ -465,6 +476,7 @@ func (s *sim) finish(c *Call, now int64, worker bool) {
 // reply sends the attempt's outcome back to its client, which gets it an
 // RTT later (or at once).
 func (s *sim) reply(c *Call, now int64, o Outcome) {
+	c.dry = o.Dry
 	at := now
 	if rtt := s.cfg.Backends.RTT; rtt > 0 {
 		at += int64(float64(rtt) * (0.5 + s.rand.Float64()))
@@ -502,6 +514,7 @@ func (s *sim) onReply(c *Call, now int64, o Outcome) {
 	case !v.Retry || c.Attempts >= s.maxAttempts || now+int64(v.Delay) >= c.dl:
 		s.end(c, now, o.Code)
 	case v.Delay <= 0:
+		c.last = o.Code
 		s.retryDue(c, now)
 	default:
 		c.last = o.Code

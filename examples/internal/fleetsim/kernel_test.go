@@ -170,7 +170,10 @@ func (g *oneAtATime) Leave(c *Call, now time.Time) {
 	g.left++
 }
 
-func (g *oneAtATime) Done(*Call, time.Time, Code, bool) { g.busy = false }
+func (g *oneAtATime) Done(*Call, time.Time, Code, bool) bool {
+	g.busy = false
+	return false
+}
 
 // TestHeldAttemptsWaitInOrderAndLeaveAtTheirDeadline: a server policy
 // that holds attempts in its own queue gets them back in order of

@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"time"
 
 	"github.com/stormguard/stormguard/breaker"
 	"github.com/stormguard/stormguard/budget"
@@ -16,12 +17,27 @@ import (
 const KernelBytesPerClient = 16 + 16 + 8
 
 // StateBytes returns the heap that the state of n clients of policy p
-// holds, per client: the least of tries measurements (a measurement that
-// a collection or another goroutine's allocation disturbs only comes out
-// larger).
+// holds, per client, once each has called every one of 3 backends (what
+// a client keeps of each endpoint included): the least of tries
+// measurements (a measurement that a collection or another goroutine's
+// allocation disturbs only comes out larger).
 func StateBytes(p *ClientPolicy, n, tries int) float64 {
 	e := &Env{Rand: rand.New(rand.NewPCG(1, 2)), Base: base, Backends: 3, Clients: n}
-	return HeapPer(n, tries, func(i int) any { return p.New(e, i) })
+	return HeapPer(n, tries, func(i int) any {
+		c := p.New(e, i)
+		for k := range e.Backends {
+			now := e.At(time.Duration(k) * time.Millisecond)
+			call := &Call{Client: i, K: k, Deadline: now.Add(time.Second)}
+			if c.Begin(call, now) {
+				if b, ok := c.Pick(call, now, e.Backends); ok {
+					call.Attempts++
+					c.Settle(call, now, Outcome{Code: OK, Backend: b, Pushback: NoPushback})
+				}
+			}
+			c.End(call, now, true)
+		}
+		return c
+	})
 }
 
 // LibraryBytes returns the heap that one budget.Budget and one

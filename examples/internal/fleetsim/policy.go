@@ -4,7 +4,7 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/stormguard/stormguard/breaker"
+	"github.com/stormguard/stormguard/internal/engine"
 	"github.com/stormguard/stormguard/overload"
 )
 
@@ -39,6 +39,9 @@ type Outcome struct {
 	Pushback time.Duration
 	// Backend is the backend the attempt went to.
 	Backend int
+	// Dry is the suite's server's stormguard-budget-dry: its retry budget
+	// could not pay for a retry of the attempt.
+	Dry bool
 }
 
 // Verdict is a client's decision on a failed attempt: retry after Delay,
@@ -59,7 +62,8 @@ type Call struct {
 	Attempts int // attempts sent so far (the first included)
 
 	// Per-call state of the policies.
-	ticket   breaker.Ticket // the suite: the in-flight attempt's breaker ticket
+	eng      engine.Call    // the suite: the call in its engine
+	att      engine.Attempt // the suite: the latest attempt in its engine
 	tokens   int            // AWS: the retry quota tokens the in-flight retry holds
 	active   bool           // Envoy: a retry of this call counts as active
 	backoffN int            // retries since the last pushback (backoff growth)
@@ -82,6 +86,8 @@ type Call struct {
 	ov       overload.Ticket // the suite's server: the attempt's ticket
 	svr      bool            // the suite's server admitted the attempt
 	held     bool            // the attempt waits in its server's queue (Held)
+	asRetry  bool            // the suite's server took the attempt for a retry
+	dry      bool            // the last reply's Outcome.Dry
 	slow     bool
 }
 
@@ -93,8 +99,10 @@ type Client interface {
 	// Begin is asked before a call's first attempt, at now: false refuses
 	// the call locally (it fails, UNAVAILABLE, nothing sent).
 	Begin(c *Call, now time.Time) bool
-	// Pick returns the backend (0 to m−1) the next attempt goes to.
-	Pick(c *Call, now time.Time, m int) int
+	// Pick returns the backend (0 to m−1) the next attempt goes to, and
+	// whether it is sent there: false refuses it at its pick (nothing
+	// sent; the call fails as when Begin or Send refuse).
+	Pick(c *Call, now time.Time, m int) (b int, ok bool)
 	// Settle is told, at now, how the call's latest attempt ended, and
 	// decides whether to retry (never asked to after c.Attempts reached a
 	// limit the kernel knows nothing of: the policy counts).
@@ -142,8 +150,9 @@ type Server interface {
 	Leave(c *Call, now time.Time)
 	// Done is told how an admitted attempt ended at the handler, at now:
 	// its code, and whether its caller had left (its deadline passed)
-	// while it ran.
-	Done(c *Call, now time.Time, code Code, abandoned bool)
+	// while it ran. It reports whether the server says, with the answer,
+	// that its retry budget could not pay for a retry (Outcome.Dry).
+	Done(c *Call, now time.Time, code Code, abandoned bool) (dry bool)
 }
 
 // Env is what a run gives its policies: the clock's origin, the run's
@@ -153,6 +162,8 @@ type Env struct {
 	Base     time.Time
 	Backends int
 	Clients  int
+
+	suite *suiteRun // what the run's suite clients share (made by the first)
 }
 
 // At returns the time d after the run's start.

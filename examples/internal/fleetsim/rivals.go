@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"time"
+
+	"github.com/stormguard/stormguard/internal/engine"
 )
 
 // The rival policies: what users pick instead of the suite, from their
@@ -21,13 +23,23 @@ import (
 // rivalAttempts is every retrying rival's attempt limit.
 const rivalAttempts = 3
 
+// The suite's default backoff, which the gRPC rivals are given too (their
+// service config has no default).
+const (
+	suiteBackoffBase = engine.DefaultBackoffBase
+	suiteBackoffMax  = engine.DefaultBackoffMax
+)
+
 // roundRobin is a client's backend choice: grpc-go's round_robin, which
 // starts at a random backend.
 type roundRobin struct{ next int }
 
 func newRoundRobin(e *Env) roundRobin { return roundRobin{next: e.Rand.IntN(max(e.Backends, 1))} }
 
-func (r *roundRobin) Pick(_ *Call, _ time.Time, m int) int {
+// Pick sends every attempt where round_robin picks.
+func (r *roundRobin) Pick(_ *Call, _ time.Time, m int) (int, bool) { return r.pick(m), true }
+
+func (r *roundRobin) pick(m int) int {
 	b := r.next % m
 	r.next = b + 1
 	return b
@@ -107,11 +119,13 @@ func (t *GRPCThrottle) SuccessfulRPC() {
 
 // PolicyGRPC is grpc-go's retryPolicy: 3 attempts on UNAVAILABLE, no
 // bound on retries beyond that (the "retry=3" everyone writes).
-func PolicyGRPC() *ClientPolicy { return PolicyGRPCWith(false, defaultBase, defaultMax) }
+func PolicyGRPC() *ClientPolicy { return PolicyGRPCWith(false, suiteBackoffBase, suiteBackoffMax) }
 
 // PolicyGRPCThrottled is grpc-go's retryPolicy with retryThrottling
 // {maxTokens: 10, tokenRatio: 0.1}.
-func PolicyGRPCThrottled() *ClientPolicy { return PolicyGRPCWith(true, defaultBase, defaultMax) }
+func PolicyGRPCThrottled() *ClientPolicy {
+	return PolicyGRPCWith(true, suiteBackoffBase, suiteBackoffMax)
+}
 
 // PolicyGRPCWith is grpc-go's retryPolicy with the given initialBackoff
 // and maxBackoff, throttled or not.
@@ -282,7 +296,7 @@ func PolicyEnvoy() *ClientPolicy {
 func (v *envoyClient) Begin(*Call, time.Time) bool { return true }
 func (v *envoyClient) Send(*Call, time.Time) bool  { return true }
 
-func (v *envoyClient) Pick(c *Call, now time.Time, m int) int {
+func (v *envoyClient) Pick(c *Call, now time.Time, m int) (int, bool) {
 	v.active++ // an attempt in flight is an active request
 	return v.roundRobin.Pick(c, now, m)
 }
@@ -411,7 +425,7 @@ const (
 func PolicySRE() *ClientPolicy {
 	return &ClientPolicy{Key: "sre", Name: "SRE adaptive throttling (K=2)", MaxAttempts: rivalAttempts, MarksRetries: true,
 		New: func(e *Env, _ int) Client {
-			return &sreClient{grpcClient: *newGRPCClient(e, false, defaultBase, defaultMax)}
+			return &sreClient{grpcClient: *newGRPCClient(e, false, suiteBackoffBase, suiteBackoffMax)}
 		}}
 }
 

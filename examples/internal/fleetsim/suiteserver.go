@@ -44,7 +44,7 @@ func clientOf(c *Call) uint64 { return uint64(c.Client) }
 // hold a first attempt in its queue (see Decide), then the retry budget.
 func (s *suiteServer) Admit(c *Call, now time.Time, retry, _ bool) (Admission, Outcome) {
 	t, d := s.guard.AdmitAt(now, overload.Request{Deadline: c.Deadline, Retry: retry})
-	c.ov = t
+	c.ov, c.asRetry = t, retry
 	if d.Reason == overload.Queued {
 		return Held, Outcome{}
 	}
@@ -102,15 +102,20 @@ func (s *suiteServer) decided(c *Call, now time.Time, d overload.Decision, retry
 	return Admitted, Outcome{}
 }
 
-// Done reports how the handler ended: the budget's outcome, then the
+// Done reports how the handler ended: the budget's outcome, and for a
+// failure whether the budget would pay for a retry of it (PromiseAt, as
+// the interceptor's ended asks: stormguard-budget-dry if not), then the
 // interceptor's release (a success is learned, a failure discarded).
-func (s *suiteServer) Done(c *Call, now time.Time, code Code, _ bool) {
-	s.budget.DoneAt(now, serverFailure(code))
+func (s *suiteServer) Done(c *Call, now time.Time, code Code, _ bool) bool {
+	failed := serverFailure(code)
+	s.budget.DoneAt(now, failed)
+	dry := failed && !s.budget.PromiseAt(now, c.asRetry)
 	if code == OK {
 		c.ov.DoneAt(now)
 	} else {
 		c.ov.DiscardAt(now)
 	}
+	return dry
 }
 
 // serverFailure is the interceptor's: whether an attempt's code says the
