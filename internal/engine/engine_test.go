@@ -430,7 +430,8 @@ func TestStepBudgetDry(t *testing.T) {
 		if v := fail(c, a, now, epA, true); v.Next != Again {
 			t.Fatalf("dry with credit: %+v, want Again", v)
 		}
-		if adm := c.Open(new(Attempt), Retry, now); adm.Refused != 0 {
+		var adm Admission
+		if c.Open(new(Attempt), Retry, now, &adm); adm.Refused != 0 {
 			t.Fatalf("the retry paid from credit refused: %v", adm.Refused)
 		}
 		c = begin(r, now)
@@ -438,7 +439,8 @@ func TestStepBudgetDry(t *testing.T) {
 		if v := fail(c, a, now, epA, false); v.Next != Again {
 			t.Fatalf("the same failure, not dry: %+v, want Again (a loan pays)", v)
 		}
-		if adm := c.Open(new(Attempt), Retry, now); adm.Refused != 0 {
+		adm = Admission{}
+		if c.Open(new(Attempt), Retry, now, &adm); adm.Refused != 0 {
 			t.Fatalf("the retry a loan pays for refused: %v", adm.Refused)
 		}
 	})

@@ -134,7 +134,8 @@ func (c *Call) admit(a *Attempt, now time.Time, adm *Admission) {
 		a.free = true // the budget pays at the pick if it cannot fail over
 	case a.Kind == Retry && c.pay == payCredit:
 		if !r.Budget.WithdrawNoNewLoanAt(now) { // a nil budget grants
-			return Admission{Refused: ReasonBudget}
+			*adm = Admission{Refused: ReasonBudget}
+			return
 		}
 		a.paid = r.budgetPays()
 	case a.Kind == Hedge:

@@ -107,7 +107,9 @@ func (s *suiteClient) Begin(c *Call, now time.Time) bool {
 	c.eng = engine.Call{Rule: &s.route.Rule, Repeatable: true}
 	c.eng.Deadline, c.eng.Resolved = c.Deadline, s.run
 	c.eng.Begin(&s.route, now, 0)
-	return c.eng.Open(&c.att, engine.First, now).Refused == 0
+	var adm engine.Admission
+	c.eng.Open(&c.att, engine.First, now, &adm)
+	return adm.Refused == 0
 }
 
 // Pick picks the attempt's backend as grpc-go's round_robin does, and has
@@ -115,7 +117,8 @@ func (s *suiteClient) Begin(c *Call, now time.Time) bool {
 // guarded first attempt or an unpaid fail-over is refused there (false),
 // and a fail-over with nowhere else to go is paid for there.
 func (s *suiteClient) Pick(c *Call, now time.Time, m int) (int, bool) {
-	p := c.eng.Pick(&c.att)
+	var p engine.Pick
+	c.eng.Pick(&p, &c.att)
 	for {
 		b := s.rr.pick(m)
 		v := p.Judge(s.run.addrs[b])
@@ -159,7 +162,9 @@ var engineCodes = [...]engine.Code{OK: engine.OK, Unavailable: engine.Unavailabl
 
 // Send opens the retry that is due: the engine's admission.
 func (s *suiteClient) Send(c *Call, now time.Time) bool {
-	return c.eng.Open(&c.att, engine.Retry, now).Refused == 0
+	var adm engine.Admission
+	c.eng.Open(&c.att, engine.Retry, now, &adm)
+	return adm.Refused == 0
 }
 
 func (s *suiteClient) End(*Call, time.Time, bool) {}
