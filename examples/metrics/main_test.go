@@ -143,7 +143,7 @@ func TestRealMain(t *testing.T) {
 		"metrics: 2400 ticks on a simulated clock, 10ms per tick; orders at 127.0.0.1:",
 		"phase     ticks      service  calls  ok    failed  attempts  per call  refusals by reason (ticks)",
 		"flaky     0-299      orders   300    294   6       315       1.05      not_idempotent 6 (0-250)",
-		"outage    300-1699   orders   1400   0     1400    937       0.67      not_idempotent 93 (300-1550), max_attempts 6 (301-306), budget 264 (307-599), breaker 1037 (601-1699)",
+		"outage    300-1699   orders   1400   0     1400    918       0.66      not_idempotent 93 (300-1550), max_attempts 6 (301-306), budget 264 (307-599), breaker 1037 (601-1699)",
 		"recovery  1700-2399  orders   700    417   283     417       0.60      breaker 283 (1700-1983)",
 		"orders Notify breaker (tick state): 1200 open, 1310 half-open, 1310 open, 1550 half-open, 1550 open, 1980 half-open, 1980 closed",
 		"orders Put breaker (tick state): 1201 open, 1321 half-open, 1321 open, 1543 half-open, 1543 open, 1984 half-open, 1984 closed",

@@ -98,11 +98,13 @@ func (c *Call) judge(h Host, o *Outcome) ruling {
 		return p
 	}
 	c.failOver(o)
-	if o.BudgetDry && c.dryEverywhere(o) && c.r.stands(ReasonBudget) {
+	// A dry answer with nowhere else to go refuses the retry for the
+	// budget, after what the admission says (a target that serves
+	// nothing refuses it for the breaker, whatever the budgets).
+	nowhere := o.BudgetDry && c.dryEverywhere(o) && c.r.stands(ReasonBudget)
+	if p.reason = c.peek(o.At, Retry, false, skipTime, nothingBeforeBackoff, c.pay); p.reason == 0 && nowhere {
 		p.reason = ReasonBudget
-		return p
 	}
-	p.reason = c.peek(o.At, Retry, false, skipTime, nothingBeforeBackoff, c.pay)
 	return p
 }
 
