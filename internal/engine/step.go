@@ -98,13 +98,18 @@ func (c *Call) judge(h Host, o *Outcome) ruling {
 		return p
 	}
 	c.failOver(o)
-	// A dry answer with nowhere else to go refuses the retry for the
-	// budget, after what the admission says (a target that serves
-	// nothing refuses it for the breaker, whatever the budgets).
-	nowhere := o.BudgetDry && c.dryEverywhere(o) && c.r.stands(ReasonBudget)
-	if p.reason = c.peek(o.At, Retry, false, skipTime, nothingBeforeBackoff, c.pay); p.reason == 0 && nowhere {
-		p.reason = ReasonBudget
+	if o.BudgetDry && c.dryEverywhere(o) && c.r.stands(ReasonBudget) {
+		// A dry answer with nowhere else to go: the retry is refused,
+		// for the budget unless the admission refuses it for another
+		// reason first (a target that serves nothing: the breaker). The
+		// budget is not asked (payFailover): it would count the refusal
+		// as demand.
+		if p.reason = c.peek(o.At, Retry, false, skipTime, nothingBeforeBackoff, payFailover); p.reason == 0 {
+			p.reason = ReasonBudget
+		}
+		return p
 	}
+	p.reason = c.peek(o.At, Retry, false, skipTime, nothingBeforeBackoff, c.pay)
 	return p
 }
 
