@@ -281,14 +281,16 @@ func (b *Budget) WithdrawAt(now time.Time) bool {
 	return b.withdraw(b.rel(offset(now)))
 }
 
-func (b *Budget) withdraw(t int64) bool { return b.withdrawFor(t, 0) }
+func (b *Budget) withdraw(t int64) bool { return b.withdrawFor(t, 0, true) }
 
-// withdrawFor is withdraw on behalf of fleet clients (see limit; 0: one).
-func (b *Budget) withdrawFor(t, fleet int64) bool {
+// withdrawFor is withdraw on behalf of fleet clients (see limit; 0: one),
+// and, without newLoan, for a retry that may not start a loan (see
+// PeekNoNewLoanAt).
+func (b *Budget) withdrawFor(t, fleet int64, newLoan bool) bool {
 	b.mu.Lock()
 	t = b.advance(t)
 	b.fleet = fleet
-	ok := b.grantable(t)
+	ok := b.grants(t, newLoan)
 	b.fleet = 0
 	b.ask++ // asked for in the current slot
 	b.settle(ok)
@@ -305,21 +307,7 @@ func (b *Budget) withdrawFor(t, fleet int64) bool {
 // paid for, and the fleet's server, which sees every client, knows when it
 // has (a quiet client's first failed call may come long after the
 // fleet's). A nil *Budget always returns true.
-func (b *Budget) PeekNoNewLoanAt(now time.Time) bool {
-	if b == nil {
-		return true
-	}
-	t := b.rel(offset(now))
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	t = b.advance(t)
-	if b.grantableNoNewLoan(t) {
-		return true
-	}
-	b.ask++ // asked for in the current slot
-	b.refused++
-	return false
-}
+func (b *Budget) PeekNoNewLoanAt(now time.Time) bool { return b.peekAt(now, false) }
 
 // WithdrawNoNewLoanAt is WithdrawAt for a retry the Budget is not to
 // start a loan for (see PeekNoNewLoanAt): granted from the credit, or lent
@@ -328,14 +316,16 @@ func (b *Budget) WithdrawNoNewLoanAt(now time.Time) bool {
 	if b == nil {
 		return true
 	}
-	t := b.rel(offset(now))
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	t = b.advance(t)
-	ok := b.grantableNoNewLoan(t)
-	b.ask++ // asked for in the current slot
-	b.settle(ok)
-	return ok
+	return b.withdrawFor(b.rel(offset(now)), 0, false)
+}
+
+// grants is grantable, or, without newLoan, grantableNoNewLoan. b.mu must
+// be held.
+func (b *Budget) grants(t int64, newLoan bool) bool {
+	if newLoan {
+		return b.grantable(t)
+	}
+	return b.grantableNoNewLoan(t)
 }
 
 // grantableNoNewLoan is grantable for a withdrawal that may not start a
@@ -487,7 +477,10 @@ func (b *Budget) limit() int64 {
 // would be refused. A false answer counts as the refused withdrawal it
 // stands for (Stats.Refused, and the demand the Budget judges before it
 // lends again). A nil *Budget always returns true.
-func (b *Budget) PeekAt(now time.Time) bool {
+func (b *Budget) PeekAt(now time.Time) bool { return b.peekAt(now, true) }
+
+// peekAt is PeekAt, or, without newLoan, PeekNoNewLoanAt.
+func (b *Budget) peekAt(now time.Time, newLoan bool) bool {
 	if b == nil {
 		return true
 	}
@@ -495,7 +488,7 @@ func (b *Budget) PeekAt(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	t = b.advance(t)
-	if b.grantable(t) {
+	if b.grants(t, newLoan) {
 		return true
 	}
 	b.ask++ // asked for in the current slot

@@ -180,7 +180,7 @@ func (b *Budget) withdrawForFleet(now time.Time, clients int64) bool {
 	if b == nil {
 		return true
 	}
-	return b.withdrawFor(b.rel(offset(now)), clients)
+	return b.withdrawFor(b.rel(offset(now)), clients, true)
 }
 
 // PromiseAt is asked when an attempt of the method that AdmitAt admitted
