@@ -34,13 +34,10 @@ const (
 // failure path, walks the table. The zero Endpoints is an empty table,
 // ready to use; it is safe for concurrent use.
 type Endpoints struct {
-	m sync.Map // net.Addr → *endpoint
-	n atomic.Int32
-	// list is m's endpoints, to walk them (a slice is walked faster than
-	// a sync.Map, which matters to a client whose every call judges its
-	// endpoints: one that calls less often than epRejudge); copied on
-	// change, under mu.
-	list   atomic.Pointer[[]*endpoint]
+	// tab is the table's endpoints, replaced whole, under mu, when one
+	// is added or forgotten (rarely: a new connection, an idle one):
+	// recording an outcome and judging only read it.
+	tab    atomic.Pointer[epTable]
 	mu     sync.Mutex
 	judged atomic.Pointer[judgement]
 	// clearAt is when (UnixNano) the endpoints were last judged to have
@@ -77,7 +74,7 @@ func (t *Endpoints) Current(now time.Time) []net.Addr {
 		return nil
 	}
 	j := t.judged.Load()
-	if (j == nil || len(j.outliers) == 0) && t.n.Load() < 2 {
+	if (j == nil || len(j.outliers) == 0) && t.seen() < 2 {
 		return nil
 	}
 	if j != nil && now.Before(j.until) && !now.Before(j.at) {
@@ -92,7 +89,7 @@ func (t *Endpoints) judge(now time.Time) []net.Addr {
 		return nil // no failure in the window: no outlier (nothing to store: this is as quick)
 	}
 	var out []net.Addr
-	if t.n.Load() >= 2 { // one endpoint (or none) has no others to compare with
+	if t.seen() >= 2 { // one endpoint (or none) has no others to compare with
 		out = t.outliers(now)
 	}
 	if len(out) == 0 {
@@ -154,11 +151,9 @@ func (t *Endpoints) Record(addr net.Addr, failed bool, now time.Time) {
 	}
 	e := t.lookup(addr)
 	if e == nil {
-		v, ok := t.add(addr, now)
-		if !ok {
+		if e = t.add(addr, now); e == nil {
 			return
 		}
-		e = v.(*endpoint)
 	}
 	kind := epOK
 	if failed {
@@ -185,48 +180,68 @@ func (e *endpoint) counts(now time.Time) (ok, fail int64) {
 	return e.w.Counts(now.UnixNano())
 }
 
+// epTable is a table's endpoints as of one change. A slice is walked
+// faster than a map (a client whose calls come less often than epRejudge
+// judges its endpoints on every call), and a small one searched faster.
+type epTable struct {
+	list []*endpoint
+	// byAddr finds an endpoint of a table of more than epScan; nil for
+	// a smaller one, whose list is searched (the same equality: an
+	// address is its connection's, compared as an interface).
+	byAddr map[net.Addr]*endpoint
+}
+
 // epScan is how many endpoints a table holds at most for lookup to walk
-// them rather than ask the map (the same equality: an address is its
-// connection's, compared as an interface).
+// them.
 const epScan = 8
 
-// lookup returns the endpoint addr, or nil when the table has none.
-func (t *Endpoints) lookup(addr net.Addr) *endpoint {
-	if l := t.endpoints(); len(l) <= epScan {
-		for _, e := range l {
-			if e.addr == addr {
-				return e
-			}
-		}
-		return nil
-	}
-	if e, ok := t.m.Load(addr); ok {
-		return e.(*endpoint)
+// endpoints returns the table's endpoints; the slice is not to be
+// changed.
+func (t *Endpoints) endpoints() []*endpoint {
+	if tb := t.tab.Load(); tb != nil {
+		return tb.list
 	}
 	return nil
 }
 
-// add adds the endpoint addr to the table at now (once: concurrent adds
-// of one address share one endpoint), unless the table is full of
-// endpoints seen within epIdle.
-func (t *Endpoints) add(addr net.Addr, now time.Time) (any, bool) {
+// seen returns how many endpoints the table holds.
+func (t *Endpoints) seen() int { return len(t.endpoints()) }
+
+// lookup returns the endpoint addr, or nil when the table has none.
+func (t *Endpoints) lookup(addr net.Addr) *endpoint {
+	tb := t.tab.Load()
+	switch {
+	case tb == nil:
+		return nil
+	case tb.byAddr != nil:
+		return tb.byAddr[addr]
+	}
+	for _, e := range tb.list {
+		if e.addr == addr {
+			return e
+		}
+	}
+	return nil
+}
+
+// add adds the endpoint addr to the table at now and returns it (once:
+// concurrent adds of one address share one endpoint), or nil when the
+// table is full of endpoints seen within epIdle.
+func (t *Endpoints) add(addr net.Addr, now time.Time) *endpoint {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if e, ok := t.m.Load(addr); ok {
-		return e, true
+	if e := t.lookup(addr); e != nil {
+		return e
 	}
-	if t.n.Load() >= epMaxTracked {
+	if t.seen() >= epMaxTracked {
 		t.sweep(now)
-		if t.n.Load() >= epMaxTracked {
-			return nil, false
+		if t.seen() >= epMaxTracked {
+			return nil
 		}
 	}
 	e := newEndpoint(addr)
-	l := append(slices.Clip(t.endpoints()), e)
-	t.list.Store(&l)
-	t.m.Store(addr, e)
-	t.n.Add(1)
-	return e, true
+	t.store(append(slices.Clip(t.endpoints()), e))
+	return e
 }
 
 // sweep forgets endpoints not seen for epIdle. t.mu must be held.
@@ -234,23 +249,23 @@ func (t *Endpoints) sweep(now time.Time) {
 	limit := now.Add(-epIdle).UnixNano()
 	var kept []*endpoint
 	for _, e := range t.endpoints() {
-		if last, ok := e.w.Latest(); !ok || last < limit {
-			t.m.Delete(e.addr)
-			t.n.Add(-1)
-		} else {
+		if last, ok := e.w.Latest(); ok && last >= limit {
 			kept = append(kept, e)
 		}
 	}
-	t.list.Store(&kept)
+	t.store(kept)
 }
 
-// endpoints returns the table's endpoints; the slice is not to be
-// changed.
-func (t *Endpoints) endpoints() []*endpoint {
-	if l := t.list.Load(); l != nil {
-		return *l
+// store makes list the table's endpoints. t.mu must be held.
+func (t *Endpoints) store(list []*endpoint) {
+	tb := &epTable{list: list}
+	if len(list) > epScan {
+		tb.byAddr = make(map[net.Addr]*endpoint, len(list))
+		for _, e := range list {
+			tb.byAddr[e.addr] = e
+		}
 	}
-	return nil
+	t.tab.Store(tb)
 }
 
 // outliers returns the endpoints that fail while the rest of the target
@@ -314,7 +329,7 @@ func (t *Endpoints) Snapshot(now time.Time) []EndpointCount {
 // totals returns the outcomes of all the target's endpoints in the window
 // ending now; known is false when no endpoint has been seen.
 func (t *Endpoints) totals(now time.Time) (ok, fail int64, known bool) {
-	if t.n.Load() == 0 {
+	if t.seen() == 0 {
 		return 0, 0, false
 	}
 	for _, e := range t.endpoints() {
@@ -329,7 +344,7 @@ func (t *Endpoints) totals(now time.Time) (ok, fail int64, known bool) {
 // attempt with success in the newest two slots of its window (the last
 // one to two seconds); known is false while no endpoint has been seen.
 func (t *Endpoints) servedRecently(now time.Time) (served, known bool) {
-	if t.n.Load() == 0 {
+	if t.seen() == 0 {
 		return false, false
 	}
 	var into [1]int64
@@ -376,11 +391,8 @@ func (t *Endpoints) known() []net.Addr {
 // countsOf returns the outcomes of the endpoint addr in the window ending
 // now (none for an endpoint not seen).
 func (t *Endpoints) countsOf(addr net.Addr, now time.Time) (ok, fail int64) {
-	if e, seen := t.m.Load(addr); seen {
-		return e.(*endpoint).counts(now)
+	if e := t.lookup(addr); e != nil {
+		return e.counts(now)
 	}
 	return 0, 0
 }
-
-// seen returns how many endpoints the table holds.
-func (t *Endpoints) seen() int { return int(t.n.Load()) }

@@ -512,3 +512,31 @@ func TestStepUnheardEndpointsArePaidFor(t *testing.T) {
 		})
 	}
 }
+
+// TestEndpointsFindTheirEndpoints records outcomes on tables small enough
+// to be searched and large enough to be looked up by address: each
+// address keeps one endpoint, which counts its own outcomes.
+func TestEndpointsFindTheirEndpoints(t *testing.T) {
+	for _, n := range []int{1, epScan, epScan + 1, 40} {
+		var eps Endpoints
+		addrs := make([]net.Addr, n)
+		for i := range addrs {
+			addrs[i] = &net.TCPAddr{IP: net.IPv4(10, 1, byte(i>>8), byte(i)), Port: 443}
+		}
+		for i, a := range addrs {
+			for range i + 1 {
+				eps.Record(a, i%2 == 1, t0)
+			}
+		}
+		if got := eps.seen(); got != n {
+			t.Errorf("%d endpoints: the table holds %d", n, got)
+		}
+		for i, a := range addrs {
+			ok, fail := eps.countsOf(a, t0)
+			want := int64(i + 1)
+			if i%2 == 1 && (ok != 0 || fail != want) || i%2 == 0 && (ok != want || fail != 0) {
+				t.Errorf("%d endpoints, endpoint %d: %d ok, %d failed; want %d of one kind", n, i, ok, fail, want)
+			}
+		}
+	}
+}
